@@ -1,0 +1,178 @@
+//! Builds every `kernels/*.cu` into one static library with nvcc (through `cc`) and
+//! generates the raw FFI for `kernels/include/fl_kernels.h` with bindgen.
+//!
+//! Environment:
+//! - `NVCC`: the nvcc to use; else `CUDA_HOME`/`CUDA_PATH` + `/bin/nvcc`; else `nvcc` on PATH.
+//! - `FL_CUDA_ARCHS`: comma-separated targets, e.g. `80,90a` (SASS for each) plus
+//!   `compute_80` style entries for PTX. Default: `80,86,89,90a,compute_80`.
+//! - `FL_NVCC_FLAGS`: extra flags, whitespace separated.
+//!
+//! No GPU is needed to build.
+
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DEFAULT_ARCHS: &str = "80,86,89,90a,compute_80";
+
+fn main() {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kernels = manifest.join("../../kernels").canonicalize().unwrap_or_else(|_| {
+        fail("the kernels/ directory was not found next to crates/ (expected ../../kernels)")
+    });
+    let header = kernels.join("include/fl_kernels.h");
+
+    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "FL_CUDA_ARCHS", "FL_NVCC_FLAGS", "PATH"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+
+    let sources = collect(&kernels, "cu");
+    let mut watched = sources.clone();
+    watched.extend(collect(&kernels.join("common"), "cuh"));
+    watched.extend(collect(&kernels.join("include"), "h"));
+    watched.extend(collect(&kernels, "cuh"));
+    for f in &watched {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    println!("cargo:rerun-if-changed={}", kernels.display());
+
+    let nvcc = find_nvcc().unwrap_or_else(|| {
+        fail(
+            "nvcc was not found. Set NVCC=/path/to/nvcc or CUDA_HOME, or put nvcc on PATH.\n\
+             Get one from a CUDA toolkit (12.x or 13.x), or run `bash scripts/setup-cuda.sh`, \
+             which installs the pinned CUDA 13.0 compiler wheels into ~/.cache/fasterllama \
+             (this is what `bash scripts/test.sh` and `.ci/run` do).",
+        )
+    });
+    let nvcc_bin = nvcc.parent().unwrap().to_path_buf();
+    let cuda_root = nvcc_bin.parent().unwrap().to_path_buf();
+
+    // cc's nvcc support wants `nvcc` on PATH (`.compiler(path)` breaks its flag handling).
+    let path = env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![nvcc_bin.clone()];
+    paths.extend(env::split_paths(&path));
+    env::set_var("PATH", env::join_paths(paths).unwrap());
+    env::set_var("NVCC", &nvcc);
+
+    let archs = env::var("FL_CUDA_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
+    let mut build = cc::Build::new();
+    build
+        .cuda(true)
+        .cudart("static")
+        .warnings(false)
+        // cc would pass -G (device debug, very slow kernels) in debug profiles, and the
+        // profile's host opt-level; kernels are always built optimised.
+        .debug(false)
+        .opt_level(3)
+        .flag("-O3")
+        .flag("-std=c++17")
+        .flag("--expt-relaxed-constexpr")
+        .flag("-lineinfo")
+        .include(&kernels);
+    let mut n_targets = 0;
+    for a in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let gencode = if let Some(v) = a.strip_prefix("compute_") {
+            format!("arch=compute_{v},code=compute_{v}")
+        } else {
+            let v = a.strip_prefix("sm_").unwrap_or(a);
+            if !v.chars().next().is_some_and(|c| c.is_ascii_digit()) {
+                fail(&format!("FL_CUDA_ARCHS: `{a}` is not an architecture like 80, 90a or compute_80"));
+            }
+            format!("arch=compute_{v},code=sm_{v}")
+        };
+        build.flag("-gencode").flag(&gencode);
+        n_targets += 1;
+    }
+    if n_targets == 0 {
+        fail("FL_CUDA_ARCHS names no architecture");
+    }
+    if let Ok(extra) = env::var("FL_NVCC_FLAGS") {
+        for f in extra.split_whitespace() {
+            build.flag(f);
+        }
+    }
+    for s in &sources {
+        build.file(s);
+    }
+    build.compile("fl_kernels");
+
+    // cudart_static lives in lib/ (wheels) or lib64/ / targets/<arch>-linux/lib (toolkits).
+    for dir in ["lib", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+        let d = cuda_root.join(dir);
+        if d.join("libcudart_static.a").exists() {
+            println!("cargo:rustc-link-search=native={}", d.display());
+        }
+    }
+    println!("cargo:rustc-link-lib=dylib=dl");
+    println!("cargo:rustc-link-lib=dylib=rt");
+    println!("cargo:rustc-link-lib=dylib=pthread");
+    println!("cargo:rustc-link-lib=dylib=stdc++");
+
+    // Raw FFI, launchers and fl_ types only.
+    let bindings = bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .allowlist_function("fl_.*")
+        .allowlist_type("fl_.*")
+        .allowlist_var("FL_.*")
+        .rustified_non_exhaustive_enum("fl_dtype")
+        .default_enum_style(bindgen::EnumVariation::Rust { non_exhaustive: true })
+        .layout_tests(false)
+        .derive_debug(true)
+        .derive_copy(true)
+        .generate_comments(true)
+        .generate()
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "bindgen failed on {}: {e}. bindgen needs libclang \
+                 (Debian/Ubuntu: apt-get install libclang-dev; or set LIBCLANG_PATH).",
+                header.display()
+            ))
+        });
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
+    bindings.write_to_file(&out).expect("write bindings.rs");
+}
+
+fn collect(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == ext))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn find_nvcc() -> Option<PathBuf> {
+    let works = |p: &Path| {
+        Command::new(p).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+    };
+    if let Some(p) = env::var_os("NVCC").map(PathBuf::from) {
+        if works(&p) {
+            return Some(p);
+        }
+        fail(&format!("NVCC={} does not run (`nvcc --version` failed)", p.display()));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(root) = env::var_os(var) {
+            let p = PathBuf::from(root).join("bin/nvcc");
+            if works(&p) {
+                return Some(p);
+            }
+        }
+    }
+    for dir in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
+        let p = dir.join("nvcc");
+        if p.is_file() && works(&p) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("\nfl-kernels-sys: {msg}\n");
+    println!("cargo:warning=fl-kernels-sys: {}", msg.lines().next().unwrap_or(msg));
+    std::process::exit(1);
+}

@@ -1,0 +1,7 @@
+//! CPU references of every op, in plain Rust.
+//!
+//! Each function here computes what the GPU op of the same name computes, in f32 or f64
+//! (never in the storage type), rounding to the storage type only where the kernel does.
+//! GPU tests compare against these; proptests check their properties on the CPU.
+
+pub mod elementwise;

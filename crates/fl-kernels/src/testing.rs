@@ -1,0 +1,133 @@
+//! Helpers for testing ops against their references, on the GPU or skipping without one.
+//!
+//! GPU test policy: [`gpu_or_skip`] returns the GPU; with none it prints a skip notice and
+//! the test passes, unless `FL_REQUIRE_GPU=1`, where a missing GPU fails the test.
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+
+use crate::dtype::FloatDType;
+use crate::Gpu;
+
+/// Whether `FL_REQUIRE_GPU` asks for a GPU (`1`, `true`, `yes`).
+pub fn gpu_required() -> bool {
+    matches!(
+        std::env::var("FL_REQUIRE_GPU").as_deref().map(str::to_ascii_lowercase).as_deref(),
+        Ok("1") | Ok("true") | Ok("yes")
+    )
+}
+
+/// The GPU for a GPU test, or `None` after printing `SKIP <test>: no GPU (...)`.
+///
+/// Panics (failing the test) when there is no GPU and `FL_REQUIRE_GPU=1`.
+pub fn gpu_or_skip(test: &str) -> Option<Gpu> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e) if gpu_required() => panic!("{test}: FL_REQUIRE_GPU=1 but {e}"),
+        Err(e) => {
+            // Written to stderr directly, not through eprintln!, so that the test harness's
+            // output capture does not hide the notice.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIP {test}: {e} (set FL_REQUIRE_GPU=1 to make this a failure)"
+            );
+            None
+        }
+    }
+}
+
+/// Relative L2 error ‖out − ref‖ / ‖ref‖ in f64. NaN or ∞ anywhere in `out` gives ∞;
+/// an all-zero reference gives ‖out‖.
+pub fn rel_l2<T: FloatDType>(out: &[T], reference: &[f64]) -> f64 {
+    assert_eq!(out.len(), reference.len(), "rel_l2: lengths differ");
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&o, &r) in out.iter().zip(reference) {
+        let o = o.to_f64();
+        if !o.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (o - r) * (o - r);
+        den += r * r;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// The tolerance on [`rel_l2`] for outputs stored as `T` (DESIGN.md): f32 1e-5, f16/bf16 1e-2.
+pub fn tolerance<T: FloatDType>() -> f64 {
+    if T::EPS < 1e-7 {
+        1e-5
+    } else {
+        1e-2
+    }
+}
+
+/// A seeded RNG; the seed comes from `FL_TEST_SEED` or the clock and is printed, so a
+/// failure can be replayed.
+pub fn rng(test: &str) -> rand::rngs::StdRng {
+    let seed = std::env::var("FL_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x5eed)
+    });
+    eprintln!("{test}: FL_TEST_SEED={seed}");
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// `n` values uniform in ±[lo, hi] (never zero: `lo` > 0), rounded to `T`.
+pub fn random_nonzero<T: FloatDType>(rng: &mut impl Rng, n: usize, lo: f32, hi: f32) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            let m: f32 = rng.random_range(lo..hi);
+            let s = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+            T::from_f32(s * m)
+        })
+        .collect()
+}
+
+/// `n` values uniform in [-1, 1] with no zero, rounded to `T`.
+pub fn random<T: FloatDType>(rng: &mut impl Rng, n: usize) -> Vec<T> {
+    random_nonzero(rng, n, 1e-3, 1.0)
+}
+
+/// Widen to f64 for comparisons.
+pub fn to_f64<T: FloatDType>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Proptest strategies for shapes and values.
+pub mod strategies {
+    use super::*;
+
+    /// A length from 1 to `max`, biased towards awkward sizes (odd, around powers of two
+    /// and vector widths).
+    pub fn length(max: usize) -> impl Strategy<Value = usize> {
+        let max = max.max(1);
+        prop_oneof![
+            1..=max.min(64),
+            1..=max,
+            (1u32..=20).prop_map(move |p| ((1usize << p) - 1).clamp(1, max)),
+            (1u32..=20).prop_map(move |p| ((1usize << p) + 1).clamp(1, max)),
+        ]
+    }
+
+    /// A `[rows, cols]` shape with `rows` in 1..=max_rows and `cols` in 1..=max_cols.
+    pub fn matrix(max_rows: usize, max_cols: usize) -> impl Strategy<Value = (usize, usize)> {
+        (length(max_rows), length(max_cols))
+    }
+
+    /// Finite, non-zero f32 values of moderate magnitude (|x| in [1e-3, 8]).
+    pub fn value() -> impl Strategy<Value = f32> {
+        (1e-3f32..8.0f32, any::<bool>()).prop_map(|(m, neg)| if neg { -m } else { m })
+    }
+
+    /// A vector of `n` values from [`value`].
+    pub fn values(n: usize) -> impl Strategy<Value = Vec<f32>> {
+        proptest::collection::vec(value(), n)
+    }
+}
