@@ -31,10 +31,10 @@ for line in open(src):
         continue
     t = m["target"]; exe = m["executable"]
     kind = t["kind"][0]
-    if kind == "bin":
-        dest = os.path.join(out, "bin", t["name"])
-    elif kind == "bench":
+    if kind == "bench":
         dest = os.path.join(out, "benches", t["name"])
+    elif kind == "bin" and not m["profile"].get("test"):
+        dest = os.path.join(out, "bin", t["name"])
     elif m["profile"].get("test"):
         pkg = os.path.basename(os.path.dirname(m["manifest_path"]))
         name = t["name"].replace("-", "_")

@@ -30,17 +30,14 @@ pub fn time_on_device(
     iters: u64,
     mut f: impl FnMut() -> Result<()>,
 ) -> Duration {
-    let mut run = || -> Result<f32> {
-        let start = stream.record_event(None)?;
+    let r = fl_kernels::time_on_stream(stream, || {
         for _ in 0..iters {
             f()?;
         }
-        let end = stream.record_event(None)?;
-        end.synchronize()?;
-        Ok(start.elapsed_ms(&end)?)
-    };
-    match run() {
-        Ok(ms) => Duration::from_secs_f64(ms as f64 / 1e3),
+        Ok(())
+    });
+    match r {
+        Ok(ms) => Duration::from_secs_f64(ms / 1e3),
         Err(e) => panic!("bench launch failed: {e}"),
     }
 }

@@ -20,15 +20,14 @@ pub struct DemoLine {
 }
 
 fn time_us(gpu: &Gpu, iters: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let s = gpu.stream();
-    let start = s.record_event(None).map_err(fl_kernels::Error::from)?;
-    for _ in 0..iters {
-        f()?;
-    }
-    let end = s.record_event(None).map_err(fl_kernels::Error::from)?;
-    end.synchronize().map_err(fl_kernels::Error::from)?;
-    let ms = start.elapsed_ms(&end).map_err(fl_kernels::Error::from)?;
-    Ok(ms as f64 * 1000.0 / iters as f64)
+    f()?; // warm-up
+    let ms = fl_kernels::time_on_stream(gpu.stream(), || {
+        for _ in 0..iters {
+            f()?;
+        }
+        Ok(())
+    })?;
+    Ok(ms * 1000.0 / iters as f64)
 }
 
 fn pseudo_random<T: FloatDType>(n: usize, seed: u64) -> Vec<T> {

@@ -109,3 +109,17 @@ impl Gpu {
         Ok(self.stream.synchronize()?)
     }
 }
+
+/// Device time of the work `f` queues on `stream`, measured with CUDA events around it, in
+/// milliseconds. Waits for the end event (a sync point: meant for benches and demos).
+pub fn time_on_stream(
+    stream: &CudaStream,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+    let start = stream.record_event(Some(CU_EVENT_DEFAULT))?;
+    f()?;
+    let end = stream.record_event(Some(CU_EVENT_DEFAULT))?;
+    end.synchronize()?;
+    Ok(start.elapsed_ms(&end)? as f64)
+}

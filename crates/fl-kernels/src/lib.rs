@@ -34,7 +34,7 @@ pub mod testing;
 pub use cudarc;
 pub use dtype::{DType, FloatDType};
 pub use error::{Error, Result};
-pub use gpu::{gpu_available, Gpu, MIN_COMPUTE_CAPABILITY};
+pub use gpu::{gpu_available, time_on_stream, Gpu, MIN_COMPUTE_CAPABILITY};
 pub use half::{bf16, f16};
 pub use tensor::DeviceTensor;
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The project's test command (README; .ci/run calls it). Needs only the Rust toolchain:
+# when no nvcc is found it installs the pinned CUDA 13.0 compiler wheels into
+# ~/.cache/fasterllama (and libclang for bindgen) first.
+#
+# Builds every crate (so every kernel compiles for every target architecture), runs all
+# tests: CPU references, proptests, parsers; GPU tests run when a GPU is present and print
+# a SKIP notice otherwise (FL_REQUIRE_GPU=1 turns a missing GPU into a failure). Then
+# clippy (-D warnings) and rustdoc (warnings are errors).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup-cuda.sh
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fasterllama/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+echo "== build (FL_CUDA_ARCHS=${FL_CUDA_ARCHS:-all supported})"
+cargo build --workspace --all-targets --locked
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+echo "== tests"
+cargo test --workspace --locked 2>&1 | tee "$CARGO_TARGET_DIR/last-test.log"
+python3 - "$CARGO_TARGET_DIR/last-test.log" <<'PY'
+import re, sys
+p = f = 0
+for line in open(sys.argv[1]):
+    m = re.match(r"test result: \w+\. (\d+) passed; (\d+) failed", line)
+    if m:
+        p += int(m.group(1)); f += int(m.group(2))
+skips = sum(1 for l in open(sys.argv[1]) if l.startswith("SKIP "))
+print(f"{p} passed, {f} failed" + (f" ({skips} GPU tests skipped: no GPU)" if skips else ""))
+PY
