@@ -29,7 +29,7 @@ fn add_group<T: FloatDType>(c: &mut Criterion, gpu: &fl_kernels::Gpu) {
 fn cast_group(c: &mut Criterion, gpu: &fl_kernels::Gpu) {
     let s = gpu.stream().clone();
     let mut g = c.benchmark_group("cast_f32_to_bf16");
-    for &n in &[1usize << 26] {
+    for &n in &[1usize << 20, 1 << 26] {
         let a = DeviceTensor::filled(&s, &[n], 0.5f32).unwrap();
         let mut o = DeviceTensor::<bf16>::zeros(&s, &[n]).unwrap();
         g.throughput(Throughput::Bytes((n * 6) as u64));
