@@ -41,7 +41,9 @@ fn cast_group(c: &mut Criterion, gpu: &fl_kernels::Gpu) {
 }
 
 fn benches(c: &mut Criterion) {
-    let Some(gpu) = gpu_or_skip("elementwise") else { return };
+    let Some(gpu) = gpu_or_skip("elementwise") else {
+        return;
+    };
     add_group::<f32>(c, &gpu);
     add_group::<f16>(c, &gpu);
     add_group::<bf16>(c, &gpu);

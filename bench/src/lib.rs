@@ -11,6 +11,8 @@ use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::{DeviceTensor, Gpu, Result};
 
 /// The GPU, or `None` after printing one line saying the benches are skipped.
+pub mod ops;
+
 pub fn gpu_or_skip(bench: &str) -> Option<Gpu> {
     match Gpu::new(0) {
         Ok(g) => Some(g),

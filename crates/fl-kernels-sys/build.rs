@@ -17,12 +17,22 @@ const DEFAULT_ARCHS: &str = "80,86,89,90a,compute_80";
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let kernels = manifest.join("../../kernels").canonicalize().unwrap_or_else(|_| {
-        fail("the kernels/ directory was not found next to crates/ (expected ../../kernels)")
-    });
+    let kernels = manifest
+        .join("../../kernels")
+        .canonicalize()
+        .unwrap_or_else(|_| {
+            fail("the kernels/ directory was not found next to crates/ (expected ../../kernels)")
+        });
     let header = kernels.join("include/fl_kernels.h");
 
-    for var in ["NVCC", "CUDA_HOME", "CUDA_PATH", "FL_CUDA_ARCHS", "FL_NVCC_FLAGS", "PATH"] {
+    for var in [
+        "NVCC",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "FL_CUDA_ARCHS",
+        "FL_NVCC_FLAGS",
+        "PATH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
 
@@ -76,7 +86,9 @@ fn main() {
         } else {
             let v = a.strip_prefix("sm_").unwrap_or(a);
             if !v.chars().next().is_some_and(|c| c.is_ascii_digit()) {
-                fail(&format!("FL_CUDA_ARCHS: `{a}` is not an architecture like 80, 90a or compute_80"));
+                fail(&format!(
+                    "FL_CUDA_ARCHS: `{a}` is not an architecture like 80, 90a or compute_80"
+                ));
             }
             format!("arch=compute_{v},code=sm_{v}")
         };
@@ -97,7 +109,12 @@ fn main() {
     build.compile("fl_kernels");
 
     // cudart_static lives in lib/ (wheels) or lib64/ / targets/<arch>-linux/lib (toolkits).
-    for dir in ["lib", "lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"] {
+    for dir in [
+        "lib",
+        "lib64",
+        "targets/x86_64-linux/lib",
+        "targets/sbsa-linux/lib",
+    ] {
         let d = cuda_root.join(dir);
         if d.join("libcudart_static.a").exists() {
             println!("cargo:rustc-link-search=native={}", d.display());
@@ -115,7 +132,9 @@ fn main() {
         .allowlist_type("fl_.*")
         .allowlist_var("FL_.*")
         .rustified_non_exhaustive_enum("fl_dtype")
-        .default_enum_style(bindgen::EnumVariation::Rust { non_exhaustive: true })
+        .default_enum_style(bindgen::EnumVariation::Rust {
+            non_exhaustive: true,
+        })
         .layout_tests(false)
         .derive_debug(true)
         .derive_copy(true)
@@ -146,13 +165,20 @@ fn collect(dir: &Path, ext: &str) -> Vec<PathBuf> {
 
 fn find_nvcc() -> Option<PathBuf> {
     let works = |p: &Path| {
-        Command::new(p).arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
+        Command::new(p)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
     };
     if let Some(p) = env::var_os("NVCC").map(PathBuf::from) {
         if works(&p) {
             return Some(p);
         }
-        fail(&format!("NVCC={} does not run (`nvcc --version` failed)", p.display()));
+        fail(&format!(
+            "NVCC={} does not run (`nvcc --version` failed)",
+            p.display()
+        ));
     }
     for var in ["CUDA_HOME", "CUDA_PATH"] {
         if let Some(root) = env::var_os(var) {
@@ -173,6 +199,9 @@ fn find_nvcc() -> Option<PathBuf> {
 
 fn fail(msg: &str) -> ! {
     eprintln!("\nfl-kernels-sys: {msg}\n");
-    println!("cargo:warning=fl-kernels-sys: {}", msg.lines().next().unwrap_or(msg));
+    println!(
+        "cargo:warning=fl-kernels-sys: {}",
+        msg.lines().next().unwrap_or(msg)
+    );
     std::process::exit(1);
 }

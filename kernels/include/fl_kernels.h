@@ -60,4 +60,13 @@ fl_status fl_cast(fl_dtype src_dtype, const void *src, fl_dtype dst_dtype, void 
 }
 #endif
 
+/* ---------------------------------------------------------------- op families */
+#include "fl_norm.h"
+#include "fl_softmax.h"
+#include "fl_rope.h"
+#include "fl_kv_cache.h"
+#include "fl_embedding.h"
+#include "fl_activation.h"
+#include "fl_padding.h"
+
 #endif /* FL_KERNELS_H */

@@ -43,7 +43,11 @@ fn pseudo_random<T: FloatDType>(n: usize, seed: u64) -> Vec<T> {
         .collect()
 }
 
-fn add_line<T: FloatDType>(gpu: &Gpu, s: &std::sync::Arc<CudaStream>, n: usize) -> Result<DemoLine> {
+fn add_line<T: FloatDType>(
+    gpu: &Gpu,
+    s: &std::sync::Arc<CudaStream>,
+    n: usize,
+) -> Result<DemoLine> {
     let a = pseudo_random::<T>(n, 1);
     let b = pseudo_random::<T>(n, 2);
     let da = DeviceTensor::from_host(s, &a, &[n])?;
@@ -51,11 +55,20 @@ fn add_line<T: FloatDType>(gpu: &Gpu, s: &std::sync::Arc<CudaStream>, n: usize) 
     let mut out = DeviceTensor::filled(s, &[n], T::from_f32(f32::NAN))?;
     elementwise::add(s, &da, &db, &mut out)?;
     let got = out.to_host(s)?;
-    let want: Vec<f64> = reference::elementwise::add(&a, &b).iter().map(|x| x.to_f64()).collect();
+    let want: Vec<f64> = reference::elementwise::add(&a, &b)
+        .iter()
+        .map(|x| x.to_f64())
+        .collect();
     let rel_err = fl_kernels::testing::rel_l2(&got, &want);
     let us = time_us(gpu, 20, || elementwise::add(s, &da, &db, &mut out))?;
     let bytes = 3 * n * std::mem::size_of::<T>();
-    Ok(DemoLine { what: format!("add {}", T::NAME), n, rel_err, us, gbps: bytes as f64 / us / 1e3 })
+    Ok(DemoLine {
+        what: format!("add {}", T::NAME),
+        n,
+        rel_err,
+        us,
+        gbps: bytes as f64 / us / 1e3,
+    })
 }
 
 /// Runs the demo on `gpu`.

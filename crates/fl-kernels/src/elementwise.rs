@@ -1,7 +1,7 @@
 //! Elementwise ops: [`add`], [`add_assign`], [`cast`].
 //!
 //! Memory-bound: 16-byte vector accesses when the buffers allow it, f32 arithmetic.
-//! CPU references: [`crate::reference::elementwise`].
+//! CPU references: [`crate::reference::elementwise`](mod@crate::reference::elementwise).
 
 use cudarc::driver::CudaStream;
 
@@ -42,9 +42,8 @@ pub fn add<T: FloatDType>(
     let (po, _go) = out.ptr_mut(stream);
     // SAFETY: the three buffers hold n elements of T (shapes checked above) and live until
     // the guards drop, after the launch is queued on `stream`.
-    let status = unsafe {
-        fl_kernels_sys::fl_add(T::ID, pa as _, pb as _, po as _, n, raw_stream(stream))
-    };
+    let status =
+        unsafe { fl_kernels_sys::fl_add(T::ID, pa as _, pb as _, po as _, n, raw_stream(stream)) };
     check("add", status)
 }
 
@@ -61,9 +60,8 @@ pub fn add_assign<T: FloatDType>(
     let (pb, _gb) = b.ptr(stream);
     let (pa, _ga) = acc.ptr_mut(stream);
     // SAFETY: both buffers hold n elements of T; the kernel allows out == a.
-    let status = unsafe {
-        fl_kernels_sys::fl_add(T::ID, pa as _, pb as _, pa as _, n, raw_stream(stream))
-    };
+    let status =
+        unsafe { fl_kernels_sys::fl_add(T::ID, pa as _, pb as _, pa as _, n, raw_stream(stream)) };
     check("add_assign", status)
 }
 
@@ -99,8 +97,7 @@ pub fn cast<S: FloatDType, D: FloatDType>(
     let (ps, _gs) = src.ptr(stream);
     let (pd, _gd) = dst.ptr_mut(stream);
     // SAFETY: both buffers hold n elements of their types (shapes checked above).
-    let status = unsafe {
-        fl_kernels_sys::fl_cast(S::ID, ps as _, D::ID, pd as _, n, raw_stream(stream))
-    };
+    let status =
+        unsafe { fl_kernels_sys::fl_cast(S::ID, ps as _, D::ID, pd as _, n, raw_stream(stream)) };
     check("cast", status)
 }

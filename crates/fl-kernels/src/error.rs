@@ -69,7 +69,10 @@ pub enum Error {
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
-        Error::InvalidArgument { arg, reason: reason.into() }
+        Error::InvalidArgument {
+            arg,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -83,5 +86,9 @@ pub(crate) fn check(op: &'static str, status: fl_kernels_sys::fl_status) -> Resu
         let p = fl_kernels_sys::fl_cuda_error_string(status);
         std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
     };
-    Err(Error::Cuda { op, code: status, message })
+    Err(Error::Cuda {
+        op,
+        code: status,
+        message,
+    })
 }

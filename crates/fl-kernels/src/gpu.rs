@@ -41,7 +41,9 @@ pub fn gpu_available() -> bool {
 fn probe() -> Result<i32> {
     // SAFETY: only checks whether libcuda can be dlopen'ed; calls no CUDA function.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(Error::NoGpu("the CUDA driver library (libcuda.so) was not found".into()));
+        return Err(Error::NoGpu(
+            "the CUDA driver library (libcuda.so) was not found".into(),
+        ));
     }
     let n = CudaContext::device_count().map_err(|e| Error::NoGpu(format!("{e}")))?;
     if n < 1 {
@@ -58,7 +60,10 @@ impl Gpu {
     pub fn new(ordinal: usize) -> Result<Self> {
         let n = probe()?;
         if ordinal >= n as usize {
-            return Err(Error::invalid("ordinal", format!("device {ordinal} requested, {n} present")));
+            return Err(Error::invalid(
+                "ordinal",
+                format!("device {ordinal} requested, {n} present"),
+            ));
         }
         let ctx = CudaContext::new(ordinal)?;
         let cc = ctx.compute_capability()?;
@@ -70,13 +75,21 @@ impl Gpu {
         }
         let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let stream = ctx.default_stream();
-        Ok(Gpu { ctx, stream, cc, sms: sms.max(1) as usize })
+        Ok(Gpu {
+            ctx,
+            stream,
+            cc,
+            sms: sms.max(1) as usize,
+        })
     }
 
     /// A handle on the same device whose ops go to a new, separate stream.
     pub fn with_new_stream(&self) -> Result<Self> {
         let stream = self.ctx.new_stream()?;
-        Ok(Gpu { stream, ..self.clone() })
+        Ok(Gpu {
+            stream,
+            ..self.clone()
+        })
     }
 
     /// The stream ops are queued on.
@@ -112,10 +125,7 @@ impl Gpu {
 
 /// Device time of the work `f` queues on `stream`, measured with CUDA events around it, in
 /// milliseconds. Waits for the end event (a sync point: meant for benches and demos).
-pub fn time_on_stream(
-    stream: &CudaStream,
-    f: impl FnOnce() -> Result<()>,
-) -> Result<f64> {
+pub fn time_on_stream(stream: &CudaStream, f: impl FnOnce() -> Result<()>) -> Result<f64> {
     use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
     let start = stream.record_event(Some(CU_EVENT_DEFAULT))?;
     f()?;

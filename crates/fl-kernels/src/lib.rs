@@ -3,7 +3,7 @@
 //! Each op is a hand-written CUDA kernel (compiled at build time by `fl-kernels-sys`)
 //! behind a safe function that checks shapes and dtypes before it launches, queues the work
 //! on the stream you pass and returns without waiting. Each has a CPU reference in
-//! [`reference`], used by the GPU tests, and is benchmarked with criterion in `bench/`.
+//! [`reference`](mod@crate::reference), used by the GPU tests, and is benchmarked with criterion in `bench/`.
 //!
 //! ```no_run
 //! use fl_kernels::{elementwise, DeviceTensor, Gpu};
@@ -27,6 +27,13 @@ mod gpu;
 mod tensor;
 
 pub mod elementwise;
+pub mod norm;
+pub mod softmax;
+pub mod rope;
+pub mod kv_cache;
+pub mod embedding;
+pub mod activation;
+pub mod padding;
 pub mod reference;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -34,9 +34,15 @@ impl<T: DType> fmt::Debug for DeviceTensor<T> {
 }
 
 fn numel(arg: &'static str, shape: &[usize]) -> Result<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-        Error::invalid(arg, format!("shape {shape:?} has more elements than usize holds"))
-    })
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            Error::invalid(
+                arg,
+                format!("shape {shape:?} has more elements than usize holds"),
+            )
+        })
 }
 
 impl<T: DType> DeviceTensor<T> {
@@ -47,17 +53,30 @@ impl<T: DType> DeviceTensor<T> {
         if n != data.len() {
             return Err(Error::invalid(
                 "data",
-                format!("{} elements given for shape {shape:?} ({n} elements)", data.len()),
+                format!(
+                    "{} elements given for shape {shape:?} ({n} elements)",
+                    data.len()
+                ),
             ));
         }
-        let buf = if n == 0 { stream.alloc_zeros::<T>(0)? } else { stream.clone_htod(data)? };
-        Ok(DeviceTensor { buf, shape: shape.to_vec() })
+        let buf = if n == 0 {
+            stream.alloc_zeros::<T>(0)?
+        } else {
+            stream.clone_htod(data)?
+        };
+        Ok(DeviceTensor {
+            buf,
+            shape: shape.to_vec(),
+        })
     }
 
     /// A tensor of zero bits (0 for every dtype).
     pub fn zeros(stream: &Arc<CudaStream>, shape: &[usize]) -> Result<Self> {
         let n = numel("shape", shape)?;
-        Ok(DeviceTensor { buf: stream.alloc_zeros::<T>(n)?, shape: shape.to_vec() })
+        Ok(DeviceTensor {
+            buf: stream.alloc_zeros::<T>(n)?,
+            shape: shape.to_vec(),
+        })
     }
 
     /// A tensor with every element equal to `value` (e.g. NaN, to poison an output).
@@ -72,10 +91,16 @@ impl<T: DType> DeviceTensor<T> {
         if n != buf.len() {
             return Err(Error::invalid(
                 "buf",
-                format!("buffer of {} elements for shape {shape:?} ({n} elements)", buf.len()),
+                format!(
+                    "buffer of {} elements for shape {shape:?} ({n} elements)",
+                    buf.len()
+                ),
             ));
         }
-        Ok(DeviceTensor { buf, shape: shape.to_vec() })
+        Ok(DeviceTensor {
+            buf,
+            shape: shape.to_vec(),
+        })
     }
 
     /// Copies the tensor to the host. Waits for the stream (this is the sync point).
@@ -91,7 +116,11 @@ impl<T: DType> DeviceTensor<T> {
         if data.len() != self.len() {
             return Err(Error::invalid(
                 "data",
-                format!("{} elements given for a tensor of {}", data.len(), self.len()),
+                format!(
+                    "{} elements given for a tensor of {}",
+                    data.len(),
+                    self.len()
+                ),
             ));
         }
         if !data.is_empty() {
@@ -110,7 +139,10 @@ impl<T: DType> DeviceTensor<T> {
                 got: shape.to_vec(),
             });
         }
-        Ok(DeviceTensor { buf: self.buf, shape: shape.to_vec() })
+        Ok(DeviceTensor {
+            buf: self.buf,
+            shape: shape.to_vec(),
+        })
     }
 
     /// Row-major shape.
@@ -167,7 +199,11 @@ pub(crate) fn expect_shape<T: DType>(
     expected: &[usize],
 ) -> Result<()> {
     if t.shape() != expected {
-        return Err(Error::Shape { arg, expected: format!("{expected:?}"), got: t.shape().to_vec() });
+        return Err(Error::Shape {
+            arg,
+            expected: format!("{expected:?}"),
+            got: t.shape().to_vec(),
+        });
     }
     Ok(())
 }
@@ -179,5 +215,9 @@ pub(crate) fn raw_stream(stream: &CudaStream) -> fl_kernels_sys::fl_stream {
 
 /// A length as the kernels' `int64_t`.
 pub(crate) fn as_i64(arg: &'static str, n: usize) -> Result<i64> {
-    i64::try_from(n).map_err(|_| Error::TooLarge { arg, value: n, limit: i64::MAX as usize })
+    i64::try_from(n).map_err(|_| Error::TooLarge {
+        arg,
+        value: n,
+        limit: i64::MAX as usize,
+    })
 }

@@ -12,7 +12,10 @@ use crate::Gpu;
 /// Whether `FL_REQUIRE_GPU` asks for a GPU (`1`, `true`, `yes`).
 pub fn gpu_required() -> bool {
     matches!(
-        std::env::var("FL_REQUIRE_GPU").as_deref().map(str::to_ascii_lowercase).as_deref(),
+        std::env::var("FL_REQUIRE_GPU")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
         Ok("1") | Ok("true") | Ok("yes")
     )
 }
@@ -69,12 +72,15 @@ pub fn tolerance<T: FloatDType>() -> f64 {
 /// A seeded RNG; the seed comes from `FL_TEST_SEED` or the clock and is printed, so a
 /// failure can be replayed.
 pub fn rng(test: &str) -> rand::rngs::StdRng {
-    let seed = std::env::var("FL_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0x5eed)
-    });
+    let seed = std::env::var("FL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x5eed)
+        });
     eprintln!("{test}: FL_TEST_SEED={seed}");
     rand::rngs::StdRng::seed_from_u64(seed)
 }

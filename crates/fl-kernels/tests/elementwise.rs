@@ -1,7 +1,7 @@
 //! elementwise::{add, add_assign, cast} on the GPU against reference::elementwise, and
 //! property tests of the references (these run without a GPU).
 
-use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, random, strategies, to_f64, tolerance};
+use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, to_f64, tolerance};
 use fl_kernels::{bf16, elementwise, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use proptest::prelude::*;
 
@@ -18,14 +18,20 @@ fn check_add<T: FloatDType>(gpu: &Gpu, n: usize, r: &mut impl rand::Rng) {
     let got = out.to_host(s).unwrap();
     let want = to_f64(&reference::elementwise::add(&a, &b));
     let err = rel_l2(&got, &want);
-    assert!(err < tolerance::<T>(), "add<{}> n={n}: rel L2 {err:e}", T::NAME);
+    assert!(
+        err < tolerance::<T>(),
+        "add<{}> n={n}: rel L2 {err:e}",
+        T::NAME
+    );
     // The kernel rounds exactly like the reference: every element matches bit for bit.
     assert_eq!(to_f64(&got), want, "add<{}> n={n}: not bit-exact", T::NAME);
 }
 
 #[test]
 fn add_matches_reference_all_dtypes_odd_sizes() {
-    let Some(gpu) = gpu_or_skip("add_matches_reference_all_dtypes_odd_sizes") else { return };
+    let Some(gpu) = gpu_or_skip("add_matches_reference_all_dtypes_odd_sizes") else {
+        return;
+    };
     let mut r = rng("add");
     for &n in SIZES {
         check_add::<f32>(&gpu, n, &mut r);
@@ -36,7 +42,9 @@ fn add_matches_reference_all_dtypes_odd_sizes() {
 
 #[test]
 fn add_assign_is_in_place_add() {
-    let Some(gpu) = gpu_or_skip("add_assign_is_in_place_add") else { return };
+    let Some(gpu) = gpu_or_skip("add_assign_is_in_place_add") else {
+        return;
+    };
     let s = gpu.stream();
     let mut r = rng("add_assign");
     for &n in SIZES {
@@ -45,14 +53,20 @@ fn add_assign_is_in_place_add() {
         let mut acc = DeviceTensor::from_host(s, &a, &[n]).unwrap();
         let db = DeviceTensor::from_host(s, &b, &[n]).unwrap();
         elementwise::add_assign(s, &mut acc, &db).unwrap();
-        assert_eq!(acc.to_host(s).unwrap(), reference::elementwise::add(&a, &b), "n={n}");
+        assert_eq!(
+            acc.to_host(s).unwrap(),
+            reference::elementwise::add(&a, &b),
+            "n={n}"
+        );
     }
 }
 
 #[test]
 fn add_unaligned_pointers_take_the_scalar_path() {
     // Raw launcher on pointers offset by one element (not 16-byte aligned).
-    let Some(gpu) = gpu_or_skip("add_unaligned_pointers_take_the_scalar_path") else { return };
+    let Some(gpu) = gpu_or_skip("add_unaligned_pointers_take_the_scalar_path") else {
+        return;
+    };
     let s = gpu.stream();
     let mut r = rng("add_unaligned");
     let n = 1003;
@@ -67,9 +81,8 @@ fn add_unaligned_pointers_take_the_scalar_path() {
         let (pb, _g2) = db.as_slice().device_ptr(s);
         let (po, _g3) = out.as_slice_mut().device_ptr_mut(s);
         // SAFETY: each buffer holds n + 1 f32; offsetting by one leaves n valid elements.
-        let st = unsafe {
-            fl_kernels_sys_call(pa + 4, pb + 4, po + 4, n as i64, s.cu_stream() as _)
-        };
+        let st =
+            unsafe { fl_kernels_sys_call(pa + 4, pb + 4, po + 4, n as i64, s.cu_stream() as _) };
         assert_eq!(st, 0);
     }
     let got = out.to_host(s).unwrap();
@@ -79,7 +92,14 @@ fn add_unaligned_pointers_take_the_scalar_path() {
 }
 
 unsafe fn fl_kernels_sys_call(a: u64, b: u64, o: u64, n: i64, s: *mut std::ffi::c_void) -> i32 {
-    fl_kernels_sys::fl_add(fl_kernels_sys::fl_dtype::FL_DTYPE_F32, a as _, b as _, o as _, n, s)
+    fl_kernels_sys::fl_add(
+        fl_kernels_sys::fl_dtype::FL_DTYPE_F32,
+        a as _,
+        b as _,
+        o as _,
+        n,
+        s,
+    )
 }
 
 fn check_cast<S: FloatDType, D: FloatDType>(gpu: &Gpu, n: usize, r: &mut impl rand::Rng) {
@@ -90,12 +110,20 @@ fn check_cast<S: FloatDType, D: FloatDType>(gpu: &Gpu, n: usize, r: &mut impl ra
     elementwise::cast(s, &dx, &mut dy).unwrap();
     let got = dy.to_host(s).unwrap();
     let want = reference::elementwise::cast::<S, D>(&x);
-    assert_eq!(to_f64(&got), to_f64(&want), "cast {}->{} n={n}", S::NAME, D::NAME);
+    assert_eq!(
+        to_f64(&got),
+        to_f64(&want),
+        "cast {}->{} n={n}",
+        S::NAME,
+        D::NAME
+    );
 }
 
 #[test]
 fn cast_matches_reference_every_pair() {
-    let Some(gpu) = gpu_or_skip("cast_matches_reference_every_pair") else { return };
+    let Some(gpu) = gpu_or_skip("cast_matches_reference_every_pair") else {
+        return;
+    };
     let mut r = rng("cast");
     for &n in SIZES {
         check_cast::<f32, f16>(&gpu, n, &mut r);
@@ -110,7 +138,9 @@ fn cast_matches_reference_every_pair() {
 
 #[test]
 fn shape_errors_name_the_argument() {
-    let Some(gpu) = gpu_or_skip("shape_errors_name_the_argument") else { return };
+    let Some(gpu) = gpu_or_skip("shape_errors_name_the_argument") else {
+        return;
+    };
     let s = gpu.stream();
     let a = DeviceTensor::<f32>::zeros(s, &[4, 8]).unwrap();
     let b = DeviceTensor::<f32>::zeros(s, &[8, 4]).unwrap();
@@ -125,7 +155,10 @@ fn shape_errors_name_the_argument() {
         other => panic!("expected a shape error on `out`, got {other:?}"),
     }
     let mut h = DeviceTensor::<f16>::zeros(s, &[3]).unwrap();
-    assert!(matches!(elementwise::cast(s, &a, &mut h), Err(Error::Shape { arg: "dst", .. })));
+    assert!(matches!(
+        elementwise::cast(s, &a, &mut h),
+        Err(Error::Shape { arg: "dst", .. })
+    ));
     // Empty tensors are fine and launch nothing.
     let e = DeviceTensor::<f32>::zeros(s, &[0]).unwrap();
     let mut eo = DeviceTensor::<f32>::zeros(s, &[0]).unwrap();
@@ -134,7 +167,9 @@ fn shape_errors_name_the_argument() {
 
 #[test]
 fn add_gpu_proptest() {
-    let Some(gpu) = gpu_or_skip("add_gpu_proptest") else { return };
+    let Some(gpu) = gpu_or_skip("add_gpu_proptest") else {
+        return;
+    };
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: 24,
         ..ProptestConfig::default()

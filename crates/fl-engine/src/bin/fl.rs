@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "fl", version, about = "FasterLLaMA-rs: LLaMA-family inference on CUDA")]
+#[command(
+    name = "fl",
+    version,
+    about = "FasterLLaMA-rs: LLaMA-family inference on CUDA"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -42,7 +46,11 @@ fn main() {
 
 fn info(gpu: &fl_kernels::Gpu) -> fl_kernels::Result<()> {
     let (maj, min) = gpu.compute_capability();
-    println!("{}: compute capability {maj}.{min}, {} SMs", gpu.name()?, gpu.sm_count());
+    println!(
+        "{}: compute capability {maj}.{min}, {} SMs",
+        gpu.name()?,
+        gpu.sm_count()
+    );
     Ok(())
 }
 
@@ -51,14 +59,23 @@ fn demo(gpu: &fl_kernels::Gpu, n: usize) -> fl_kernels::Result<()> {
     if n == 0 {
         return Err(fl_kernels::Error::invalid("--n", "must be at least 1"));
     }
-    println!("{:<10} {:>12} {:>10} {:>10} {:>9}", "op", "elements", "rel err", "us", "GB/s");
+    println!(
+        "{:<10} {:>12} {:>10} {:>10} {:>9}",
+        "op", "elements", "rel err", "us", "GB/s"
+    );
     let mut ok = true;
     for l in fl_engine::demo::run(gpu, n)? {
-        println!("{:<10} {:>12} {:>10.2e} {:>10.1} {:>9.0}", l.what, l.n, l.rel_err, l.us, l.gbps);
+        println!(
+            "{:<10} {:>12} {:>10.2e} {:>10.1} {:>9.0}",
+            l.what, l.n, l.rel_err, l.us, l.gbps
+        );
         ok &= l.rel_err < 1e-5;
     }
     if !ok {
-        return Err(fl_kernels::Error::invalid("demo", "a kernel disagreed with its reference"));
+        return Err(fl_kernels::Error::invalid(
+            "demo",
+            "a kernel disagreed with its reference",
+        ));
     }
     Ok(())
 }

@@ -5,3 +5,10 @@
 //! GPU tests compare against these; proptests check their properties on the CPU.
 
 pub mod elementwise;
+pub mod norm;
+pub mod softmax;
+pub mod rope;
+pub mod kv_cache;
+pub mod embedding;
+pub mod activation;
+pub mod padding;

@@ -1,0 +1,8 @@
+//! Criterion benches for `fl_kernels::activation` (being written).
+
+use criterion::{criterion_group, criterion_main, Criterion};
+
+fn benches(_c: &mut Criterion) {}
+
+criterion_group!(group, benches);
+criterion_main!(group);

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Side-by-side table: our kernels (the `optable` binary) against PyTorch on the same GPU,
+in the same run, joined on `op|dtype|shape`.
+
+    python3 compare.py PATH/TO/optable [FILTER] [--md OUT.md]
+
+Torch cases come from every torch_<family>.py beside this file: each defines
+`cases()` yielding (key, make) where make() allocates inputs and returns a dict
+{"eager": fn, "compile": fn or None}. Timing: CUDA events around a batch of calls after a
+warm-up, median of 7 batches, inputs as the user would call them (eager includes Python's
+launch overhead, as users see it).
+"""
+import glob, importlib.util, json, os, subprocess, sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2]
+
+
+def time_us(fn):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); fn(); e.record(); e.synchronize()
+    probe = max(s.elapsed_time(e), 1e-4)
+    iters = int(min(max(2.0 / probe, 5), 2000))
+    out = []
+    for _ in range(7):
+        s.record()
+        for _ in range(iters):
+            fn()
+        e.record(); e.synchronize()
+        out.append(s.elapsed_time(e) * 1e3 / iters)
+    return median(out)
+
+
+def torch_cases(filt):
+    for path in sorted(glob.glob(os.path.join(HERE, "torch_*.py"))):
+        spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        for key, make in mod.cases():
+            if filt in key:
+                yield key, make
+
+
+def main():
+    args = [a for a in sys.argv[1:]]
+    md = None
+    if "--md" in args:
+        i = args.index("--md"); md = args[i + 1]; del args[i:i + 2]
+    optable = args[0]
+    filt = args[1] if len(args) > 1 else ""
+    ours = {}
+    proc = subprocess.run([optable, filt], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr); sys.exit(proc.returncode)
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line); ours[r["key"]] = r
+    copy = ours.pop("copy")
+    theirs = {}
+    for key, make in torch_cases(filt):
+        try:
+            fns = make()
+            row = {"eager": time_us(fns["eager"])}
+            if fns.get("compile") is not None:
+                try:
+                    row["compile"] = time_us(fns["compile"])
+                except Exception as ex:  # report, don't hide
+                    row["compile_error"] = str(ex).splitlines()[0][:80]
+            theirs[key] = row
+            del fns
+        except Exception as ex:
+            theirs[key] = {"error": str(ex).splitlines()[0][:80]}
+        torch.cuda.empty_cache()
+    dev = torch.cuda.get_device_name()
+    lines = [f"GPU: {dev}; torch {torch.__version__}; device copy {copy['gbps']:.0f} GB/s "
+             f"(1 GiB, read+write)", "",
+             "| op | dtype | shape | fl us | fl GB/s | % of copy | torch eager us | torch.compile us | speed-up vs best torch |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    worst = None
+    for key, r in ours.items():
+        op, dt, shape = key.split("|")
+        if "error" in r:
+            lines.append(f"| {op} | {dt} | {shape} | error: {r['error']} | | | | | |"); continue
+        t = theirs.get(key, {})
+        eager = t.get("eager"); comp = t.get("compile")
+        best = min([x for x in (eager, comp) if x is not None], default=None)
+        ratio = best / r["us"] if best else None
+        if ratio is not None and (worst is None or ratio < worst[0]):
+            worst = (ratio, key)
+        f = lambda x: f"{x:.1f}" if x is not None else (t.get("compile_error", "-") if x is comp else "-")
+        lines.append(f"| {op} | {dt} | {shape} | {r['us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f}% | "
+                     f"{f(eager)} | {f(comp)} | {('%.2fx' % ratio) if ratio else '-'} |")
+    if worst:
+        lines += ["", f"lowest speed-up vs torch: {worst[0]:.2f}x ({worst[1]})"]
+    text = "\n".join(lines)
+    print(text)
+    if md:
+        open(md, "w").write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

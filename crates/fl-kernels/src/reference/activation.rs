@@ -1,0 +1,1 @@
+//! References for [`crate::activation`](mod@crate::activation).

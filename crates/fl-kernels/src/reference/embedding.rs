@@ -1,0 +1,1 @@
+//! References for [`crate::embedding`](mod@crate::embedding).

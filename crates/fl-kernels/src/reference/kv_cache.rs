@@ -1,0 +1,1 @@
+//! References for [`crate::kv_cache`](mod@crate::kv_cache).

@@ -1,0 +1,1 @@
+//! References for [`crate::norm`](mod@crate::norm).

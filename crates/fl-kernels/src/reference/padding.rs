@@ -1,0 +1,1 @@
+//! References for [`crate::padding`](mod@crate::padding).

@@ -1,0 +1,1 @@
+//! References for [`crate::rope`](mod@crate::rope).

@@ -1,0 +1,1 @@
+//! References for [`crate::softmax`](mod@crate::softmax).
