@@ -17,7 +17,7 @@ rm -rf "$DIR"; mkdir -p "$DIR/tests" "$DIR/benches" "$DIR/bin" "$DIR/scripts"
 json="$(mktemp)"
 cargo test --workspace --release --no-run --message-format=json-render-diagnostics > "$json"
 cargo bench --workspace --no-run --message-format=json-render-diagnostics >> "$json"
-cargo build --release -p fl-engine --bin fl --message-format=json-render-diagnostics >> "$json"
+cargo build --release -p fl-engine --bin fl -p fl-bench --bin optable --message-format=json-render-diagnostics >> "$json"
 python3 - "$json" "$DIR" <<'PY'
 import json, os, shutil, sys
 src, out = sys.argv[1], sys.argv[2]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a bundle made by scripts/bundle.sh on a GPU machine. Every test binary runs with
 # FL_REQUIRE_GPU=1 (a missing GPU is a failure). The last line is "N passed, N failed".
-#   bash run-bundle.sh [--bench [FILTER]]   also run the criterion benches (optionally filtered)
+#   bash run-bundle.sh [--bench [NAME]]   also run the criterion benches (those whose file
+#                                         name contains NAME, e.g. `norm`; default all)
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export FL_REQUIRE_GPU=1
@@ -27,8 +28,9 @@ done
 if [ "${1:-}" = "--bench" ]; then
   for b in "$HERE"/benches/*; do
     [ -x "$b" ] || continue
+    case "$(basename "$b")" in *"${2:-}"*) ;; *) continue ;; esac
     echo "== bench $(basename "$b")"
-    "$b" --bench ${2:-} 2>&1 | grep -vE '^(Gnuplot|Benchmarking|Found|  [0-9]+ \(|Warning|$)' || true
+    "$b" --bench 2>&1 | grep -vE '^(Gnuplot|Benchmarking|Found|  [0-9]+ \(|Warning|$)' || true
   done
 fi
 echo "$passed passed, $failed failed"
