@@ -68,5 +68,7 @@ fl_status fl_cast(fl_dtype src_dtype, const void *src, fl_dtype dst_dtype, void 
 #include "fl_embedding.h"
 #include "fl_activation.h"
 #include "fl_padding.h"
+#include "fl_sampling.h"
+#include "fl_attention.h"
 
 #endif /* FL_KERNELS_H */
