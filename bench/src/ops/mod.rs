@@ -7,6 +7,7 @@
 
 use fl_kernels::{Gpu, Result};
 
+pub mod attention;
 pub mod elementwise;
 pub mod norm;
 pub mod softmax;
@@ -47,6 +48,7 @@ impl Case {
 pub fn all() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(elementwise::cases());
+    v.extend(attention::cases());
     v.extend(norm::cases());
     v.extend(softmax::cases());
     v.extend(rope::cases());

@@ -76,3 +76,9 @@ impl FloatDType for bf16 {
     }
     const EPS: f64 = 3.906_25e-3;
 }
+
+/// A 16-bit float [`DType`] (`f16`, `bf16`): the storage types of the attention kernels
+/// and the KV cache.
+pub trait HalfDType: FloatDType {}
+impl HalfDType for f16 {}
+impl HalfDType for bf16 {}

@@ -26,6 +26,7 @@ mod error;
 mod gpu;
 mod tensor;
 
+pub mod attention;
 pub mod elementwise;
 pub mod norm;
 pub mod softmax;
@@ -39,7 +40,7 @@ pub mod reference;
 pub mod testing;
 
 pub use cudarc;
-pub use dtype::{DType, FloatDType};
+pub use dtype::{DType, FloatDType, HalfDType};
 pub use error::{Error, Result};
 pub use gpu::{gpu_available, time_on_stream, Gpu, MIN_COMPUTE_CAPABILITY};
 pub use half::{bf16, f16};

@@ -4,6 +4,7 @@
 //! (never in the storage type), rounding to the storage type only where the kernel does.
 //! GPU tests compare against these; proptests check their properties on the CPU.
 
+pub mod attention;
 pub mod elementwise;
 pub mod norm;
 pub mod softmax;

@@ -1,0 +1,51 @@
+//! Table cases for `fl_kernels::attention` (torch side: `torch_attention.py`).
+
+use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace, KvCache};
+use fl_kernels::{bf16, f16, DeviceTensor, HalfDType};
+
+use super::{bench_tensor, Case, Launch};
+
+/// Decode shapes of the issue: batch x context from 1 x 32768 to 64 x 4096, 32 q heads,
+/// head_dim 128, 8 and 32 kv heads.
+pub const DECODE_SHAPES: [(usize, usize); 5] =
+    [(1, 32768), (4, 16384), (16, 8192), (64, 4096), (1, 4096)];
+
+fn decode_case<T: HalfDType>(batch: usize, len: usize, hkv: usize) -> Case {
+    let (hq, d) = (32usize, 128usize);
+    let kv_bytes = 2 * batch * hkv * len * d * 2;
+    let qo_bytes = 2 * batch * hq * d * 2;
+    Case {
+        op: "decode_attn",
+        dtype: T::NAME,
+        shape: format!("b{batch}_L{len}_q{hq}_kv{hkv}_d{d}"),
+        bytes: (kv_bytes + qo_bytes + 4 * batch) as u64,
+        make: Box::new(move |gpu| {
+            let s = gpu.stream().clone();
+            let q = bench_tensor::<T>(gpu, &[batch, hq, d], 1)?;
+            let k = bench_tensor::<T>(gpu, &[batch, hkv, len, d], 2)?;
+            let v = bench_tensor::<T>(gpu, &[batch, hkv, len, d], 3)?;
+            let lens = DeviceTensor::from_host(&s, &vec![len as i32; batch], &[batch])?;
+            let params = DecodeParams::new(d, len);
+            let cache = KvCache::Contiguous { k: &k, v: &v };
+            let bytes = attention::decode_workspace_bytes(&s, &q, &cache, &lens, &params)?;
+            let mut ws = DecodeWorkspace::new(&s, bytes)?;
+            let mut out = DeviceTensor::<T>::zeros(&s, &[batch, hq, d])?;
+            let l: Launch = Box::new(move || {
+                let cache = KvCache::Contiguous { k: &k, v: &v };
+                attention::decode(&s, &q, &cache, &lens, &params, &mut ws, &mut out)
+            });
+            Ok(l)
+        }),
+    }
+}
+
+/// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 at one shape).
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for &(b, l) in &DECODE_SHAPES {
+        v.push(decode_case::<f16>(b, l, 8));
+        v.push(decode_case::<f16>(b, l, 32));
+    }
+    v.push(decode_case::<bf16>(64, 4096, 8));
+    v
+}

@@ -1,0 +1,255 @@
+//! attention::decode on the GPU against reference::attention::decode (f64), contiguous and
+//! paged caches, GQA ratios 1/4/8/32, odd lengths, ragged batches, windows, forced splits.
+
+use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace, KvCache};
+use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, to_f64};
+use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
+use rand::seq::SliceRandom;
+use rand::Rng;
+
+struct Case {
+    batch: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    lens: Vec<usize>,
+    window: usize,
+    splits: Option<usize>,
+    paged_block: Option<usize>,
+}
+
+fn run_case<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
+    let s = gpu.stream();
+    let cap = c.lens.iter().copied().max().unwrap_or(1).max(1);
+    let (b, hq, hkv, d) = (c.batch, c.hq, c.hkv, c.d);
+    let q: Vec<T> = fl_kernels::testing::random(r, b * hq * d);
+    let k: Vec<T> = fl_kernels::testing::random(r, b * hkv * cap * d);
+    let v: Vec<T> = fl_kernels::testing::random(r, b * hkv * cap * d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let want = reference::attention::decode(
+        &to_f64(&q), &to_f64(&k), &to_f64(&v), &c.lens, hq, hkv, d, cap, scale as f64, c.window,
+    );
+    let dq = DeviceTensor::from_host(s, &q, &[b, hq, d]).unwrap();
+    let lens32: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+    let dl = DeviceTensor::from_host(s, &lens32, &[b]).unwrap();
+    let params = DecodeParams {
+        scale,
+        max_seq_len: cap,
+        window: if c.window > 0 { Some(c.window) } else { None },
+        num_splits: c.splits,
+    };
+    let mut out = DeviceTensor::filled(s, &[b, hq, d], T::from_f32(f32::NAN)).unwrap();
+    match c.paged_block {
+        None => {
+            let dk = DeviceTensor::from_host(s, &k, &[b, hkv, cap, d]).unwrap();
+            let dv = DeviceTensor::from_host(s, &v, &[b, hkv, cap, d]).unwrap();
+            let cache = KvCache::Contiguous { k: &dk, v: &dv };
+            let bytes = attention::decode_workspace_bytes(s, &dq, &cache, &dl, &params).unwrap();
+            let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
+            attention::decode(s, &dq, &cache, &dl, &params, &mut ws, &mut out).unwrap();
+        }
+        Some(bs) => {
+            // Scatter the dense cache into randomly permuted blocks of a pool.
+            let mbps = cap.div_ceil(bs);
+            let nblocks = b * mbps + 3;
+            let mut ids: Vec<i32> = (0..nblocks as i32).collect();
+            ids.shuffle(r);
+            let table: Vec<i32> = ids[..b * mbps].to_vec();
+            let mut pk = vec![T::from_f32(f32::NAN); nblocks * hkv * bs * d];
+            let mut pv = pk.clone();
+            for bi in 0..b {
+                for h in 0..hkv {
+                    for p in 0..cap {
+                        let blk = table[bi * mbps + p / bs] as usize;
+                        let dst = ((blk * hkv + h) * bs + p % bs) * d;
+                        let src = ((bi * hkv + h) * cap + p) * d;
+                        pk[dst..dst + d].copy_from_slice(&k[src..src + d]);
+                        pv[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                    }
+                }
+            }
+            let dk = DeviceTensor::from_host(s, &pk, &[nblocks, hkv, bs, d]).unwrap();
+            let dv = DeviceTensor::from_host(s, &pv, &[nblocks, hkv, bs, d]).unwrap();
+            let dt = DeviceTensor::from_host(s, &table, &[b, mbps]).unwrap();
+            let cache = KvCache::Paged { k: &dk, v: &dv, block_table: &dt };
+            let bytes = attention::decode_workspace_bytes(s, &dq, &cache, &dl, &params).unwrap();
+            let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
+            attention::decode(s, &dq, &cache, &dl, &params, &mut ws, &mut out).unwrap();
+        }
+    }
+    let got = out.to_host(s).unwrap();
+    rel_l2(&got, &want)
+}
+
+fn check<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
+    let err = run_case::<T>(gpu, c, r);
+    assert!(
+        err < 1e-2,
+        "decode<{}> b={} hq={} hkv={} d={} lens={:?} window={} splits={:?} paged={:?}: rel L2 {err:e}",
+        T::NAME, c.batch, c.hq, c.hkv, c.d, c.lens, c.window, c.splits, c.paged_block
+    );
+}
+
+fn case(batch: usize, hq: usize, hkv: usize, d: usize, lens: Vec<usize>) -> Case {
+    Case { batch, hq, hkv, d, lens, window: 0, splits: None, paged_block: None }
+}
+
+#[test]
+fn decode_gqa_ratios_and_odd_lengths() {
+    let Some(gpu) = gpu_or_skip("decode_gqa_ratios_and_odd_lengths") else { return };
+    let mut r = rng("decode_gqa");
+    for &(hq, hkv) in &[(4usize, 4usize), (8, 2), (16, 2), (32, 1)] {
+        for &len in &[1usize, 7, 129, 4095] {
+            check::<f16>(&gpu, &case(2, hq, hkv, 128, vec![len, len.div_ceil(2)]), &mut r);
+            check::<bf16>(&gpu, &case(1, hq, hkv, 128, vec![len]), &mut r);
+        }
+    }
+}
+
+#[test]
+fn decode_every_head_dim() {
+    let Some(gpu) = gpu_or_skip("decode_every_head_dim") else { return };
+    let mut r = rng("decode_head_dims");
+    for &d in &attention::DECODE_HEAD_DIMS {
+        check::<f16>(&gpu, &case(3, 8, 2, d, vec![33, 1, 300]), &mut r);
+        check::<bf16>(&gpu, &case(2, 6, 3, d, vec![517, 64]), &mut r);
+    }
+}
+
+#[test]
+fn decode_ragged_batch_with_empty_sequence() {
+    let Some(gpu) = gpu_or_skip("decode_ragged_batch_with_empty_sequence") else { return };
+    let mut r = rng("decode_ragged");
+    let c = case(5, 8, 8, 64, vec![0, 1, 1000, 17, 2048]);
+    check::<f16>(&gpu, &c, &mut r);
+}
+
+#[test]
+fn decode_sliding_window_and_forced_splits() {
+    let Some(gpu) = gpu_or_skip("decode_sliding_window_and_forced_splits") else { return };
+    let mut r = rng("decode_window");
+    for &w in &[1usize, 5, 100, 5000] {
+        let mut c = case(2, 8, 2, 128, vec![1000, 77]);
+        c.window = w;
+        check::<bf16>(&gpu, &c, &mut r);
+    }
+    for &sp in &[1usize, 2, 3, 17, 64] {
+        let mut c = case(2, 4, 4, 128, vec![1500, 3]);
+        c.splits = Some(sp);
+        check::<f16>(&gpu, &c, &mut r);
+    }
+}
+
+#[test]
+fn decode_paged_matches_dense() {
+    let Some(gpu) = gpu_or_skip("decode_paged_matches_dense") else { return };
+    let mut r = rng("decode_paged");
+    for &bs in &[1usize, 16, 64] {
+        let mut c = case(3, 32, 8, 128, vec![129, 1, 700]);
+        c.paged_block = Some(bs);
+        check::<f16>(&gpu, &c, &mut r);
+        let mut c = case(2, 8, 1, 64, vec![4095, 33]);
+        c.paged_block = Some(bs);
+        check::<bf16>(&gpu, &c, &mut r);
+    }
+}
+
+#[test]
+fn decode_long_sequence_many_splits() {
+    let Some(gpu) = gpu_or_skip("decode_long_sequence_many_splits") else { return };
+    let mut r = rng("decode_long");
+    check::<f16>(&gpu, &case(1, 32, 8, 128, vec![32768]), &mut r);
+}
+
+#[test]
+fn decode_bad_arguments_are_named() {
+    let Some(gpu) = gpu_or_skip("decode_bad_arguments_are_named") else { return };
+    let s = gpu.stream();
+    let q = DeviceTensor::<f16>::zeros(s, &[2, 8, 128]).unwrap();
+    let k = DeviceTensor::<f16>::zeros(s, &[2, 3, 64, 128]).unwrap();
+    let v = DeviceTensor::<f16>::zeros(s, &[2, 3, 64, 128]).unwrap();
+    let lens = DeviceTensor::from_host(s, &[1i32, 2], &[2]).unwrap();
+    let mut ws = DecodeWorkspace::new(s, 0).unwrap();
+    let mut out = DeviceTensor::<f16>::zeros(s, &[2, 8, 128]).unwrap();
+    let cache = KvCache::Contiguous { k: &k, v: &v };
+    let p = DecodeParams::new(128, 64);
+    // 8 q heads over 3 kv heads
+    let e = attention::decode(s, &q, &cache, &lens, &p, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "q", .. }), "{e}");
+    let k = DeviceTensor::<f16>::zeros(s, &[2, 2, 64, 128]).unwrap();
+    let v2 = DeviceTensor::<f16>::zeros(s, &[2, 2, 32, 128]).unwrap();
+    let cache = KvCache::Contiguous { k: &k, v: &v2 };
+    let e = attention::decode(s, &q, &cache, &lens, &p, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::Shape { arg: "cache.v", .. }), "{e}");
+    let v = DeviceTensor::<f16>::zeros(s, &[2, 2, 64, 128]).unwrap();
+    let cache = KvCache::Contiguous { k: &k, v: &v };
+    let big = DecodeParams::new(128, 65);
+    let e = attention::decode(s, &q, &cache, &lens, &big, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "params.max_seq_len", .. }), "{e}");
+    let forced = DecodeParams { num_splits: Some(4), ..p };
+    let e = attention::decode(s, &q, &cache, &lens, &forced, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "workspace", .. }), "{e}");
+    let q5 = DeviceTensor::<f16>::zeros(s, &[2, 8, 100]).unwrap();
+    let e = attention::decode(s, &q5, &cache, &lens, &p, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { arg: "q", .. }), "{e}");
+    let lens3 = DeviceTensor::from_host(s, &[1i32, 2, 3], &[3]).unwrap();
+    let e = attention::decode(s, &q, &cache, &lens3, &p, &mut ws, &mut out).unwrap_err();
+    assert!(matches!(e, Error::Shape { arg: "seq_lens", .. }), "{e}");
+}
+
+#[test]
+fn decode_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("decode_gpu_proptest") else { return };
+    use proptest::prelude::*;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    let strat = (
+        1usize..4,
+        prop::sample::select(vec![(1usize, 1usize), (4, 1), (8, 8), (12, 4), (32, 4)]),
+        prop::sample::select(attention::DECODE_HEAD_DIMS.to_vec()),
+        proptest::collection::vec(0usize..700, 3),
+        prop::option::of(prop::sample::select(vec![1usize, 8, 16])),
+        any::<u64>(),
+    );
+    runner
+        .run(&strat, |(batch, (hq, hkv), d, lens, paged, seed)| {
+            use rand::SeedableRng;
+            let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut c = case(batch, hq, hkv, d, lens[..batch].to_vec());
+            c.paged_block = paged;
+            let err = run_case::<bf16>(&gpu, &c, &mut r);
+            prop_assert!(err < 1e-2, "rel L2 {err:e}");
+            Ok(())
+        })
+        .unwrap();
+}
+
+// ---- reference properties (CPU) ----
+
+#[test]
+fn reference_decode_single_key_returns_its_value() {
+    // One position: softmax weight 1, output = that value row, whatever the query.
+    let d = 4;
+    let q = vec![0.3, -1.0, 2.0, 0.5];
+    let k = vec![1.0, 2.0, 3.0, 4.0];
+    let v = vec![-1.0, 0.5, 0.25, 8.0];
+    let o = reference::attention::decode(&q, &k, &v, &[1], 1, 1, d, 1, 0.5, 0);
+    assert_eq!(o, v);
+}
+
+#[test]
+fn reference_decode_equal_scores_average_values_and_window_limits() {
+    // Zero query: uniform weights over the window.
+    let (d, cap) = (2, 4);
+    let q = vec![0.0, 0.0];
+    let k = vec![1.0; cap * d];
+    let v = vec![1.0, 10.0, 2.0, 20.0, 3.0, 30.0, 4.0, 40.0];
+    let o = reference::attention::decode(&q, &k, &v, &[4], 1, 1, d, cap, 1.0, 0);
+    assert!((o[0] - 2.5).abs() < 1e-12 && (o[1] - 25.0).abs() < 1e-12);
+    let o = reference::attention::decode(&q, &k, &v, &[4], 1, 1, d, cap, 1.0, 2);
+    assert!((o[0] - 3.5).abs() < 1e-12 && (o[1] - 35.0).abs() < 1e-12);
+    let o = reference::attention::decode(&q, &k, &v, &[0], 1, 1, d, cap, 1.0, 0);
+    assert_eq!(o, vec![0.0, 0.0]);
+}
