@@ -82,7 +82,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
 
     const T *kbase = static_cast<const T *>(p.k);
     const T *vbase = static_cast<const T *>(p.v);
-    for (int j0 = s_lo + worker; j0 < s_hi; j0 += NW * UNROLL) {
+    // The trip count must be the same for every lane of a warp (the shuffles below use the
+    // full mask), so the loop runs over warp-uniform bases and masks keys past the end.
+    const int wbase = warp * WPW;
+    for (int jb = s_lo + wbase; jb < s_hi; jb += NW * UNROLL) {
+        const int j0 = jb + (worker - wbase);
         V8 kv[UNROLL], vv[UNROLL];
         bool ok[UNROLL];
 #pragma unroll

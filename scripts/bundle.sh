@@ -48,6 +48,8 @@ for line in open(src):
 print(f"bundle: {len(seen)} binaries in {out}")
 PY
 rm -f "$json"
+# Symbols are not needed on the GPU machine and the bundle must stay small to travel.
+strip --strip-unneeded "$DIR"/tests/* "$DIR"/benches/* "$DIR"/bin/* 2>/dev/null || true
 cp scripts/run-bundle.sh "$DIR/"
 cp -r bench/scripts/. "$DIR/scripts/" 2>/dev/null || true
 du -sh "$DIR"

@@ -12,11 +12,12 @@ for t in "$HERE"/tests/*; do
   [ -x "$t" ] || continue
   name="$(basename "$t")"
   log="$(mktemp)"
-  "$t" --test-threads=4 >"$log" 2>&1
+  timeout "${FL_TEST_TIMEOUT:-300}" "$t" --test-threads=4 >"$log" 2>&1
   rc=$?
   p=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\1/' | awk '{s+=$1} END {print s+0}')
   f=$(grep -E '^test result:' "$log" | sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\2/' | awk '{s+=$1} END {print s+0}')
-  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed before reporting
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi   # crashed or timed out before reporting
+  [ "$rc" -eq 124 ] && echo "TIMEOUT $name after ${FL_TEST_TIMEOUT:-300}s"
   passed=$((passed + p)); failed=$((failed + f))
   if [ "$rc" -ne 0 ]; then
     echo "FAIL $name (exit $rc)"; grep -vE '^test .* ok$' "$log" | tail -40
