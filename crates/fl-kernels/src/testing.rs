@@ -60,6 +60,20 @@ pub fn rel_l2<T: FloatDType>(out: &[T], reference: &[f64]) -> f64 {
     }
 }
 
+/// [`rel_l2`] with the denominator floored at `floor · √n`: for outputs that can be tiny
+/// (a single GELU or SiLU value near zero, where a 16-bit float has few significant bits
+/// left), the error is then measured against `floor` as an absolute scale instead.
+pub fn rel_l2_floored<T: FloatDType>(out: &[T], reference: &[f64], floor: f64) -> f64 {
+    let n = reference.len().max(1) as f64;
+    let den = reference.iter().map(|r| r * r).sum::<f64>().sqrt().max(floor * n.sqrt());
+    let r = rel_l2(out, reference);
+    if !r.is_finite() {
+        return r;
+    }
+    let num: f64 = out.iter().zip(reference).map(|(o, r)| (o.to_f64() - r).powi(2)).sum();
+    num.sqrt() / den
+}
+
 /// The tolerance on [`rel_l2`] for outputs stored as `T` (DESIGN.md): f32 1e-5, f16/bf16 1e-2.
 pub fn tolerance<T: FloatDType>() -> f64 {
     if T::EPS < 1e-7 {
