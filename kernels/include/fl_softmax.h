@@ -6,6 +6,30 @@
 extern "C" {
 #endif
 
+/* Bytes of workspace fl_softmax can use for [rows, n] (0: it never needs any). Nonzero only
+ * when rows < 128 and n > 4096 (long rows split over several blocks); at most
+ * rows * ceil(n / 2048) * 8 bytes. Depends on nothing but rows and n. */
+int64_t fl_softmax_workspace_size(int64_t rows, int64_t n);
+
+/* Softmax over the last dimension with temperature:
+ *   y[r, i] = exp((x[r, i] - m_r) / t) / sum_j exp((x[r, j] - m_r) / t),  m_r = max_j x[r, j]
+ * computed in f32 and rounded once to y_dtype.
+ * x: [rows, n] of x_dtype (f32, f16, bf16); y: [rows, n] of y_dtype, which is x_dtype or
+ * FL_DTYPE_F32 (logits in bf16 -> probabilities in f32); any other pair:
+ * FL_ERR_UNSUPPORTED_DTYPE.
+ * Special values, per row: all -inf (fully masked) -> all 0; -inf elements -> 0; any NaN or
+ * +inf in the row -> the whole row NaN.
+ * temperature: finite and >= FLT_MIN (a normal positive f32), else FL_ERR_INVALID_ARGUMENT.
+ * rows >= 0 (0 launches nothing), n >= 1, x and y non-null when rows > 0.
+ * workspace: device scratch of workspace_bytes bytes (8-byte aligned), or NULL / 0. With
+ * fewer bytes than fl_softmax_workspace_size(rows, n) the result is the same but few long
+ * rows run on one block each (slower). The workspace must not be used by anything else
+ * until the launch has completed.
+ * y may alias x when y_dtype == x_dtype (in place); no other overlap is allowed. */
+fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y, int64_t rows,
+                     int64_t n, float temperature, void *workspace, int64_t workspace_bytes,
+                     fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,395 @@
+// Softmax over the last dimension, with temperature: y = softmax(x / t).
+//
+// Numerics: max-subtracted, computed in f32 as p = exp2((x - m) * log2(e) / t) with m the
+// row's maximum of x (t > 0, so max(x / t) = max(x) / t), y = p / sum(p), rounded once to
+// the output type. Special values, per row:
+//  - every element -inf (a fully masked row): y = 0 everywhere (defined, not NaN);
+//  - -inf elements among finite ones: y = 0 there;
+//  - any NaN or +inf in the row: the whole row is NaN (the maximum is NaN-propagating).
+//
+// Paths, chosen per call on the host:
+//  - register: n a multiple of the 16-byte vector width of the input, x and y 16-byte
+//    aligned, n <= 1024 * 4 vectors (32768 f16/bf16, 16384 f32). Block per row; the row is
+//    read once into registers, block max, block sum, written once (2 passes over registers,
+//    1 over memory). Few rows: up to 1024 threads per row; >= 1024 rows: 256 threads.
+//  - split (few long rows: rows < 128, n > 4096, a workspace given): each row is cut into
+//    chunks of 2048 elements, one block of 256 threads per (row, chunk). Kernel 1 writes the
+//    chunk's (max, sum) to the workspace; kernel 2 merges the row's partials and writes its
+//    chunk, re-reading x (from L2). This keeps a 128k- or 256k-logit row spread over 64-128
+//    SMs instead of one, at the cost of a second launch (~2 us) and a second read of x from
+//    L2. One 1024-thread block per row would stream a 256k f32 row through a single SM.
+//  - generic: anything else (unaligned, odd n, long rows with many rows, no workspace). Block
+//    of up to 1024 threads per row: one online (max, sum) pass, merged over the block, then a
+//    pass that re-reads x and writes y. For long rows the grid is capped at one block per SM
+//    so that the rows in flight fit in L2 and the second read mostly hits it.
+// Every element of y is written by the thread that reads the same element of x, so y may
+// alias x when the dtypes are equal.
+#include <cfloat>
+#include <cmath>
+
+#include "common/common.cuh"
+
+namespace fl {
+namespace softmax_detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kChunk = 2048;        // split path: elements per block
+constexpr int kChunkThreads = 256;      // split path: threads per block
+constexpr int64_t kSplitMaxRows = 128;  // split path only for fewer rows than this
+
+// The larger of a and b; NaN when either is NaN.
+__device__ __forceinline__ float nanmax(float a, float b) { return (a > b || a != a) ? a : b; }
+
+__device__ __forceinline__ float warp_nanmax(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = nanmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// NaN-propagating block max; every thread gets the result. scratch: >= 32 floats.
+__device__ __forceinline__ float block_nanmax(float x, float *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    x = warp_nanmax(x);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    x = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warp_nanmax(x);
+}
+
+// Running statistics of a set of x: m = max x, s = sum exp2((x - m) * scale).
+// The empty set is {-inf, 0}; so is a set of only -inf.
+struct Stats {
+    float m, s;
+};
+
+__device__ __forceinline__ Stats merge(Stats a, Stats b, float scale) {
+    const float m = nanmax(a.m, b.m);
+    if (m == -INFINITY) return {m, 0.f};
+    return {m, a.s * exp2f((a.m - m) * scale) + b.s * exp2f((b.m - m) * scale)};
+}
+
+// Adds K values to the running statistics (one rescale per call).
+template <int K>
+__device__ __forceinline__ void update(Stats &t, const float (&v)[K], float scale) {
+    float vm = v[0];
+#pragma unroll
+    for (int j = 1; j < K; ++j) vm = nanmax(vm, v[j]);
+    const float m = nanmax(t.m, vm);
+    if (m == -INFINITY) return;  // nothing but -inf so far: s stays 0
+    float s = t.s * exp2f((t.m - m) * scale);
+#pragma unroll
+    for (int j = 0; j < K; ++j) s += exp2f((v[j] - m) * scale);
+    t = {m, s};
+}
+
+__device__ __forceinline__ Stats warp_merge(Stats t, float scale) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        Stats u{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)};
+        t = merge(t, u, scale);  // commutative: every lane ends with the same value
+    }
+    return t;
+}
+
+// Block-wide merge; every thread gets the result. scratch: >= 64 floats.
+__device__ __forceinline__ Stats block_merge(Stats t, float *scratch, float scale) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    t = warp_merge(t, scale);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = t.m;
+        scratch[32 + warp] = t.s;
+    }
+    __syncthreads();
+    Stats u = lane < nwarps ? Stats{scratch[lane], scratch[32 + lane]} : Stats{-INFINITY, 0.f};
+    return warp_merge(u, scale);
+}
+
+// Stores N f32 values to p as T, in accesses of at most 16 bytes (p aligned to
+// min(16, N * sizeof(T)) bytes).
+template <typename T, int N> __device__ __forceinline__ void store_f32(T *p, const float (&v)[N]) {
+    constexpr int W = (N * (int)sizeof(T) > 16) ? 16 / (int)sizeof(T) : N;
+#pragma unroll
+    for (int c = 0; c < N / W; ++c) {
+        Vec<T, W> o;
+#pragma unroll
+        for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(v[c * W + j]);
+        reinterpret_cast<Vec<T, W> *>(p)[c] = o;
+    }
+}
+
+__device__ __forceinline__ float prob(float v, float m, float inv, float scale, bool zero) {
+    return zero ? 0.f : exp2f((v - m) * scale) * inv;
+}
+
+// This thread's statistics over x[begin, end), elements strided over the block.
+// VEC: 16-byte vectors (x 16-byte aligned, begin and end multiples of the vector width).
+template <typename T, bool VEC>
+__device__ __forceinline__ Stats thread_stats(const T *x, int64_t begin, int64_t end, float scale) {
+    Stats t{-INFINITY, 0.f};
+    const int64_t stride = blockDim.x;
+    if constexpr (VEC) {
+        constexpr int N = vec16<T>();
+        constexpr int U = 16 / N;  // vectors in flight per thread: 16 values, 32-64 bytes
+        using V = Vec<T, N>;
+        const V *xv = reinterpret_cast<const V *>(x);
+        const int64_t ve = end / N;
+        for (int64_t i = begin / N + threadIdx.x; i < ve; i += U * stride) {
+            V buf[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int64_t k = i + u * stride;
+                if (k < ve) buf[u] = xv[k];
+            }
+            float v[U * N];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const bool in = i + u * stride < ve;
+#pragma unroll
+                for (int j = 0; j < N; ++j) v[u * N + j] = in ? to_f32(buf[u].v[j]) : -INFINITY;
+            }
+            update(t, v, scale);
+        }
+    } else {
+        constexpr int U = 4;
+        for (int64_t i = begin + threadIdx.x; i < end; i += U * stride) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int64_t k = i + u * stride;
+                v[u] = k < end ? to_f32(x[k]) : -INFINITY;
+            }
+            update(t, v, scale);
+        }
+    }
+    return t;
+}
+
+// y[i] = softmax value of x[i] for i in [begin, end), given the row's (m, 1 / s).
+template <typename Tin, typename Tout, bool VEC>
+__device__ __forceinline__ void write_range(const Tin *x, Tout *y, int64_t begin, int64_t end,
+                                            float m, float inv, float scale) {
+    const bool zero = (m == -INFINITY);
+    const int64_t stride = blockDim.x;
+    if constexpr (VEC) {
+        constexpr int U = 2;
+        constexpr int N = vec16<Tin>();
+        using V = Vec<Tin, N>;
+        const V *xv = reinterpret_cast<const V *>(x);
+        const int64_t ve = end / N;
+        for (int64_t i = begin / N + threadIdx.x; i < ve; i += U * stride) {
+            V buf[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (i + u * stride < ve) buf[u] = xv[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int64_t k = i + u * stride;
+                if (k < ve) {
+                    float o[N];
+#pragma unroll
+                    for (int j = 0; j < N; ++j) o[j] = prob(to_f32(buf[u].v[j]), m, inv, scale, zero);
+                    store_f32<Tout, N>(y + k * N, o);
+                }
+            }
+        }
+    } else {
+        for (int64_t i = begin + threadIdx.x; i < end; i += stride)
+            y[i] = from_f32<Tout>(prob(to_f32(x[i]), m, inv, scale, zero));
+    }
+}
+
+// ------------------------------------------------------------------ register path
+template <typename Tin, typename Tout, int VPT>
+__global__ void __launch_bounds__(1024)
+    softmax_reg_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
+    constexpr int N = vec16<Tin>();
+    using V = Vec<Tin, N>;
+    __shared__ float scratch[32];
+    const int nvec = (int)(n / N);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const V *xv = reinterpret_cast<const V *>(x + row * n);
+        Tout *yr = y + row * n;
+        V r[VPT];
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < nvec) {
+                r[k] = xv[i];
+#pragma unroll
+                for (int j = 0; j < N; ++j) tmax = nanmax(tmax, to_f32(r[k].v[j]));
+            }
+        }
+        const float m = block_nanmax(tmax, scratch);
+        const bool zero = (m == -INFINITY);
+        float ts = 0.f;
+        if (!zero) {
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+                if (threadIdx.x + k * blockDim.x < nvec) {
+#pragma unroll
+                    for (int j = 0; j < N; ++j) ts += exp2f((to_f32(r[k].v[j]) - m) * scale);
+                }
+            }
+        }
+        const float inv = 1.f / block_sum(ts, scratch);  // inf for a masked row, unused
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < nvec) {
+                float o[N];
+#pragma unroll
+                for (int j = 0; j < N; ++j) o[j] = prob(to_f32(r[k].v[j]), m, inv, scale, zero);
+                store_f32<Tout, N>(yr + (int64_t)i * N, o);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ generic path
+template <typename Tin, typename Tout, bool VEC>
+__global__ void __launch_bounds__(1024)
+    softmax_generic_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
+    __shared__ float scratch[64];
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const Tin *xr = x + row * n;
+        const Stats t = block_merge(thread_stats<Tin, VEC>(xr, 0, n, scale), scratch, scale);
+        write_range<Tin, Tout, VEC>(xr, y + row * n, 0, n, t.m, 1.f / t.s, scale);
+    }
+}
+
+// ------------------------------------------------------------------ split path
+// grid (chunks, rows); ws[row * chunks + chunk] = (max, sum) of the chunk.
+template <typename Tin, bool VEC>
+__global__ void __launch_bounds__(kChunkThreads)
+    softmax_split_stats_kernel(const Tin *x, float2 *ws, int64_t n, float scale) {
+    __shared__ float scratch[64];
+    const int64_t row = blockIdx.y, chunks = gridDim.x, c = blockIdx.x;
+    const int64_t begin = c * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
+    const Stats t =
+        block_merge(thread_stats<Tin, VEC>(x + row * n, begin, end, scale), scratch, scale);
+    if (threadIdx.x == 0) ws[row * chunks + c] = make_float2(t.m, t.s);
+}
+
+template <typename Tin, typename Tout, bool VEC>
+__global__ void __launch_bounds__(kChunkThreads)
+    softmax_split_write_kernel(const Tin *x, Tout *y, const float2 *ws, int64_t n, float scale) {
+    __shared__ float scratch[64];
+    const int64_t row = blockIdx.y, chunks = gridDim.x, c = blockIdx.x;
+    Stats t{-INFINITY, 0.f};
+    for (int64_t j = threadIdx.x; j < chunks; j += blockDim.x) {
+        const float2 p = ws[row * chunks + j];
+        t = merge(t, Stats{p.x, p.y}, scale);
+    }
+    t = block_merge(t, scratch, scale);
+    const int64_t begin = c * kChunk, end = begin + kChunk < n ? begin + kChunk : n;
+    write_range<Tin, Tout, VEC>(x + row * n, y + row * n, begin, end, t.m, 1.f / t.s, scale);
+}
+
+// ------------------------------------------------------------------ host side
+inline bool split_applies(int64_t rows, int64_t n) {
+    return rows < kSplitMaxRows && n > 2 * kChunk;
+}
+
+inline int64_t workspace_bytes(int64_t rows, int64_t n) {
+    if (rows <= 0 || n <= 0 || !split_applies(rows, n)) return 0;
+    return rows * ceil_div(n, kChunk) * (int64_t)sizeof(float2);
+}
+
+inline unsigned row_grid(int64_t blocks) {
+    const int64_t cap = 65535LL * 32;  // a grid-stride loop covers the rest
+    return (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
+}
+
+inline int sm_count() {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1) {
+        cudaGetLastError();  // clear it: the launch reports its own errors
+        return 132;
+    }
+    return sms;
+}
+
+template <typename Tin, typename Tout>
+fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, void *ws,
+                  int64_t ws_bytes, cudaStream_t s) {
+    constexpr int N = vec16<Tin>();
+    const bool vec_ok = n % N == 0 && aligned16(x) && aligned16(y);
+    const int64_t nvec = n / N;
+    if (vec_ok && nvec <= 1024 * 4) {
+        const int64_t target = rows >= 1024 ? 256 : 1024;
+        int vpt = 1;
+        while (vpt < 4 && ceil_div(nvec, vpt) > target) vpt *= 2;
+        const int threads = (int)(ceil_div(ceil_div(nvec, vpt), 32) * 32);
+        const unsigned grid = row_grid(rows);
+        switch (vpt) {
+        case 1: softmax_reg_kernel<Tin, Tout, 1><<<grid, threads, 0, s>>>(x, y, rows, n, scale); break;
+        case 2: softmax_reg_kernel<Tin, Tout, 2><<<grid, threads, 0, s>>>(x, y, rows, n, scale); break;
+        default: softmax_reg_kernel<Tin, Tout, 4><<<grid, threads, 0, s>>>(x, y, rows, n, scale); break;
+        }
+        return launch_status();
+    }
+    const int64_t need = workspace_bytes(rows, n);
+    if (need > 0 && ws != nullptr && ws_bytes >= need &&
+        (reinterpret_cast<uintptr_t>(ws) & 7u) == 0) {
+        const dim3 grid((unsigned)ceil_div(n, kChunk), (unsigned)rows);
+        float2 *w = static_cast<float2 *>(ws);
+        if (vec_ok) {
+            softmax_split_stats_kernel<Tin, true><<<grid, kChunkThreads, 0, s>>>(x, w, n, scale);
+            softmax_split_write_kernel<Tin, Tout, true><<<grid, kChunkThreads, 0, s>>>(x, y, w, n, scale);
+        } else {
+            softmax_split_stats_kernel<Tin, false><<<grid, kChunkThreads, 0, s>>>(x, w, n, scale);
+            softmax_split_write_kernel<Tin, Tout, false><<<grid, kChunkThreads, 0, s>>>(x, y, w, n, scale);
+        }
+        return launch_status();
+    }
+    // Generic: threads for ~4 vectors (or 4 elements) each, 64..1024.
+    const int64_t per_thread = vec_ok ? 4 * N : 4;
+    const int64_t want = ceil_div(ceil_div(n, per_thread), 32) * 32;
+    const int threads = (int)(want < 64 ? 64 : (want > 1024 ? 1024 : want));
+    int64_t blocks = rows;
+    if (n * (int64_t)sizeof(Tin) > (64 << 10)) {
+        const int64_t cap = sm_count();  // long rows: one block per SM (rows in flight fit L2)
+        if (blocks > cap) blocks = cap;
+    }
+    const unsigned grid = row_grid(blocks);
+    if (vec_ok)
+        softmax_generic_kernel<Tin, Tout, true><<<grid, threads, 0, s>>>(x, y, rows, n, scale);
+    else
+        softmax_generic_kernel<Tin, Tout, false><<<grid, threads, 0, s>>>(x, y, rows, n, scale);
+    return launch_status();
+}
+
+}  // namespace softmax_detail
+}  // namespace fl
+
+extern "C" int64_t fl_softmax_workspace_size(int64_t rows, int64_t n) {
+    return fl::softmax_detail::workspace_bytes(rows, n);
+}
+
+extern "C" fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
+                                int64_t rows, int64_t n, float temperature, void *workspace,
+                                int64_t workspace_bytes, fl_stream stream) {
+    using namespace fl::softmax_detail;
+    if (rows < 0 || n < 1 || workspace_bytes < 0) return FL_ERR_INVALID_ARGUMENT;
+    if (!(temperature >= FLT_MIN) || !std::isfinite(temperature)) return FL_ERR_INVALID_ARGUMENT;
+    if (y_dtype != x_dtype && y_dtype != FL_DTYPE_F32) return FL_ERR_UNSUPPORTED_DTYPE;
+    if (rows == 0) return FL_OK;
+    if (!x || !y) return FL_ERR_INVALID_ARGUMENT;
+    if (x == y && x_dtype != y_dtype) return FL_ERR_INVALID_ARGUMENT;
+    const float scale = kLog2e / temperature;
+    cudaStream_t s = fl::as_stream(stream);
+    FL_DISPATCH_FLOAT(x_dtype, {
+        if (y_dtype == x_dtype)
+            return softmax<scalar_t, scalar_t>(static_cast<const scalar_t *>(x),
+                                               static_cast<scalar_t *>(y), rows, n, scale,
+                                               workspace, workspace_bytes, s);
+        return softmax<scalar_t, float>(static_cast<const scalar_t *>(x), static_cast<float *>(y),
+                                        rows, n, scale, workspace, workspace_bytes, s);
+    });
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
