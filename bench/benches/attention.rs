@@ -5,7 +5,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use fl_bench::{gpu_or_skip, ops, time_on_device, CopyProbe};
 
 fn benches(c: &mut Criterion) {
-    let Some(gpu) = gpu_or_skip("attention") else { return };
+    let Some(gpu) = gpu_or_skip("attention") else {
+        return;
+    };
     let s = gpu.stream().clone();
     let mut g = c.benchmark_group("decode_attn");
     for case in ops::attention::cases() {

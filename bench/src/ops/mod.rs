@@ -7,15 +7,15 @@
 
 use fl_kernels::{Gpu, Result};
 
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
-pub mod norm;
-pub mod softmax;
-pub mod rope;
-pub mod kv_cache;
 pub mod embedding;
-pub mod activation;
+pub mod kv_cache;
+pub mod norm;
 pub mod padding;
+pub mod rope;
+pub mod softmax;
 
 /// A prepared launch: queues one call of the op on the GPU's stream.
 pub type Launch = Box<dyn FnMut() -> Result<()>>;

@@ -78,7 +78,11 @@ pub struct DecodeWorkspace {
 impl DecodeWorkspace {
     /// A workspace of `bytes` bytes (none allocated when 0).
     pub fn new(stream: &Arc<CudaStream>, bytes: usize) -> Result<Self> {
-        let buf = if bytes == 0 { None } else { Some(DeviceTensor::zeros(stream, &[bytes])?) };
+        let buf = if bytes == 0 {
+            None
+        } else {
+            Some(DeviceTensor::zeros(stream, &[bytes])?)
+        };
         Ok(DecodeWorkspace { buf })
     }
 
@@ -93,7 +97,11 @@ struct Checked {
 }
 
 fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::TooLarge { arg, value: v, limit: i32::MAX as usize })
+    i32::try_from(v).map_err(|_| Error::TooLarge {
+        arg,
+        value: v,
+        limit: i32::MAX as usize,
+    })
 }
 
 fn sm_count(stream: &CudaStream) -> i32 {
@@ -127,7 +135,10 @@ fn build_args<T: HalfDType>(
     }
     expect_shape("seq_lens", seq_lens, &[batch])?;
     if !(params.scale.is_finite()) {
-        return Err(Error::invalid("params.scale", format!("{} is not finite", params.scale)));
+        return Err(Error::invalid(
+            "params.scale",
+            format!("{} is not finite", params.scale),
+        ));
     }
     let (k, v, layout, block, max_blocks, num_blocks, table) = match *cache {
         KvCache::Contiguous { k, v } => {
@@ -158,7 +169,15 @@ fn build_args<T: HalfDType>(
                     got: bt.to_vec(),
                 });
             }
-            (k, v, fl_kv_layout::FL_KV_PAGED, ks[2], bt[1], ks[0], Some(block_table))
+            (
+                k,
+                v,
+                fl_kv_layout::FL_KV_PAGED,
+                ks[2],
+                bt[1],
+                ks[0],
+                Some(block_table),
+            )
         }
     };
     expect_shape("cache.v", v, k.shape())?;
@@ -169,15 +188,25 @@ fn build_args<T: HalfDType>(
             format!("q_heads {q_heads} is not a positive multiple of kv_heads {kv_heads}"),
         ));
     }
-    let capacity = if table.is_some() { block * max_blocks } else { block };
+    let capacity = if table.is_some() {
+        block * max_blocks
+    } else {
+        block
+    };
     if params.max_seq_len > capacity {
         return Err(Error::invalid(
             "params.max_seq_len",
-            format!("{} exceeds the cache capacity {capacity}", params.max_seq_len),
+            format!(
+                "{} exceeds the cache capacity {capacity}",
+                params.max_seq_len
+            ),
         ));
     }
     if params.num_splits == Some(0) {
-        return Err(Error::invalid("params.num_splits", "must be at least 1 (or None)"));
+        return Err(Error::invalid(
+            "params.num_splits",
+            "must be at least 1 (or None)",
+        ));
     }
     let args = fl_decode_attention_args {
         dtype: T::ID,
@@ -270,7 +299,10 @@ pub fn decode<T: HalfDType>(
     if workspace.bytes() < need {
         return Err(Error::invalid(
             "workspace",
-            format!("{} bytes, these inputs need {need} (see decode_workspace_bytes)", workspace.bytes()),
+            format!(
+                "{} bytes, these inputs need {need} (see decode_workspace_bytes)",
+                workspace.bytes()
+            ),
         ));
     }
     let (k, v, table) = match *cache {
@@ -290,8 +322,12 @@ pub fn decode<T: HalfDType>(
     args.v = pv as _;
     args.seq_lens = pl as _;
     args.out = po as _;
-    args.block_table = table_ptr.as_ref().map_or(std::ptr::null(), |(p, _)| *p as _);
-    let ws = ws_ptr.as_ref().map_or(std::ptr::null_mut(), |(p, _)| *p as _);
+    args.block_table = table_ptr
+        .as_ref()
+        .map_or(std::ptr::null(), |(p, _)| *p as _);
+    let ws = ws_ptr
+        .as_ref()
+        .map_or(std::ptr::null_mut(), |(p, _)| *p as _);
     // SAFETY: every pointer refers to a live buffer whose shape was checked against the
     // args above; the guards keep them alive until the launch has been queued.
     let status =

@@ -26,16 +26,16 @@ mod error;
 mod gpu;
 mod tensor;
 
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
-pub mod norm;
-pub mod softmax;
-pub mod rope;
-pub mod kv_cache;
 pub mod embedding;
-pub mod activation;
+pub mod kv_cache;
+pub mod norm;
 pub mod padding;
 pub mod reference;
+pub mod rope;
+pub mod softmax;
 #[cfg(feature = "testing")]
 pub mod testing;
 

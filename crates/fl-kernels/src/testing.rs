@@ -65,12 +65,21 @@ pub fn rel_l2<T: FloatDType>(out: &[T], reference: &[f64]) -> f64 {
 /// left), the error is then measured against `floor` as an absolute scale instead.
 pub fn rel_l2_floored<T: FloatDType>(out: &[T], reference: &[f64], floor: f64) -> f64 {
     let n = reference.len().max(1) as f64;
-    let den = reference.iter().map(|r| r * r).sum::<f64>().sqrt().max(floor * n.sqrt());
+    let den = reference
+        .iter()
+        .map(|r| r * r)
+        .sum::<f64>()
+        .sqrt()
+        .max(floor * n.sqrt());
     let r = rel_l2(out, reference);
     if !r.is_finite() {
         return r;
     }
-    let num: f64 = out.iter().zip(reference).map(|(o, r)| (o.to_f64() - r).powi(2)).sum();
+    let num: f64 = out
+        .iter()
+        .zip(reference)
+        .map(|(o, r)| (o.to_f64() - r).powi(2))
+        .sum();
     num.sqrt() / den
 }
 

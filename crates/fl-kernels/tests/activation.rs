@@ -3,7 +3,9 @@
 //! without a GPU).
 
 use fl_kernels::activation::{self, GeluKind};
-use fl_kernels::testing::{gpu_or_skip, random, random_nonzero, rel_l2_floored, rng, strategies, to_f64};
+use fl_kernels::testing::{
+    gpu_or_skip, random, random_nonzero, rel_l2_floored, rng, strategies, to_f64,
+};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use proptest::prelude::*;
 

@@ -27,7 +27,16 @@ fn run_case<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
     let v: Vec<T> = fl_kernels::testing::random(r, b * hkv * cap * d);
     let scale = 1.0 / (d as f32).sqrt();
     let want = reference::attention::decode(
-        &to_f64(&q), &to_f64(&k), &to_f64(&v), &c.lens, hq, hkv, d, cap, scale as f64, c.window,
+        &to_f64(&q),
+        &to_f64(&k),
+        &to_f64(&v),
+        &c.lens,
+        hq,
+        hkv,
+        d,
+        cap,
+        scale as f64,
+        c.window,
     );
     let dq = DeviceTensor::from_host(s, &q, &[b, hq, d]).unwrap();
     let lens32: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
@@ -71,7 +80,11 @@ fn run_case<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
             let dk = DeviceTensor::from_host(s, &pk, &[nblocks, hkv, bs, d]).unwrap();
             let dv = DeviceTensor::from_host(s, &pv, &[nblocks, hkv, bs, d]).unwrap();
             let dt = DeviceTensor::from_host(s, &table, &[b, mbps]).unwrap();
-            let cache = KvCache::Paged { k: &dk, v: &dv, block_table: &dt };
+            let cache = KvCache::Paged {
+                k: &dk,
+                v: &dv,
+                block_table: &dt,
+            };
             let bytes = attention::decode_workspace_bytes(s, &dq, &cache, &dl, &params).unwrap();
             let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
             attention::decode(s, &dq, &cache, &dl, &params, &mut ws, &mut out).unwrap();
@@ -91,16 +104,31 @@ fn check<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
 }
 
 fn case(batch: usize, hq: usize, hkv: usize, d: usize, lens: Vec<usize>) -> Case {
-    Case { batch, hq, hkv, d, lens, window: 0, splits: None, paged_block: None }
+    Case {
+        batch,
+        hq,
+        hkv,
+        d,
+        lens,
+        window: 0,
+        splits: None,
+        paged_block: None,
+    }
 }
 
 #[test]
 fn decode_gqa_ratios_and_odd_lengths() {
-    let Some(gpu) = gpu_or_skip("decode_gqa_ratios_and_odd_lengths") else { return };
+    let Some(gpu) = gpu_or_skip("decode_gqa_ratios_and_odd_lengths") else {
+        return;
+    };
     let mut r = rng("decode_gqa");
     for &(hq, hkv) in &[(4usize, 4usize), (8, 2), (16, 2), (32, 1)] {
         for &len in &[1usize, 7, 129, 4095] {
-            check::<f16>(&gpu, &case(2, hq, hkv, 128, vec![len, len.div_ceil(2)]), &mut r);
+            check::<f16>(
+                &gpu,
+                &case(2, hq, hkv, 128, vec![len, len.div_ceil(2)]),
+                &mut r,
+            );
             check::<bf16>(&gpu, &case(1, hq, hkv, 128, vec![len]), &mut r);
         }
     }
@@ -108,7 +136,9 @@ fn decode_gqa_ratios_and_odd_lengths() {
 
 #[test]
 fn decode_every_head_dim() {
-    let Some(gpu) = gpu_or_skip("decode_every_head_dim") else { return };
+    let Some(gpu) = gpu_or_skip("decode_every_head_dim") else {
+        return;
+    };
     let mut r = rng("decode_head_dims");
     for &d in &attention::DECODE_HEAD_DIMS {
         check::<f16>(&gpu, &case(3, 8, 2, d, vec![33, 1, 300]), &mut r);
@@ -118,7 +148,9 @@ fn decode_every_head_dim() {
 
 #[test]
 fn decode_ragged_batch_with_empty_sequence() {
-    let Some(gpu) = gpu_or_skip("decode_ragged_batch_with_empty_sequence") else { return };
+    let Some(gpu) = gpu_or_skip("decode_ragged_batch_with_empty_sequence") else {
+        return;
+    };
     let mut r = rng("decode_ragged");
     let c = case(5, 8, 8, 64, vec![0, 1, 1000, 17, 2048]);
     check::<f16>(&gpu, &c, &mut r);
@@ -126,7 +158,9 @@ fn decode_ragged_batch_with_empty_sequence() {
 
 #[test]
 fn decode_sliding_window_and_forced_splits() {
-    let Some(gpu) = gpu_or_skip("decode_sliding_window_and_forced_splits") else { return };
+    let Some(gpu) = gpu_or_skip("decode_sliding_window_and_forced_splits") else {
+        return;
+    };
     let mut r = rng("decode_window");
     for &w in &[1usize, 5, 100, 5000] {
         let mut c = case(2, 8, 2, 128, vec![1000, 77]);
@@ -142,7 +176,9 @@ fn decode_sliding_window_and_forced_splits() {
 
 #[test]
 fn decode_paged_matches_dense() {
-    let Some(gpu) = gpu_or_skip("decode_paged_matches_dense") else { return };
+    let Some(gpu) = gpu_or_skip("decode_paged_matches_dense") else {
+        return;
+    };
     let mut r = rng("decode_paged");
     for &bs in &[1usize, 16, 64] {
         let mut c = case(3, 32, 8, 128, vec![129, 1, 700]);
@@ -156,14 +192,18 @@ fn decode_paged_matches_dense() {
 
 #[test]
 fn decode_long_sequence_many_splits() {
-    let Some(gpu) = gpu_or_skip("decode_long_sequence_many_splits") else { return };
+    let Some(gpu) = gpu_or_skip("decode_long_sequence_many_splits") else {
+        return;
+    };
     let mut r = rng("decode_long");
     check::<f16>(&gpu, &case(1, 32, 8, 128, vec![32768]), &mut r);
 }
 
 #[test]
 fn decode_bad_arguments_are_named() {
-    let Some(gpu) = gpu_or_skip("decode_bad_arguments_are_named") else { return };
+    let Some(gpu) = gpu_or_skip("decode_bad_arguments_are_named") else {
+        return;
+    };
     let s = gpu.stream();
     let q = DeviceTensor::<f16>::zeros(s, &[2, 8, 128]).unwrap();
     let k = DeviceTensor::<f16>::zeros(s, &[2, 3, 64, 128]).unwrap();
@@ -185,21 +225,53 @@ fn decode_bad_arguments_are_named() {
     let cache = KvCache::Contiguous { k: &k, v: &v };
     let big = DecodeParams::new(128, 65);
     let e = attention::decode(s, &q, &cache, &lens, &big, &mut ws, &mut out).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { arg: "params.max_seq_len", .. }), "{e}");
-    let forced = DecodeParams { num_splits: Some(4), ..p };
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                arg: "params.max_seq_len",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let forced = DecodeParams {
+        num_splits: Some(4),
+        ..p
+    };
     let e = attention::decode(s, &q, &cache, &lens, &forced, &mut ws, &mut out).unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { arg: "workspace", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                arg: "workspace",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let q5 = DeviceTensor::<f16>::zeros(s, &[2, 8, 100]).unwrap();
     let e = attention::decode(s, &q5, &cache, &lens, &p, &mut ws, &mut out).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { arg: "q", .. }), "{e}");
     let lens3 = DeviceTensor::from_host(s, &[1i32, 2, 3], &[3]).unwrap();
     let e = attention::decode(s, &q, &cache, &lens3, &p, &mut ws, &mut out).unwrap_err();
-    assert!(matches!(e, Error::Shape { arg: "seq_lens", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                arg: "seq_lens",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn decode_gpu_proptest() {
-    let Some(gpu) = gpu_or_skip("decode_gpu_proptest") else { return };
+    let Some(gpu) = gpu_or_skip("decode_gpu_proptest") else {
+        return;
+    };
     use proptest::prelude::*;
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: 24,

@@ -24,7 +24,11 @@ pub fn decode(
     let mut out = vec![0f64; batch * q_heads * d];
     for b in 0..batch {
         let len = seq_lens[b].min(cap);
-        let lo = if window > 0 { len.saturating_sub(window) } else { 0 };
+        let lo = if window > 0 {
+            len.saturating_sub(window)
+        } else {
+            0
+        };
         for h in 0..q_heads {
             let kvh = h / g;
             let qrow = &q[(b * q_heads + h) * d..][..d];

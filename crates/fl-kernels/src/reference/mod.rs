@@ -4,12 +4,12 @@
 //! (never in the storage type), rounding to the storage type only where the kernel does.
 //! GPU tests compare against these; proptests check their properties on the CPU.
 
+pub mod activation;
 pub mod attention;
 pub mod elementwise;
-pub mod norm;
-pub mod softmax;
-pub mod rope;
-pub mod kv_cache;
 pub mod embedding;
-pub mod activation;
+pub mod kv_cache;
+pub mod norm;
 pub mod padding;
+pub mod rope;
+pub mod softmax;
