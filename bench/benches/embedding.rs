@@ -1,8 +1,53 @@
-//! Criterion benches for `fl_kernels::embedding` (being written).
+//! Embedding lookup: time and GB/s (each output row read from the table and written once),
+//! next to a device copy of the same traffic.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fl_bench::ops::embedding::{prepare, VOCAB};
+use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
+use fl_kernels::{bf16, f16, FloatDType, Gpu};
 
-fn benches(_c: &mut Criterion) {}
+fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) {
+    let s = gpu.stream().clone();
+    let mut g = c.benchmark_group(format!("embedding_{}", T::NAME));
+    for &(n, hidden) in sizes {
+        let id = format!("n{n}_h{hidden}_v{VOCAB}");
+        let mut launch = prepare::<T>(gpu, n, hidden).unwrap();
+        let bytes = n * hidden * 2 * std::mem::size_of::<T>();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_with_input(BenchmarkId::new("fl", &id), &n, |bch, _| {
+            bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
+        });
+        let mut cp = CopyProbe::new(gpu, bytes / 2).unwrap();
+        g.bench_with_input(BenchmarkId::new("copy", &id), &n, |bch, _| {
+            bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
+        });
+    }
+    g.finish();
+}
 
-criterion_group!(group, benches);
-criterion_main!(group);
+fn benches(c: &mut Criterion) {
+    let Some(gpu) = gpu_or_skip("embedding") else {
+        return;
+    };
+    // decode sizes (1, 16, 64 tokens) up to past L2 (65536 x 4096 moves 1 GiB)
+    group::<f16>(
+        c,
+        &gpu,
+        &[
+            (1, 4096),
+            (16, 8192),
+            (64, 4096),
+            (4096, 4096),
+            (65536, 4096),
+        ],
+    );
+    group::<bf16>(c, &gpu, &[(65536, 4096)]);
+}
+
+criterion_group! {
+    name = group_main;
+    config = Criterion::default().sample_size(10).warm_up_time(std::time::Duration::from_millis(200))
+        .measurement_time(std::time::Duration::from_millis(600));
+    targets = benches
+}
+criterion_main!(group_main);

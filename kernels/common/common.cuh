@@ -100,6 +100,70 @@ inline unsigned grid_for(int64_t work, int threads) {
     return (unsigned)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
 }
 
+
+// ---------------------------------------------------------------- row copies (gathers)
+// Whole rows moved as raw words: embedding lookups and (un)padding are row gathers, so
+// they copy bytes without converting. The word is the widest of 16/8/4/2/1 bytes that
+// divides the row size and both base pointers' alignment (16 for any usual hidden size).
+__host__ __device__ inline int row_word_bytes(const void *src, const void *dst, int64_t row_bytes) {
+    const uintptr_t m = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+                        static_cast<uintptr_t>(row_bytes);
+    return (m & 15u) == 0 ? 16 : (m & 7u) == 0 ? 8 : (m & 3u) == 0 ? 4 : (m & 1u) == 0 ? 2 : 1;
+}
+
+// Words each thread of a row-copy block moves (all loads issued before the stores).
+constexpr int kRowUnroll = 4;
+
+// One block per (row, chunk): grid.x = rows (< 2^31), grid.y = chunks of a row,
+// blockDim.x * kRowUnroll words per chunk. Returns false when the shape does not fit.
+inline bool row_grid(int64_t rows, int64_t row_words, dim3 *grid, dim3 *block) {
+    if (rows <= 0 || row_words <= 0 || rows > 0x7fffffffLL) return false;
+    const int64_t per_thread = ceil_div(row_words, kRowUnroll);
+    const int64_t threads = per_thread >= 256 ? 256 : ((per_thread + 31) / 32) * 32;
+    const int64_t chunks = ceil_div(row_words, threads * kRowUnroll);
+    if (chunks > 65535) return false;
+    *grid = dim3((unsigned)rows, (unsigned)chunks, 1);
+    *block = dim3((unsigned)threads, 1, 1);
+    return true;
+}
+
+// This block's chunk of one row: dst[i] = src[i] (or 0 when src is null) for the words
+// of chunk blockIdx.y of a row of `row_words` words.
+template <typename W>
+__device__ __forceinline__ void copy_row_chunk(const W *__restrict__ src, W *__restrict__ dst,
+                                               int64_t row_words) {
+    const int64_t base = (int64_t)blockIdx.y * blockDim.x * kRowUnroll + threadIdx.x;
+    W r[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+        const int64_t i = base + (int64_t)u * blockDim.x;
+        if (i < row_words) r[u] = src ? src[i] : W{};
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+        const int64_t i = base + (int64_t)u * blockDim.x;
+        if (i < row_words) dst[i] = r[u];
+    }
+}
+
+// ---------------------------------------------------------------- device checks
+// Records one failed device-side check in an fl device status (layout and semantics:
+// FL_DEVICE_STATUS_WORDS in fl_embedding.h). `nonce` identifies the launch: only the
+// first failing launch since the last reset writes the details; among its failures the
+// smallest `index` is kept. Never on a hot path (only failing threads call it).
+__device__ __forceinline__ void record_failure(int32_t *status, uint32_t nonce, int32_t code,
+                                               int64_t index, int32_t value, int32_t limit) {
+    atomicAdd(reinterpret_cast<unsigned long long *>(status), 1ull);
+    const unsigned prev = atomicCAS(reinterpret_cast<unsigned *>(status + 2), 0u, nonce);
+    if (prev == 0u || prev == nonce) {
+        status[3] = code;   // the same value from every failing thread of this launch
+        status[6] = limit;
+        const unsigned long long key =
+            ((unsigned long long)(uint32_t)index << 32) | (unsigned long long)(uint32_t)value;
+        atomicMax(reinterpret_cast<unsigned long long *>(status + 4), ~key);
+    }
+}
+
 }  // namespace fl
 
 // Dispatch on a float dtype: runs BODY with `scalar_t` bound to the C++ type.
@@ -109,4 +173,14 @@ inline unsigned grid_for(int64_t work, int threads) {
     case FL_DTYPE_F16: { using scalar_t = __half; __VA_ARGS__; break; }                        \
     case FL_DTYPE_BF16: { using scalar_t = __nv_bfloat16; __VA_ARGS__; break; }                \
     default: return FL_ERR_UNSUPPORTED_DTYPE;                                                  \
+    }
+
+// Dispatch on the byte width of a row word (row_word_bytes): runs BODY with `word_t`.
+#define FL_DISPATCH_WORD(BYTES, ...)                                                           \
+    switch (BYTES) {                                                                           \
+    case 16: { using word_t = uint4; __VA_ARGS__; break; }                                     \
+    case 8: { using word_t = uint2; __VA_ARGS__; break; }                                      \
+    case 4: { using word_t = uint32_t; __VA_ARGS__; break; }                                   \
+    case 2: { using word_t = uint16_t; __VA_ARGS__; break; }                                   \
+    default: { using word_t = uint8_t; __VA_ARGS__; break; }                                   \
     }
