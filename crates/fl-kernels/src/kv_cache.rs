@@ -1,1 +1,383 @@
-//! (being written)
+//! KV-cache append: this step's K and V (after RoPE) written into a contiguous cache
+//! ([`append`]) or a paged, vLLM-style cache ([`append_paged`]), held in a [`KvCache`].
+//!
+//! New tokens are packed, `[tokens, kv_heads, head_dim]`, and each names its slot by a
+//! sequence index and a position ([`TokenSlots`]: two `i32 [tokens]` device tensors; the
+//! positions are the ones RoPE takes). This one form covers decode (one token per sequence),
+//! prefill of one or several sequences, and mixed ragged batches.
+//!
+//! Slots that do not exist (a position past the cache, a sequence outside the batch, a block id
+//! outside the pool) cannot be checked on the host, since positions live on the device: the
+//! kernel skips such a token and sets a bit ([`ERR_SEQUENCE`], [`ERR_POSITION`],
+//! [`ERR_BLOCK`]) in an optional error flag, an `i32 [1]` device tensor (see
+//! [`check_error_flag`]). Everything the host knows (shapes, sizes) is checked before launch.
+//!
+//! CPU references: [`crate::reference::kv_cache`](mod@crate::reference::kv_cache).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, SyncOnDrop};
+
+use crate::dtype::FloatDType;
+use crate::error::check;
+use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::{DeviceTensor, Error, Result};
+
+/// Error-flag bit: a token's sequence index was `< 0` or `>= batch`.
+pub const ERR_SEQUENCE: i32 = fl_kernels_sys::FL_KV_ERR_SEQUENCE as i32;
+/// Error-flag bit: a position was `< 0`, `>= max_seq` (contiguous) or past the block table
+/// (paged).
+pub const ERR_POSITION: i32 = fl_kernels_sys::FL_KV_ERR_POSITION as i32;
+/// Error-flag bit: a block id from the block table was `< 0` or `>= num_blocks` (paged).
+pub const ERR_BLOCK: i32 = fl_kernels_sys::FL_KV_ERR_BLOCK as i32;
+
+/// The K and V caches of one layer, two 4-D tensors of the same shape.
+///
+/// Contiguous layout (for [`append`]): `[batch, kv_heads, max_seq, head_dim]`.
+/// Paged layout (for [`append_paged`]): `[num_blocks, kv_heads, block_size, head_dim]`.
+///
+/// ```no_run
+/// use fl_kernels::{kv_cache::KvCache, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let cache = KvCache::<f16>::zeros(gpu.stream(), [4, 8, 4096, 128])?;
+/// assert_eq!(cache.shape(), [4, 8, 4096, 128]);
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct KvCache<C: FloatDType> {
+    k: DeviceTensor<C>,
+    v: DeviceTensor<C>,
+}
+
+impl<C: FloatDType> KvCache<C> {
+    /// Wraps two tensors. Errors: [`Error::Shape`] naming `k` when it is not 4-D, or `v`
+    /// when its shape differs from `k`'s.
+    pub fn new(k: DeviceTensor<C>, v: DeviceTensor<C>) -> Result<Self> {
+        if k.shape().len() != 4 {
+            return Err(Error::Shape {
+                arg: "k",
+                expected: "4-D [batch or num_blocks, kv_heads, max_seq or block_size, head_dim]"
+                    .into(),
+                got: k.shape().to_vec(),
+            });
+        }
+        expect_shape("v", &v, k.shape())?;
+        Ok(KvCache { k, v })
+    }
+
+    /// Two zero-filled tensors of `shape`.
+    pub fn zeros(stream: &Arc<CudaStream>, shape: [usize; 4]) -> Result<Self> {
+        Self::new(
+            DeviceTensor::zeros(stream, &shape)?,
+            DeviceTensor::zeros(stream, &shape)?,
+        )
+    }
+
+    /// The shape of each of the two tensors.
+    pub fn shape(&self) -> [usize; 4] {
+        let s = self.k.shape();
+        [s[0], s[1], s[2], s[3]]
+    }
+
+    /// The K cache.
+    pub fn k(&self) -> &DeviceTensor<C> {
+        &self.k
+    }
+
+    /// The V cache.
+    pub fn v(&self) -> &DeviceTensor<C> {
+        &self.v
+    }
+
+    /// Gives the two tensors back, `(k, v)`.
+    pub fn into_parts(self) -> (DeviceTensor<C>, DeviceTensor<C>) {
+        (self.k, self.v)
+    }
+}
+
+/// Where each new token goes: `seq_ids[t]` (its sequence, the cache's batch row) and
+/// `positions[t]` (its position in that sequence), both `i32 [tokens]` on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenSlots<'a> {
+    /// Sequence index of each token.
+    pub seq_ids: &'a DeviceTensor<i32>,
+    /// Position of each token in its sequence.
+    pub positions: &'a DeviceTensor<i32>,
+}
+
+/// Device pointer of an optional error flag (`i32 [1]`), null when absent.
+fn flag_ptr<'a>(
+    stream: &'a CudaStream,
+    flag: Option<&'a mut DeviceTensor<i32>>,
+) -> Result<(u64, Option<SyncOnDrop<'a>>)> {
+    match flag {
+        None => Ok((0, None)),
+        Some(f) => {
+            expect_shape("err_flag", f, &[1])?;
+            let (p, g) = f.ptr_mut(stream);
+            Ok((p, Some(g)))
+        }
+    }
+}
+
+fn to_i32(arg: &'static str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| Error::TooLarge {
+        arg,
+        value: n,
+        limit: i32::MAX as usize,
+    })
+}
+
+/// New K/V and slots checked against the cache's `kv_heads` and `head_dim`: returns `tokens`.
+fn check_new<I: FloatDType>(
+    k: &DeviceTensor<I>,
+    v: &DeviceTensor<I>,
+    slots: &TokenSlots<'_>,
+    kv_heads: usize,
+    head_dim: usize,
+) -> Result<usize> {
+    let tokens = match k.shape() {
+        &[t, h, d] if h == kv_heads && d == head_dim => t,
+        _ => {
+            return Err(Error::Shape {
+                arg: "k",
+                expected: format!(
+                    "[tokens, {kv_heads}, {head_dim}] (kv_heads, head_dim of the cache)"
+                ),
+                got: k.shape().to_vec(),
+            })
+        }
+    };
+    expect_shape("v", v, k.shape())?;
+    expect_shape("seq_ids", slots.seq_ids, &[tokens])?;
+    expect_shape("positions", slots.positions, &[tokens])?;
+    to_i32("kv_heads * head_dim", kv_heads.saturating_mul(head_dim))?;
+    Ok(tokens)
+}
+
+/// Appends `k` and `v` to a contiguous cache: for each token `t` with `s = seq_ids[t]`,
+/// `p = positions[t]` and each head `h`:
+/// `cache.k[s, h, p, :] = k[t, h, :]`, `cache.v[s, h, p, :] = v[t, h, :]`,
+/// converted from `I` to `C` through f32 (round to nearest even). Nothing else is written.
+///
+/// Shapes: `k, v [tokens, kv_heads, head_dim]`; `slots.seq_ids, slots.positions [tokens]`;
+/// `cache` `[batch, kv_heads, max_seq, head_dim]`; `err_flag [1]`. Dtypes: `I`, `C` any of `f32`,
+/// `f16`, `bf16` (usually equal, or f32 → f16 / bf16). Each (sequence, position) must appear at
+/// most once per call (else one of the writes wins, unspecified which).
+///
+/// Errors: [`Error::Shape`] naming `k` (not `[tokens, kv_heads, head_dim]` of the cache), `v`,
+/// `seq_ids`, `positions` or `err_flag`; [`Error::InvalidArgument`] naming `cache` when it is
+/// empty and there are tokens; [`Error::TooLarge`] for `batch` / `kv_heads * head_dim` past
+/// `i32`. On the device a token with `s` outside `0..batch` or `p` outside `0..max_seq` is not
+/// written and sets [`ERR_SEQUENCE`] / [`ERR_POSITION`] in `err_flag` when given.
+///
+/// ```no_run
+/// use fl_kernels::{kv_cache::{self, KvCache, TokenSlots}, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let mut cache = KvCache::<f16>::zeros(s, [2, 8, 4096, 128])?;
+/// // decode step: one token for each of the two sequences, at positions 17 and 5
+/// let k = DeviceTensor::<f16>::zeros(s, &[2, 8, 128])?;
+/// let v = DeviceTensor::<f16>::zeros(s, &[2, 8, 128])?;
+/// let seq_ids = DeviceTensor::from_host(s, &[0i32, 1], &[2])?;
+/// let positions = DeviceTensor::from_host(s, &[17i32, 5], &[2])?;
+/// let mut flag = DeviceTensor::<i32>::zeros(s, &[1])?;
+/// let slots = TokenSlots { seq_ids: &seq_ids, positions: &positions };
+/// kv_cache::append(s, &k, &v, &slots, &mut cache, Some(&mut flag))?;
+/// kv_cache::check_error_flag(s, &flag)?; // waits; Err if a slot did not exist
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn append<I: FloatDType, C: FloatDType>(
+    stream: &CudaStream,
+    k: &DeviceTensor<I>,
+    v: &DeviceTensor<I>,
+    slots: &TokenSlots<'_>,
+    cache: &mut KvCache<C>,
+    err_flag: Option<&mut DeviceTensor<i32>>,
+) -> Result<()> {
+    let [batch, kv_heads, max_seq, head_dim] = cache.shape();
+    let tokens = check_new(k, v, slots, kv_heads, head_dim)?;
+    let batch_i = to_i32("batch", batch)?;
+    let (pf, _gf) = flag_ptr(stream, err_flag)?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    if cache.k.is_empty() {
+        return Err(Error::invalid(
+            "cache",
+            format!("shape {:?} holds no slot", cache.shape()),
+        ));
+    }
+    let t = as_i64("k", tokens)?;
+    let (pk, _gk) = k.ptr(stream);
+    let (pv, _gv) = v.ptr(stream);
+    let (ps, _gs) = slots.seq_ids.ptr(stream);
+    let (pp, _gp) = slots.positions.ptr(stream);
+    let (pkc, _gkc) = cache.k.ptr_mut(stream);
+    let (pvc, _gvc) = cache.v.ptr_mut(stream);
+    // SAFETY: k and v hold tokens * kv_heads * head_dim elements of I, seq_ids and positions
+    // `tokens` i32, the caches batch * kv_heads * max_seq * head_dim elements of C (shapes checked
+    // above); the kernel writes only slots with s < batch and p < max_seq. The flag is one i32 or
+    // null. Buffers live until the guards drop, after the launch is queued on `stream`.
+    let status = unsafe {
+        fl_kernels_sys::fl_kv_append(
+            I::ID,
+            pk as _,
+            pv as _,
+            (kv_heads * head_dim) as i64,
+            (kv_heads * head_dim) as i64,
+            t,
+            kv_heads as i32,
+            head_dim as i32,
+            ps as _,
+            pp as _,
+            C::ID,
+            pkc as _,
+            pvc as _,
+            batch_i,
+            max_seq as i64,
+            pf as _,
+            raw_stream(stream),
+        )
+    };
+    check("kv_cache::append", status)
+}
+
+/// Appends `k` and `v` to a paged cache (vLLM layout): the token of sequence `s` at position `p`
+/// goes to block `b = block_table[s, p / block_size]`, slot `p % block_size`:
+/// `cache.k[b, h, p % block_size, :] = k[t, h, :]` (same for `v`), converted from `I` to `C`.
+///
+/// Shapes: `k, v [tokens, kv_heads, head_dim]`; `slots` `[tokens]` each;
+/// `block_table [batch, max_blocks_per_seq]` (i32); `cache`
+/// `[num_blocks, kv_heads, block_size, head_dim]`; `err_flag [1]`.
+///
+/// Errors: as [`append`], plus [`Error::Shape`] naming `block_table` when it is not 2-D or
+/// has no column. On the device a token with `s` outside `0..batch`, a negative `p` or one with
+/// `p / block_size >= max_blocks_per_seq`, or a block id outside `0..num_blocks` is not written
+/// and sets [`ERR_SEQUENCE`], [`ERR_POSITION`] or [`ERR_BLOCK`] in `err_flag` when given.
+///
+/// ```no_run
+/// use fl_kernels::{kv_cache::{self, KvCache, TokenSlots}, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// // 64 blocks of 16 slots; one sequence owning blocks 7 and 3 (positions 0..32)
+/// let mut cache = KvCache::<f16>::zeros(s, [64, 8, 16, 128])?;
+/// let table = DeviceTensor::from_host(s, &[7i32, 3], &[1, 2])?;
+/// let k = DeviceTensor::<f16>::zeros(s, &[1, 8, 128])?;
+/// let v = DeviceTensor::<f16>::zeros(s, &[1, 8, 128])?;
+/// let seq_ids = DeviceTensor::from_host(s, &[0i32], &[1])?;
+/// let positions = DeviceTensor::from_host(s, &[20i32], &[1])?; // block 3, slot 4
+/// let slots = TokenSlots { seq_ids: &seq_ids, positions: &positions };
+/// kv_cache::append_paged(s, &k, &v, &slots, &table, &mut cache, None)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn append_paged<I: FloatDType, C: FloatDType>(
+    stream: &CudaStream,
+    k: &DeviceTensor<I>,
+    v: &DeviceTensor<I>,
+    slots: &TokenSlots<'_>,
+    block_table: &DeviceTensor<i32>,
+    cache: &mut KvCache<C>,
+    err_flag: Option<&mut DeviceTensor<i32>>,
+) -> Result<()> {
+    let [num_blocks, kv_heads, block_size, head_dim] = cache.shape();
+    let tokens = check_new(k, v, slots, kv_heads, head_dim)?;
+    let (batch, max_blocks) = match block_table.shape() {
+        &[b, m] if m > 0 => (b, m),
+        _ => {
+            return Err(Error::Shape {
+                arg: "block_table",
+                expected: "[batch, max_blocks_per_seq] with max_blocks_per_seq >= 1".into(),
+                got: block_table.shape().to_vec(),
+            })
+        }
+    };
+    let batch_i = to_i32("batch", batch)?;
+    let max_blocks_i = to_i32("block_table", max_blocks)?;
+    let block_size_i = to_i32("block_size", block_size)?;
+    let (pf, _gf) = flag_ptr(stream, err_flag)?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    if cache.k.is_empty() {
+        return Err(Error::invalid(
+            "cache",
+            format!("shape {:?} holds no slot", cache.shape()),
+        ));
+    }
+    if batch == 0 {
+        return Err(Error::Shape {
+            arg: "block_table",
+            expected: "[batch, max_blocks_per_seq] with batch >= 1 (there are tokens)".into(),
+            got: block_table.shape().to_vec(),
+        });
+    }
+    let t = as_i64("k", tokens)?;
+    let (pk, _gk) = k.ptr(stream);
+    let (pv, _gv) = v.ptr(stream);
+    let (ps, _gs) = slots.seq_ids.ptr(stream);
+    let (pp, _gp) = slots.positions.ptr(stream);
+    let (pt, _gt) = block_table.ptr(stream);
+    let (pkc, _gkc) = cache.k.ptr_mut(stream);
+    let (pvc, _gvc) = cache.v.ptr_mut(stream);
+    // SAFETY: as in `append`; the block table holds batch * max_blocks i32 and the kernel reads
+    // entry (s, p / block_size) only for s < batch and p / block_size < max_blocks, and writes
+    // only blocks < num_blocks.
+    let status = unsafe {
+        fl_kernels_sys::fl_kv_append_paged(
+            I::ID,
+            pk as _,
+            pv as _,
+            (kv_heads * head_dim) as i64,
+            (kv_heads * head_dim) as i64,
+            t,
+            kv_heads as i32,
+            head_dim as i32,
+            ps as _,
+            pp as _,
+            pt as _,
+            batch_i,
+            max_blocks_i,
+            C::ID,
+            pkc as _,
+            pvc as _,
+            num_blocks as i64,
+            block_size_i,
+            pf as _,
+            raw_stream(stream),
+        )
+    };
+    check("kv_cache::append_paged", status)
+}
+
+/// Reads an error flag written by [`append`] / [`append_paged`] (waits for `stream`): `Ok`
+/// when it is 0, else [`Error::DeviceCheck`] listing what was found. The flag is not cleared;
+/// zero it (e.g. `copy_from_host(s, &[0])`) to reuse it.
+///
+/// Errors: also [`Error::Shape`] naming `err_flag` when it is not `[1]`.
+pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) -> Result<()> {
+    expect_shape("err_flag", err_flag, &[1])?;
+    let v = err_flag.to_host(stream)?[0];
+    if v == 0 {
+        return Ok(());
+    }
+    let mut what = Vec::new();
+    if v & ERR_SEQUENCE != 0 {
+        what.push("a sequence index outside the batch");
+    }
+    if v & ERR_POSITION != 0 {
+        what.push("a position outside the cache");
+    }
+    if v & ERR_BLOCK != 0 {
+        what.push("a block id outside the block pool");
+    }
+    let reason = if what.is_empty() {
+        format!("error flag {v:#x}")
+    } else {
+        format!("{}; those tokens were not written", what.join(", "))
+    };
+    Err(Error::DeviceCheck {
+        op: "kv_cache",
+        reason,
+    })
+}
