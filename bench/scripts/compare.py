@@ -13,6 +13,11 @@ launch overhead, as users see it).
 import glob, importlib.util, json, os, subprocess, sys
 
 import torch
+import torch._dynamo
+
+# Every case compiles its own lambdas; keep dynamo from giving up on recompiles.
+torch._dynamo.config.recompile_limit = 100000
+torch._dynamo.config.cache_size_limit = 100000
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -46,8 +51,13 @@ def torch_cases(filt):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         for key, make in mod.cases():
-            if filt in key:
+            if matches(key, filt):
                 yield key, make
+
+
+def matches(key, filt):
+    """`filt`: comma-separated substrings; a key matches any of them (empty: all)."""
+    return not filt or any(f and f in key for f in filt.split(","))
 
 
 def main():
@@ -58,53 +68,62 @@ def main():
     optable = args[0]
     filt = args[1] if len(args) > 1 else ""
     ours = {}
-    proc = subprocess.run([optable, filt], capture_output=True, text=True)
+    proc = subprocess.run([optable], capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stderr); sys.exit(proc.returncode)
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
-            r = json.loads(line); ours[r["key"]] = r
+            r = json.loads(line)
+            if r["key"] == "copy" or matches(r["key"], filt):
+                ours[r["key"]] = r
     copy = ours.pop("copy")
-    theirs = {}
-    for key, make in torch_cases(filt):
-        try:
-            fns = make()
-            row = {"eager": time_us(fns["eager"])}
-            if fns.get("compile") is not None:
-                try:
-                    row["compile"] = time_us(fns["compile"])
-                except Exception as ex:  # report, don't hide
-                    row["compile_error"] = str(ex).splitlines()[0][:80]
-            theirs[key] = row
-            del fns
-        except Exception as ex:
-            theirs[key] = {"error": str(ex).splitlines()[0][:80]}
-        torch.cuda.empty_cache()
     dev = torch.cuda.get_device_name()
-    lines = [f"GPU: {dev}; torch {torch.__version__}; device copy {copy['gbps']:.0f} GB/s "
-             f"(1 GiB, read+write)", "",
-             "| op | dtype | shape | fl us | fl GB/s | % of copy | torch eager us | torch.compile us | speed-up vs best torch |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    header = [f"GPU: {dev}; torch {torch.__version__}; device copy {copy['gbps']:.0f} GB/s "
+              f"(1 GiB, read+write)", "",
+              "| op | dtype | shape | fl us | fl GB/s | % of copy | torch eager us | torch.compile us | speed-up vs best torch |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    print("\n".join(header), flush=True)
+    lines = list(header)
+    torch_makers = dict(torch_cases(filt))
     worst = None
     for key, r in ours.items():
         op, dt, shape = key.split("|")
         if "error" in r:
-            lines.append(f"| {op} | {dt} | {shape} | error: {r['error']} | | | | | |"); continue
-        t = theirs.get(key, {})
-        eager = t.get("eager"); comp = t.get("compile")
+            row = f"| {op} | {dt} | {shape} | error: {r['error']} | | | | | |"
+            print(row, flush=True); lines.append(row); continue
+        t = {}
+        make = torch_makers.get(key)
+        if make is not None:
+            try:
+                fns = make()
+                t["eager"] = time_us(fns["eager"])
+                if fns.get("compile") is not None:
+                    try:
+                        t["compile"] = time_us(fns["compile"])
+                    except Exception as ex:  # report, don't hide
+                        t["compile_error"] = str(ex).splitlines()[0][:60]
+                del fns
+            except Exception as ex:
+                t["error"] = str(ex).splitlines()[0][:60]
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        eager, comp = t.get("eager"), t.get("compile")
         best = min([x for x in (eager, comp) if x is not None], default=None)
         ratio = best / r["us"] if best else None
         if ratio is not None and (worst is None or ratio < worst[0]):
             worst = (ratio, key)
-        f = lambda x: f"{x:.1f}" if x is not None else (t.get("compile_error", "-") if x is comp else "-")
-        lines.append(f"| {op} | {dt} | {shape} | {r['us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f}% | "
-                     f"{f(eager)} | {f(comp)} | {('%.2fx' % ratio) if ratio else '-'} |")
+        fe = f"{eager:.1f}" if eager is not None else t.get("error", "-")
+        fc = f"{comp:.1f}" if comp is not None else t.get("compile_error", "-")
+        row = (f"| {op} | {dt} | {shape} | {r['us']:.1f} | {r['gbps']:.0f} | {r['pct_copy']:.0f}% | "
+               f"{fe} | {fc} | {('%.2fx' % ratio) if ratio else '-'} |")
+        print(row, flush=True); lines.append(row)
+        if md:
+            open(md, "w").write("\n".join(lines) + "\n")
     if worst:
-        lines += ["", f"lowest speed-up vs torch: {worst[0]:.2f}x ({worst[1]})"]
-    text = "\n".join(lines)
-    print(text)
+        tail = f"lowest speed-up vs torch: {worst[0]:.2f}x ({worst[1]})"
+        print("\n" + tail); lines += ["", tail]
     if md:
-        open(md, "w").write(text + "\n")
+        open(md, "w").write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
