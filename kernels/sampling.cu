@@ -281,9 +281,11 @@ template <typename T, bool CACHE> struct Row {
     }
 };
 
-// Adds (1, q) to bin `bin` of the shared histogram, one atomic per distinct bin in the warp.
+// Adds (1, q) to bin `bin` (-1: nothing) of the shared histogram, one atomic per distinct
+// bin in the warp. Called by all 32 lanes together.
 __device__ __forceinline__ void hist_add(Smem &sm, int bin, unsigned long long q, bool with_mass) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (__ballot_sync(FULL, bin >= 0) == 0) return;  // later digits: most warps hold nothing
     const unsigned m = __match_any_sync(FULL, bin);
     if (with_mass) sm.stage[warp][lane] = q;
     __syncwarp();

@@ -817,3 +817,117 @@ fn words_pack_the_record_layout() {
     assert_eq!(w[12] as u32, 0x1112_1314);
     assert_eq!(&w[13..], &[0, 0, 0]);
 }
+
+// ---------------------------------------------------------------- launcher contracts (no GPU)
+
+#[test]
+fn workspace_sizes_and_launcher_argument_checks() {
+    use fl_kernels_sys as sys;
+    // SAFETY: pure functions of their integer arguments.
+    unsafe {
+        // no split (hence no scratch) for small vocabularies or large batches
+        assert_eq!(sys::fl_sample_workspace_size(1, 2048), 0);
+        assert_eq!(sys::fl_sample_workspace_size(129, 128_256), 0);
+        let one = sys::fl_sample_workspace_size(1, 2049);
+        assert!(one > 0);
+        assert_eq!(sys::fl_sample_workspace_size(128, 128_256), 128 * one);
+        assert_eq!(sys::fl_sample_workspace_size(-1, 10), -1);
+        assert_eq!(sys::fl_sample_workspace_size(1, 0), -1);
+        assert_eq!(sys::fl_sample_workspace_size(1, (1 << 23) + 1), -1);
+        assert_eq!(sys::fl_penalty_workspace_size(1000), 32 * 1000 * 4);
+        assert_eq!(sys::fl_penalty_workspace_size(0), -1);
+    }
+    let f32_id = sys::fl_dtype::FL_DTYPE_F32;
+    let invalid = sys::FL_ERR_INVALID_ARGUMENT;
+    let null = std::ptr::null_mut::<std::ffi::c_void>();
+    // SAFETY: every call is refused on its scalar arguments before any pointer is used.
+    unsafe {
+        let st = sys::fl_sample(
+            f32_id,
+            null,
+            1,
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+            null,
+            0,
+            null,
+        );
+        assert_eq!(st, invalid, "vocab 0");
+        let st = sys::fl_sample(
+            f32_id,
+            null,
+            2,
+            10,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+            null,
+            0,
+            null,
+        );
+        assert_eq!(st, invalid, "null logits");
+        let st = sys::fl_sample(
+            f32_id,
+            null,
+            0,
+            10,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            std::ptr::null_mut(),
+            null,
+            0,
+            null,
+        );
+        assert_eq!(st, sys::FL_OK as i32, "empty batch");
+        let st = sys::fl_process_logits(
+            f32_id,
+            null,
+            1,
+            10,
+            std::ptr::null(),
+            std::ptr::null(),
+            std::ptr::null(),
+            -1,
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            null,
+            0,
+            null,
+        );
+        assert_eq!(st, invalid, "negative max_history");
+        let st = sys::fl_decode_update(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            3,
+            std::ptr::null(),
+            std::ptr::null(),
+            0,
+            0,
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+            null,
+        );
+        assert_eq!(st, invalid, "null state");
+        let st = sys::fl_philox_words(
+            std::ptr::null(),
+            std::ptr::null(),
+            2,
+            std::ptr::null_mut(),
+            null,
+        );
+        assert_eq!(st, invalid, "null params");
+    }
+}
