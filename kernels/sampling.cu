@@ -17,6 +17,7 @@
 // the first pass reads global memory.
 #include <atomic>
 #include <float.h>
+#include <stdlib.h>
 
 #include "common/common.cuh"
 
@@ -578,6 +579,7 @@ constexpr size_t SMEM_CACHED = SMEM_BASE + CACHE_ELEMS * sizeof(float);
 // Blocks of each variant that fit on one SM, and the SM count, per device (computed once).
 struct Occupancy {
     int sms, cached, uncached;
+    bool split_allowed;
 };
 constexpr int MAX_DEVICES = 64;
 
@@ -592,6 +594,7 @@ template <typename T> fl_status occupancy(Occupancy &out) {
         return FL_OK;
     }
     Occupancy o{};
+    o.split_allowed = true;
     e = cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(sample_kernel<T, true>,
@@ -603,6 +606,10 @@ template <typename T> fl_status occupancy(Occupancy &out) {
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.uncached, sample_kernel<T, false>,
                                                           THREADS, SMEM_BASE);
     if (e != cudaSuccess) return (fl_status)e;
+    // Escape hatch: FL_SAMPLING_NO_SPLIT=1 never splits a row over blocks (no grid barriers),
+    // e.g. where SMs are partitioned between processes and co-residency cannot be assumed.
+    const char *no_split = getenv("FL_SAMPLING_NO_SPLIT");
+    if (no_split && no_split[0] && no_split[0] != '0') o.split_allowed = false;
     if (dev >= 0 && dev < MAX_DEVICES) {
         table[dev] = o;
         ready[dev].store(1, std::memory_order_release);
@@ -625,7 +632,7 @@ fl_status sample(const T *logits, int64_t batch, int vocab, const fl_sampling_pa
     const int64_t max_useful = ceil_div(vocab, MIN_CHUNK);
     bool cached = false;
     int64_t split = 1;
-    if (batch <= FL_SAMPLING_MAX_SPLIT_ROWS) {
+    if (batch <= FL_SAMPLING_MAX_SPLIT_ROWS && occ.split_allowed) {
         const int64_t need = ceil_div(vocab, CACHE_ELEMS);
         if (need <= MAX_SPLIT && batch * need <= cap_cached) {
             cached = true;

@@ -78,7 +78,9 @@ int64_t fl_sample_workspace_size(int64_t batch, int64_t vocab);
  *    sum_{j in K, j <= i} q_j > target (inverse CDF in token order).
  * Sort-free: a max pass, a radix select (11/11/10-bit digits, histograms of counts and
  * fixed-point masses) per threshold, one sampling pass; a row is split over several blocks
- * when the batch is small (they meet at grid barriers: every block is co-resident).
+ * when the batch is small (they meet at barriers in the workspace: the grid is sized by the
+ * occupancy calculator so every block is co-resident; FL_SAMPLING_NO_SPLIT=1 in the
+ * environment, read once per device, turns splitting off, e.g. under SM partitioning).
  *
  * logits [batch, vocab] dtype; params [batch] or NULL; steps [batch] int32 or NULL;
  * finished [batch] uint8 or NULL; tokens [batch] int32 (written). workspace: at least
