@@ -25,7 +25,11 @@ template <> struct Dtype<__half> {
 };
 template <> struct Dtype<__nv_bfloat16> {
     static constexpr fl_dtype id = FL_DTYPE_BF16;
-    __device__ __forceinline__ static float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+    // A bf16 is the top half of an f32: widen with a shift (cheaper, and lighter on
+    // registers, than the header's conversion).
+    __device__ __forceinline__ static float to_f32(__nv_bfloat16 x) {
+        return __uint_as_float(((uint32_t)__bfloat16_as_ushort(x)) << 16);
+    }
     __device__ __forceinline__ static __nv_bfloat16 from_f32(float x) {
         return __float2bfloat16_rn(x);
     }
