@@ -15,6 +15,7 @@ pub mod kv_cache;
 pub mod norm;
 pub mod padding;
 pub mod rope;
+pub mod sampling;
 pub mod softmax;
 
 /// A prepared launch: queues one call of the op on the GPU's stream.
@@ -52,6 +53,7 @@ pub fn all() -> Vec<Case> {
     v.extend(norm::cases());
     v.extend(softmax::cases());
     v.extend(rope::cases());
+    v.extend(sampling::cases());
     v.extend(kv_cache::cases());
     v.extend(embedding::cases());
     v.extend(activation::cases());
