@@ -10,14 +10,16 @@ use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::softmax::{self, SoftmaxWorkspace};
 use fl_kernels::{bf16, DeviceTensor, FloatDType, Gpu, Result};
 
-/// rows x n: one and 64 sequences over the 32000 and 128256 vocabularies, and 256 x 128256
-/// (past L2: 64 MiB of bf16 logits in, 128 MiB of f32 out).
+/// rows x n: one and 64 sequences over the 32000 and 128256 vocabularies, 256 x 128256
+/// (past L2: 64 MiB of bf16 logits in, 128 MiB of f32 out) and 2048 x 128256 (1 GB moved
+/// bf16 -> bf16, 1.5 GB bf16 -> f32).
 const SIZES: &[(usize, usize)] = &[
     (1, 32000),
     (64, 32000),
     (1, 128_256),
     (64, 128_256),
     (256, 128_256),
+    (2048, 128_256),
 ];
 
 type Op<T, O> = fn(

@@ -7,8 +7,10 @@ extern "C" {
 #endif
 
 /* Bytes of workspace fl_softmax can use for [rows, n] (0: it never needs any). Nonzero only
- * when rows < 128 and n > 4096 (long rows split over several blocks); at most
- * rows * ceil(n / 2048) * 8 bytes. Depends on nothing but rows and n. */
+ * when rows < 128 and n > 4096 (long rows split over several blocks); exactly
+ * rows * ceil(n / 2048) * 8 bytes then. Depends on nothing but rows and n (not the device).
+ * On sm_90+ most such shapes (n a multiple of 16 bytes' worth of elements, n <= 262144
+ * f16/bf16 or 131072 f32, aligned pointers) run on thread-block clusters and use none of it. */
 int64_t fl_softmax_workspace_size(int64_t rows, int64_t n);
 
 /* Softmax over the last dimension with temperature:
@@ -24,7 +26,10 @@ int64_t fl_softmax_workspace_size(int64_t rows, int64_t n);
  * workspace: device scratch of workspace_bytes bytes (8-byte aligned), or NULL / 0. With
  * fewer bytes than fl_softmax_workspace_size(rows, n) the result is the same but few long
  * rows run on one block each (slower). The workspace must not be used by anything else
- * until the launch has completed.
+ * until the launch has completed. On sm_90+ (compute capability >= 9) long rows with
+ * 4096 < n / (16 / sizeof(x)) <= 32768 vectors (aligned x, y; n a multiple of 8 for f16/bf16,
+ * of 4 for f32) are done by clusters of 8 blocks per row, reading x once, any number of
+ * rows; the result is the same either way (up to f32 summation order).
  * y may alias x when y_dtype == x_dtype (in place); no other overlap is allowed. */
 fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y, int64_t rows,
                      int64_t n, float temperature, void *workspace, int64_t workspace_bytes,

@@ -12,6 +12,7 @@ const SIZES: &[(usize, usize)] = &[
     (1, 128_256),
     (64, 128_256),
     (256, 128_256),
+    (2048, 128_256),
 ];
 
 fn case<T: FloatDType>(rows: usize, n: usize, f32_out: bool) -> Case {

@@ -11,11 +11,15 @@
 //!
 //! How it runs: rows of up to 32768 (f16/bf16) or 16384 (f32) elements whose length is a
 //! multiple of the 16-byte vector width are read once into registers, one block per row,
-//! and written once. Longer rows, when there are fewer than 128 of them, are split over
-//! several blocks (chunks of 2048 elements): a first kernel writes each chunk's (max, sum)
-//! to the workspace, a second merges them and writes the chunk, re-reading `x` from L2, so
-//! one 128k- or 256k-logit row uses ~64-128 SMs rather than one. Everything else takes one
-//! block per row with an online (max, sum) pass then a write pass.
+//! and written once. On Hopper (sm_90+), longer such rows of up to 262144 (f16/bf16) or
+//! 131072 (f32) elements are spread over a thread-block cluster of 8 blocks per row, each
+//! holding its eighth of the row in registers; the blocks exchange their (max, sum) through
+//! distributed shared memory, so the row is read once and written once whatever the number
+//! of rows. Otherwise, long rows, when there are fewer than 128 of them, are split over
+//! several blocks (chunks sized to give ~4 blocks per SM): a first kernel writes each
+//! chunk's (max, sum) to the workspace, a second merges them and writes the chunk,
+//! re-reading `x` from L2. Everything else takes one block per row with an online
+//! (max, sum) pass then a write pass.
 //!
 //! CPU reference: [`crate::reference::softmax`](mod@crate::reference::softmax).
 
@@ -50,7 +54,8 @@ impl SoftmaxWorkspace {
     }
 
     /// Bytes a softmax over `[rows, n]` can use: nonzero only when `rows < 128` and
-    /// `n > 4096`, at most `rows * ceil(n / 2048) * 8`.
+    /// `n > 4096`, then `rows * ceil(n / 2048) * 8` (the same on every device; the cluster
+    /// path of sm_90+ GPUs uses none of it).
     pub fn bytes_needed(rows: usize, n: usize) -> usize {
         let (Ok(r), Ok(c)) = (i64::try_from(rows), i64::try_from(n)) else {
             return 0; // too large for the kernels anyway; the op reports it

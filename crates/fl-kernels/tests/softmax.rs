@@ -8,10 +8,12 @@ use fl_kernels::{bf16, f16, reference, softmax, DeviceTensor, Error, FloatDType,
 use proptest::prelude::*;
 
 /// Row lengths covering every path: register (multiples of 8 up to 32768 for 2-byte types,
-/// of 4 up to 16384 for f32), split (longer, or odd, with few rows) and odd sizes.
+/// of 4 up to 16384 for f32), cluster on sm_90+ (longer multiples, up to 262144 for 2-byte
+/// types, 131072 for f32), split (longer, or odd, with few rows; f32 262144 everywhere, the
+/// rest before sm_90) and odd sizes.
 const N: &[usize] = &[
-    1, 7, 8, 129, 1000, 4095, 4096, 4104, 16384, 16388, 32000, 32768, 32776, 50_001, 128_256,
-    262_144,
+    1, 7, 8, 129, 1000, 4095, 4096, 4104, 16384, 16388, 32000, 32768, 32776, 50_001, 65_536,
+    128_256, 131_072, 262_144,
 ];
 const ROWS: &[usize] = &[1, 3];
 
@@ -123,6 +125,35 @@ fn softmax_matches_reference_all_dtypes_and_paths() {
     check::<bf16>(&gpu, 2000, 129, 1.0, Out::Same, None, &mut r);
 }
 
+/// Long rows on the cluster path (sm_90+; elsewhere the split and generic paths): every
+/// vectors-per-thread instantiation (4, 8, 16 for 2-byte types; 4, 8, 16 for f32 up to
+/// 131072), one to many rows (300 rows: clusters loop over rows), all dtypes, f32 out.
+#[test]
+fn softmax_cluster_path_rows_and_lengths() {
+    let Some(gpu) = gpu_or_skip("softmax_cluster_path_rows_and_lengths") else {
+        return;
+    };
+    let mut r = rng("softmax_cluster");
+    // n / vec: bf16 32776 -> 4097 vectors (VPT 4), 65536 -> VPT 4 (full), 128256 -> VPT 8,
+    // 131072 -> VPT 8 (full), 262144 -> VPT 16 (full); f32 32776 -> VPT 4, 65536 -> VPT 8,
+    // 128256 -> VPT 16, 131072 -> VPT 16 (full), 262144 -> not on the cluster path.
+    for &n in &[32_776usize, 65_536, 128_256, 131_072, 262_144] {
+        for &rows in &[1usize, 3, 64] {
+            check::<bf16>(&gpu, rows, n, 1.0, Out::Same, None, &mut r);
+            check::<bf16>(&gpu, rows, n, 0.8, Out::F32, None, &mut r);
+            check::<f16>(&gpu, rows, n, 1.2, Out::Same, None, &mut r);
+            check::<f32>(&gpu, rows, n, 1.0, Out::Same, None, &mut r);
+        }
+    }
+    // Many rows (more than 2 clusters per SM on any GPU up to 150 SMs: clusters loop).
+    for &n in &[65_536usize, 128_256] {
+        check::<bf16>(&gpu, 300, n, 1.0, Out::Same, None, &mut r);
+        check::<bf16>(&gpu, 300, n, 1.0, Out::F32, None, &mut r);
+        check::<f32>(&gpu, 300, n, 0.9, Out::Same, None, &mut r);
+    }
+    check::<f16>(&gpu, 300, 131_072, 1.0, Out::Same, None, &mut r);
+}
+
 /// The raw launcher with no workspace: few long rows take the one-block-per-row path.
 #[test]
 fn softmax_without_workspace_takes_the_generic_path() {
@@ -170,12 +201,14 @@ fn softmax_special_values_on_every_path() {
         return;
     };
     let mut r = rng("softmax_special");
-    // (n, dtype path): 100 register, 40_000 split (vectors), 40_001 split (scalar).
-    for &n in &[100usize, 4096, 40_000, 40_001] {
+    // (n, dtype path): 100 register, 40_000 split (vectors) or cluster (sm_90+), 40_001
+    // split (scalar), 131_072 and 262_144 cluster (sm_90+; f32 262_144 split).
+    for &n in &[100usize, 4096, 40_000, 40_001, 131_072, 262_144] {
         let rows = 5;
         let mut x: Vec<f32> = logits(&mut r, rows * n);
         // row 0: fully masked; row 1: all but the last masked (a one-hot result);
-        // row 2: the first 3/4 masked (whole chunks masked on the split path);
+        // row 2: the first 3/4 masked (whole chunks masked on the split path, whole
+        // blocks of the cluster on the cluster path);
         // row 3: one NaN; row 4: one +inf.
         for v in &mut x[..n] {
             *v = f32::NEG_INFINITY;
