@@ -68,7 +68,7 @@ def main():
     optable = args[0]
     filt = args[1] if len(args) > 1 else ""
     ours = {}
-    proc = subprocess.run([optable], capture_output=True, text=True)
+    proc = subprocess.run([optable, filt], capture_output=True, text=True)
     if proc.returncode != 0:
         print(proc.stderr); sys.exit(proc.returncode)
     for line in proc.stdout.splitlines():

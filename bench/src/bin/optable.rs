@@ -2,7 +2,7 @@
 //! case (`{"key":..,"us":..,"gbps":..}`) plus the measured copy bandwidth; `compare.py`
 //! joins these with PyTorch's times for the same keys.
 //!
-//! Usage: `optable [FILTER]` (substring of the key). Timing: CUDA events around a batch of
+//! Usage: `optable [FILTERS]` (comma-separated substrings; a key matching any runs). Timing: CUDA events around a batch of
 //! launches after a warm-up, median of 7 batches; inputs rotate between 2 copies when the
 //! working set is under 256 MB so the L2 cache does not serve repeats.
 
@@ -51,7 +51,7 @@ fn main() {
 
     for case in ops::all() {
         let key = case.key();
-        if !key.contains(&filter) {
+        if !filter.is_empty() && !filter.split(',').any(|f| !f.is_empty() && key.contains(f)) {
             continue;
         }
         // Two instances when small, so consecutive launches read different buffers.
