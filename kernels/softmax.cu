@@ -50,8 +50,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kMinChunk = 2048;     // split path: shortest chunk (sizes the workspace)
 constexpr int kChunkThreads = 256;      // split path: threads per block
 constexpr int64_t kSplitMaxRows = 128;  // split path only for fewer rows than this
-constexpr int kCluster = 4;             // cluster path: blocks per cluster (4 packs into GPCs better than 8)
-constexpr int kClusterThreads = 512;    // cluster path: threads per block
+constexpr int kCluster = 8;             // cluster path: blocks per cluster (portable maximum)
+constexpr int kClusterThreads = 256;    // cluster path: threads per block
 constexpr int kClusterMaxVpt = 16;      // cluster path: most vectors per thread
 
 // The larger of a and b; NaN when either is NaN.
@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kChunkThreads)
 // c, c + clusters, ... Block rank r of a cluster holds vectors [r * 256 * VPT, (r + 1) * 256 *
 // VPT) of the row, thread t vectors r * 256 * VPT + k * 256 + t, k < VPT (coalesced).
 template <typename Tin, typename Tout, int VPT>
-__global__ void __launch_bounds__(kClusterThreads, 1)
+__global__ void __launch_bounds__(kClusterThreads, 2)
     softmax_cluster_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
