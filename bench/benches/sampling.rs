@@ -8,26 +8,8 @@ use fl_bench::{gpu_or_skip, time_on_device};
 use fl_kernels::{DeviceTensor, Gpu};
 use fl_sampling::{greedy, sample, DeviceParams, SampleOptions, SampleWorkspace, SamplingParams};
 
-/// LM-like logits: roughly normal (std ~2.3) with one token in 500 raised by 8.
 fn logits(gpu: &Gpu, batch: usize, vocab: usize, seed: u64) -> DeviceTensor<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x >> 40) as f32 / (1u64 << 24) as f32
-    };
-    let host: Vec<f32> = (0..batch * vocab)
-        .map(|_| {
-            let z = (next() + next() + next() + next() - 2.0) * 4.0;
-            if next() < 0.002 {
-                z + 8.0
-            } else {
-                z
-            }
-        })
-        .collect();
-    DeviceTensor::from_host(gpu.stream(), &host, &[batch, vocab]).unwrap()
+    fl_bench::ops::sampling::logits(gpu, batch, vocab, seed).expect("allocate logits")
 }
 
 fn benches(c: &mut Criterion) {
