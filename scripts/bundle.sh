@@ -6,7 +6,8 @@
 #     # copy DIR to the GPU machine, then there:
 #     bash DIR/run-bundle.sh            # all tests with FL_REQUIRE_GPU=1; last line "N passed, N failed"
 #     bash DIR/run-bundle.sh --bench    # then every criterion bench as well
-# FL_CUDA_ARCHS narrows the targets (default: every supported one).
+# FL_CUDA_ARCHS narrows the targets (default: every supported one). FL_BUNDLE_BENCHES=0 leaves
+# the criterion benches out (they are most of the bundle's size).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-.bundle}"
@@ -16,7 +17,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fasterllama/target}"
 rm -rf "$DIR"; mkdir -p "$DIR/tests" "$DIR/benches" "$DIR/bin" "$DIR/scripts"
 json="$(mktemp)"
 cargo test --workspace --release --no-run --message-format=json-render-diagnostics > "$json"
-cargo bench --workspace --no-run --message-format=json-render-diagnostics >> "$json"
+if [ "${FL_BUNDLE_BENCHES:-1}" != 0 ]; then
+  cargo bench --workspace --no-run --message-format=json-render-diagnostics >> "$json"
+fi
 cargo build --release -p fl-engine --bin fl -p fl-bench --bin optable --message-format=json-render-diagnostics >> "$json"
 python3 - "$json" "$DIR" <<'PY'
 import json, os, shutil, sys
