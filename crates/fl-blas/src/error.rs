@@ -100,3 +100,31 @@ pub(crate) fn check(op: &'static str, status: cublasStatus_t) -> Result<()> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cublas_errors_carry_the_status_name() {
+        assert!(check("op", cublasStatus_t::CUBLAS_STATUS_SUCCESS).is_ok());
+        let e = check(
+            "cublasLtMatmul",
+            cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "cublasLtMatmul: cuBLASLt returned CUBLAS_STATUS_NOT_SUPPORTED"
+        );
+    }
+
+    #[test]
+    fn argument_errors_name_the_argument() {
+        let e = Error::invalid("max_candidates", "must be at least 1");
+        assert_eq!(
+            e.to_string(),
+            "argument `max_candidates`: must be at least 1"
+        );
+    }
+}
