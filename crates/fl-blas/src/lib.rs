@@ -1,10 +1,49 @@
 //! # fl-blas: matrix products for FasterLLaMA-rs
 //!
-//! Planned scope (issue 4, not built yet): a row-major GEMM API over cuBLASLt
-//! (fp32/fp16/bf16, fused bias, strided batches) with an algorithm cache, INT8 W8A8 GEMMs
-//! with fused quantisation, and weight-only quantised GEMV for decode.
+//! A row-major GEMM over cuBLASLt, shaped for `nn.Linear` weights:
 //!
-//! Today the crate only re-exports the shared types so that the layering
-//! (engine -> blas -> kernels -> sys) is in place.
+//! `C[m, n] = alpha · A[m, k] · B[n, k]ᵀ (+ bias[n]) (+ beta · C)`
+//!
+//! with `f32` (optionally TF32), `f16` and `bf16` storage and f32 accumulation, strided
+//! batches (`[batch, m, k]`, with B per batch entry or shared), the bias fused in cuBLASLt's
+//! epilogue, and an algorithm cache (heuristic by default, [`Blas::autotune`] to time the
+//! candidates, saved to and loaded from a JSON file keyed by GPU and cuBLASLt version).
+//!
+//! Row-major data is used as stored: cuBLASLt (column-major) computes `Cᵀ = B · Aᵀ`, so no
+//! copy or transpose is made.
+//!
+//! ```no_run
+//! use fl_blas::Blas;
+//! use fl_kernels::{bf16, DeviceTensor, Gpu};
+//! let gpu = Gpu::new(0)?;
+//! let s = gpu.stream();
+//! let mut blas = Blas::new(&gpu)?;
+//! let x = DeviceTensor::<bf16>::filled(s, &[16, 4096], bf16::from_f32(0.5))?;      // [tokens, in]
+//! let w = DeviceTensor::<bf16>::filled(s, &[11008, 4096], bf16::from_f32(0.01))?;  // [out, in]
+//! let mut y = DeviceTensor::<bf16>::zeros(s, &[16, 11008])?;                        // [tokens, out]
+//! blas.linear(&x, &w, None, &mut y)?;      // queued on gpu.stream(), not waited for
+//! blas.save_algo_cache("algos.json")?;     // the algorithm chosen for this shape
+//! # Ok::<(), fl_blas::Error>(())
+//! ```
+//!
+//! Not yet: INT8 W8A8 GEMM and weight-only quantised GEMV (issue 4, later parts).
+#![warn(missing_docs)]
 
-pub use fl_kernels::{DeviceTensor, Error, Gpu, Result};
+pub mod cache;
+mod dtype;
+mod error;
+mod ffi;
+mod gemm;
+pub mod reference;
+
+pub use cache::{AlgoCache, CacheKey, CacheLoad, CachedAlgo, GemmShape};
+pub use dtype::{GemmDType, GemmType};
+pub use error::{Error, Result};
+pub use gemm::{AutotuneResult, Blas, GemmParams, WORKSPACE_BYTES};
+
+pub use fl_kernels::{DeviceTensor, Gpu};
+
+/// The README's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
