@@ -6,4 +6,7 @@
 //! Today it holds the `fl demo` job: a kernel run on the GPU, checked against the CPU
 //! reference, timed, so the build and the GPU path can be checked end to end.
 
+pub mod config;
 pub mod demo;
+pub mod presets;
+pub mod weights;
