@@ -782,6 +782,76 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
+    /// `1 / sqrt(head_dim)`, the softmax scale of attention.
+    pub fn attention_scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+
+    /// Bytes of KV cache one token takes across all layers (keys and values) at
+    /// `dtype_bytes` bytes per element: `2 * num_hidden_layers * kv_size * dtype_bytes`.
+    ///
+    /// ```
+    /// let cfg = fl_engine::presets::preset("llama-2-7b")?;
+    /// assert_eq!(cfg.kv_cache_bytes_per_token(2), 512 * 1024);
+    /// # Ok::<(), fl_engine::presets::UnknownPreset>(())
+    /// ```
+    pub fn kv_cache_bytes_per_token(&self, dtype_bytes: usize) -> u64 {
+        2 * self.num_hidden_layers as u64 * self.kv_size() as u64 * dtype_bytes as u64
+    }
+
+    /// RoPE inverse frequencies, `head_dim / 2` of them, in f64, with [`RopeScaling`]
+    /// applied exactly as transformers does (`_compute_default_rope_parameters`,
+    /// `_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`):
+    ///
+    /// * base: `inv_freq[i] = rope_theta ^ (-2i / head_dim)`;
+    /// * `Linear { factor }`: `inv_freq[i] / factor`;
+    /// * `Llama3`: with `wavelen = 2 pi / inv_freq[i]`, `lo = original / low_freq_factor`,
+    ///   `hi = original / high_freq_factor`: wavelengths above `lo` are divided by
+    ///   `factor`, those below `hi` kept, and in between blended with
+    ///   `s = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)`
+    ///   as `(1 - s) * inv_freq / factor + s * inv_freq`.
+    ///
+    /// transformers computes these in f32; round with `as f32` to match it.
+    ///
+    /// ```
+    /// let cfg = fl_engine::presets::preset("llama-2-7b")?;
+    /// let f = cfg.rope_inv_freq();
+    /// assert_eq!(f.len(), 64);
+    /// assert_eq!(f[0], 1.0);
+    /// # Ok::<(), fl_engine::presets::UnknownPreset>(())
+    /// ```
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        let base = (0..self.head_dim / 2).map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d));
+        match self.rope_scaling {
+            RopeScaling::None => base.collect(),
+            RopeScaling::Linear { factor } => base.map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old = original_max_position_embeddings as f64;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.map(|f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let s = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - s) * f / factor + s * f
+                    }
+                })
+                .collect()
+            }
+        }
+    }
+
     /// Parameters of one decoder layer: attention projections (+ biases), MLP (+ biases)
     /// and the two RMSNorm weights.
     pub fn layer_param_count(&self) -> u64 {

@@ -725,13 +725,24 @@ impl Checkpoint {
     ///
     /// # Errors
     /// The single problem found, or [`WeightsError::Many`] listing all of them.
-    pub fn check_all(&self, cfg: &ModelConfig) -> Result<()> {
-        let mut problems: Vec<WeightsError> = llama_tensor_names(cfg)
-            .iter()
-            .filter_map(|t| self.expect(&t.name, &t.shape, FLOAT_DTYPES).err())
-            .collect();
+    pub fn check_all(&self, cfg: &ModelConfig) -> Result<CheckReport> {
+        let mut report = CheckReport::default();
+        let mut problems = Vec::new();
+        for t in llama_tensor_names(cfg) {
+            match self.expect(&t.name, &t.shape, FLOAT_DTYPES) {
+                Ok(r) => {
+                    report.tensors += 1;
+                    report.bytes += r.bytes.len() as u64;
+                    match report.dtypes.iter_mut().find(|(d, _)| *d == r.dtype) {
+                        Some((_, n)) => *n += 1,
+                        None => report.dtypes.push((r.dtype, 1)),
+                    }
+                }
+                Err(e) => problems.push(e),
+            }
+        }
         match problems.len() {
-            0 => Ok(()),
+            0 => Ok(report),
             1 => Err(problems.remove(0)),
             _ => Err(WeightsError::Many {
                 location: self.location.clone(),
@@ -739,4 +750,15 @@ impl Checkpoint {
             }),
         }
     }
+}
+
+/// What [`Checkpoint::check_all`] found in a valid checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Tensors the model uses.
+    pub tensors: usize,
+    /// Their stored bytes (what an upload moves before any conversion).
+    pub bytes: u64,
+    /// Each stored dtype with the number of tensors in it, in first-seen order.
+    pub dtypes: Vec<(Dtype, usize)>,
 }

@@ -467,3 +467,72 @@ fn error_io_names_path() {
     let c = ModelConfig::from_model_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c, parse(QWEN2_7B));
 }
+
+fn rel(a: f64, b: f64) -> f64 {
+    ((a - b) / b).abs()
+}
+
+#[test]
+fn rope_inv_freq_llama3_matches_transformers_formula() {
+    let c = parse(LLAMA31_8B_HUB);
+    let f = c.rope_inv_freq();
+    assert_eq!(f.len(), 64);
+    // Reference values: the transformers `_compute_llama3_parameters` formula evaluated in
+    // f64 outside this crate. 0 and 20: high frequency, kept; 30: blended; 40 and 63:
+    // low frequency, divided by 8.
+    let want = [
+        (0, 1.0),
+        (1, 0.814_617_233_856_544_7),
+        (20, 0.016_560_440_080_994_446),
+        (30, 0.001_371_893_567_761_138_1),
+        (40, 3.428_102_195_952_591e-5),
+        (63, 3.068_925_988_914_511e-7),
+    ];
+    for (i, w) in want {
+        assert!(rel(f[i], w) < 1e-12, "inv_freq[{i}] = {}, want {w}", f[i]);
+    }
+    // Non-increasing, and never above the unscaled frequencies.
+    let base = parse(&LLAMA31_8B_HUB.replace("\"llama3\"", "\"default\"")).rope_inv_freq();
+    for i in 0..64 {
+        assert!(f[i] <= base[i] * (1.0 + 1e-15), "{i}");
+        assert!(f[i] >= base[i] / 8.0 * (1.0 - 1e-15), "{i}");
+        if i > 0 {
+            assert!(f[i] < f[i - 1], "{i}");
+        }
+    }
+    assert_eq!(base[30], 500_000f64.powf(-60.0 / 128.0));
+}
+
+#[test]
+fn rope_inv_freq_default_and_linear() {
+    let c = parse(LLAMA2_7B);
+    let f = c.rope_inv_freq();
+    assert_eq!(f.len(), 64);
+    assert!(
+        rel(f[32], 1e-2) < 1e-12,
+        "10000^(-64/128) = 0.01, got {}",
+        f[32]
+    );
+    let mut v = base();
+    v["rope_scaling"] = json!({"type": "linear", "factor": 4.0});
+    let lin = ModelConfig::from_json_value(&v)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .rope_inv_freq();
+    for i in 0..64 {
+        assert!(rel(lin[i], f[i] / 4.0) < 1e-15, "{i}");
+    }
+}
+
+#[test]
+fn derived_sizes() {
+    let l2 = parse(LLAMA2_7B);
+    assert_eq!(l2.kv_cache_bytes_per_token(2), 524_288);
+    assert!(rel(l2.attention_scale(), 1.0 / 128f64.sqrt()) < 1e-15);
+    let l3 = parse(LLAMA31_8B_HUB);
+    assert_eq!(l3.kv_cache_bytes_per_token(2), 131_072);
+    assert_eq!(l3.kv_cache_bytes_per_token(4), 262_144);
+    assert_eq!(
+        parse(QWEN2_7B).kv_cache_bytes_per_token(2),
+        2 * 28 * 512 * 2
+    );
+}

@@ -10,6 +10,7 @@ use fl_engine::weights::{
     llama_tensor_names, Checkpoint, Dtype, WeightsError, FLOAT_DTYPES, INDEX_FILE, SINGLE_FILE,
 };
 use half::{bf16, f16};
+use proptest::prelude::*;
 use safetensors::tensor::TensorView;
 use serde_json::json;
 
@@ -260,7 +261,19 @@ fn sharded_tiny_checkpoint_passes_check_all() {
     let ck = open(dir.path());
     assert_eq!(ck.files().count(), 3);
     assert_eq!(ck.len(), llama_tensor_names(&cfg).len());
-    ck.check_all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let report = ck.check_all(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let n = llama_tensor_names(&cfg).len();
+    let norms = 2 * cfg.num_hidden_layers + 1;
+    let norm_bytes = norms as u64 * cfg.hidden_size as u64 * 4;
+    assert_eq!(report.tensors, n);
+    assert_eq!(
+        report.bytes,
+        (cfg.param_count() - norm_bytes / 4) * 2 + norm_bytes
+    );
+    assert_eq!(
+        report.dtypes,
+        vec![(Dtype::BF16, n - norms), (Dtype::F32, norms)]
+    );
     // Every tensor's bytes come back from the right shard.
     for (name, bytes) in &expected_bytes {
         let r = ck.tensor(name).unwrap_or_else(|e| panic!("{e}"));
@@ -310,7 +323,7 @@ fn single_file_tiny_checkpoint_variants() {
     cfg.tie_word_embeddings = false;
     let e = match ck.check_all(&cfg) {
         Err(e) => e,
-        Ok(()) => panic!("missing lm_head accepted"),
+        Ok(_) => panic!("missing lm_head accepted"),
     };
     assert!(matches!(e, WeightsError::MissingTensor { .. }), "{e:?}");
     assert_names(&e, &["lm_head.weight"]);
@@ -333,7 +346,7 @@ fn check_all_lists_every_problem() {
     write_st(&dir.path().join(SINGLE_FILE), &tensors);
     let e = match open(dir.path()).check_all(&cfg) {
         Err(e) => e,
-        Ok(()) => panic!("bad checkpoint accepted"),
+        Ok(_) => panic!("bad checkpoint accepted"),
     };
     match &e {
         WeightsError::Many { problems, .. } => assert_eq!(problems.len(), 3, "{e}"),
@@ -657,4 +670,73 @@ fn tensor_names_match_hf_layout() {
         .map(|e| e.shape.iter().product::<usize>() as u64)
         .sum();
     assert_eq!(total, b.param_count());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random tensor sets written by the safetensors crate read back byte-exact and
+    /// value-exact, whatever the dtypes, shapes (including empty and scalar) and order.
+    #[test]
+    fn prop_roundtrip(specs in prop::collection::vec(
+        (0usize..3, prop::collection::vec(0usize..6, 0..4)), 1..8)) {
+        let dir = tmp();
+        let dtypes = [Dtype::F32, Dtype::F16, Dtype::BF16];
+        let tensors: Vec<T> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, (d, shape))| t(&format!("t{i}"), dtypes[*d], shape, i))
+            .collect();
+        write_st(&dir.path().join(SINGLE_FILE), &tensors);
+        let ck = open(dir.path());
+        prop_assert_eq!(ck.len(), tensors.len());
+        for x in &tensors {
+            let r = ck.expect(&x.name, &x.shape, &[x.dtype]).unwrap_or_else(|e| panic!("{e}"));
+            prop_assert_eq!(r.bytes, x.bytes.as_slice());
+            let n: usize = x.shape.iter().product();
+            let want: Vec<f32> = values(n, x.name[1..].parse().unwrap_or(0))
+                .into_iter()
+                .map(|v| match x.dtype {
+                    Dtype::F16 => f16::from_f32(v).to_f32(),
+                    Dtype::BF16 => bf16::from_f32(v).to_f32(),
+                    _ => v,
+                })
+                .collect();
+            prop_assert_eq!(r.to_vec::<f32>().unwrap_or_else(|e| panic!("{e}")), want);
+        }
+    }
+
+    /// Cutting a valid file anywhere short of its end is an error at open (never a
+    /// panic, never a silently short tensor).
+    #[test]
+    fn prop_any_truncation_is_an_error(cut in 0.0f64..1.0) {
+        let dir = tmp();
+        let p = one_file(dir.path());
+        let len = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{e}")).len();
+        let keep = ((len as f64) * cut) as u64;
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap_or_else(|e| panic!("{e}"));
+        f.set_len(keep.min(len - 1)).unwrap_or_else(|e| panic!("{e}"));
+        drop(f);
+        let e = open_err(dir.path());
+        let is_truncated_or_bad_header = matches!(
+            e,
+            WeightsError::Truncated { .. } | WeightsError::BadHeader { .. }
+        );
+        prop_assert!(is_truncated_or_bad_header, "{:?}", e);
+    }
+
+    /// Random bytes in the header never panic the parser.
+    #[test]
+    fn prop_garbage_header_never_panics(garbage in prop::collection::vec(any::<u8>(), 0..200)) {
+        let dir = tmp();
+        let p = dir.path().join(SINGLE_FILE);
+        let mut b = (garbage.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(&garbage);
+        std::fs::write(&p, b).unwrap_or_else(|e| panic!("{e}"));
+        // An empty-object header is valid (no tensors); anything else must be an error.
+        match Checkpoint::open(dir.path()) {
+            Ok(ck) => prop_assert_eq!(ck.len(), 0),
+            Err(e) => prop_assert!(matches!(e, WeightsError::BadHeader { .. }), "{:?}", e),
+        }
+    }
 }
