@@ -79,30 +79,10 @@ def cases():
             yield f"sampling_{op}|f32|{b}x{v}", make
 
 
-def median(v):
-    v = sorted(v)
-    return v[len(v) // 2]
-
-
-def time_us(fn):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); fn(); e.record(); e.synchronize()
-    probe = max(s.elapsed_time(e), 1e-4)
-    iters = int(min(max(2.0 / probe, 5), 2000))
-    out = []
-    for _ in range(7):
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record(); e.synchronize()
-        out.append(s.elapsed_time(e) * 1e3 / iters)
-    return median(out)
-
-
 def main():
+    # The same timing as the side-by-side table (compare.py sits beside this file).
+    from compare import time_us
+
     args = sys.argv[1:]
     md = None
     if "--md" in args:

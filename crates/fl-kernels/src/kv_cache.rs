@@ -20,7 +20,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i64, check_flag_bits, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Error-flag bit: a token's sequence index was `< 0` or `>= batch`.
@@ -356,28 +356,15 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
 ///
 /// Errors: also [`Error::Shape`] naming `err_flag` when it is not `[1]`.
 pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) -> Result<()> {
-    expect_shape("err_flag", err_flag, &[1])?;
-    let v = err_flag.to_host(stream)?[0];
-    if v == 0 {
-        return Ok(());
-    }
-    let mut what = Vec::new();
-    if v & ERR_SEQUENCE != 0 {
-        what.push("a sequence index outside the batch");
-    }
-    if v & ERR_POSITION != 0 {
-        what.push("a position outside the cache");
-    }
-    if v & ERR_BLOCK != 0 {
-        what.push("a block id outside the block pool");
-    }
-    let reason = if what.is_empty() {
-        format!("error flag {v:#x}")
-    } else {
-        format!("{}; those tokens were not written", what.join(", "))
-    };
-    Err(Error::DeviceCheck {
-        op: "kv_cache",
-        reason,
-    })
+    check_flag_bits(
+        stream,
+        err_flag,
+        "kv_cache",
+        &[
+            (ERR_SEQUENCE, "a sequence index outside the batch"),
+            (ERR_POSITION, "a position outside the cache"),
+            (ERR_BLOCK, "a block id outside the block pool"),
+        ],
+        "those tokens were not written",
+    )
 }

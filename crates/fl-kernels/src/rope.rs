@@ -19,7 +19,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i64, check_flag_bits, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Largest `rotary_dim / 2` the kernels take (so `rotary_dim <= 512`).
@@ -523,16 +523,14 @@ pub fn apply_with_table<T: FloatDType>(
 ///
 /// Errors: also [`Error::Shape`] naming `err_flag` when it is not `[1]`.
 pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) -> Result<()> {
-    expect_shape("err_flag", err_flag, &[1])?;
-    let v = err_flag.to_host(stream)?[0];
-    if v == 0 {
-        return Ok(());
-    }
-    let reason = if v & ERR_POSITION != 0 {
-        "a position was negative or past the cos/sin table; those tokens were left unrotated"
-            .to_string()
-    } else {
-        format!("error flag {v:#x}")
-    };
-    Err(Error::DeviceCheck { op: "rope", reason })
+    check_flag_bits(
+        stream,
+        err_flag,
+        "rope",
+        &[(
+            ERR_POSITION,
+            "a position was negative or past the cos/sin table",
+        )],
+        "those tokens were left unrotated",
+    )
 }

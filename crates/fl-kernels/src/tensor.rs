@@ -221,3 +221,32 @@ pub(crate) fn as_i64(arg: &'static str, n: usize) -> Result<i64> {
         limit: i64::MAX as usize,
     })
 }
+
+/// Reads a one-`i32` device error flag of OR-ed bits (waits for `stream`): `Ok` when it is 0,
+/// else [`Error::DeviceCheck`] for `op` whose reason lists the description of every set bit
+/// in `bits`, joined by ", ", then `"; "` and `consequence` (or the raw value when no known
+/// bit is set). Shared by the ops that report through such a flag (rope, kv_cache).
+pub(crate) fn check_flag_bits(
+    stream: &Arc<CudaStream>,
+    err_flag: &DeviceTensor<i32>,
+    op: &'static str,
+    bits: &[(i32, &str)],
+    consequence: &str,
+) -> Result<()> {
+    expect_shape("err_flag", err_flag, &[1])?;
+    let v = err_flag.to_host(stream)?[0];
+    if v == 0 {
+        return Ok(());
+    }
+    let what: Vec<&str> = bits
+        .iter()
+        .filter(|(b, _)| v & b != 0)
+        .map(|(_, d)| *d)
+        .collect();
+    let reason = if what.is_empty() {
+        format!("error flag {v:#x}")
+    } else {
+        format!("{}; {consequence}", what.join(", "))
+    };
+    Err(Error::DeviceCheck { op, reason })
+}
