@@ -9,11 +9,14 @@ use fl_kernels::{Gpu, Result};
 
 pub mod activation;
 pub mod attention;
+pub mod attention_prefill;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemv;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;
+pub mod quant;
 pub mod rope;
 pub mod sampling;
 pub mod softmax;
@@ -50,6 +53,9 @@ pub fn all() -> Vec<Case> {
     let mut v = Vec::new();
     v.extend(elementwise::cases());
     v.extend(attention::cases());
+    v.extend(attention_prefill::cases());
+    v.extend(gemv::cases());
+    v.extend(quant::cases());
     v.extend(norm::cases());
     v.extend(softmax::cases());
     v.extend(rope::cases());

@@ -34,6 +34,7 @@ mod dtype;
 mod error;
 mod ffi;
 mod gemm;
+pub mod int8;
 pub mod reference;
 
 pub use cache::{AlgoCache, CacheKey, CacheLoad, CachedAlgo, GemmShape};
@@ -42,6 +43,9 @@ pub use error::{Error, Result};
 pub use gemm::{AutotuneResult, Blas, GemmParams, WORKSPACE_BYTES};
 
 pub use fl_kernels::{DeviceTensor, Gpu};
+/// Weight-only quantised GEMV/GEMM for decode (int8, int4, Q8_0, Q4_0). The kernels are
+/// hand-written, so they live in `fl-kernels` with the others; re-exported here.
+pub use fl_kernels::gemv;
 
 /// The README's example, compiled as a doctest.
 #[cfg(doctest)]

@@ -28,11 +28,14 @@ mod tensor;
 
 pub mod activation;
 pub mod attention;
+pub mod attention_prefill;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemv;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;
+pub mod quant;
 pub mod reference;
 pub mod rope;
 pub mod softmax;

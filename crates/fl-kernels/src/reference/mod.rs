@@ -6,10 +6,13 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_prefill;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemv;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;
+pub mod quant;
 pub mod rope;
 pub mod softmax;

@@ -1,0 +1,1 @@
+//! Placeholder: the attention_prefill family is being written on its own branch.

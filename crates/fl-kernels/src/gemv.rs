@@ -1,0 +1,1 @@
+//! Placeholder: the gemv family is being written on its own branch.

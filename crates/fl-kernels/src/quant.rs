@@ -1,0 +1,1 @@
+//! Placeholder: the quant family is being written on its own branch.

@@ -1,0 +1,1 @@
+//! Placeholder: CPU references of the attention_prefill family.

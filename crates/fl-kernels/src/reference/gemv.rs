@@ -1,0 +1,1 @@
+//! Placeholder: CPU references of the gemv family.

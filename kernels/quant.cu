@@ -1,0 +1,2 @@
+// Placeholder: the quant family is being written on its own branch.
+#include "common/common.cuh"
