@@ -1,14 +1,44 @@
 //! # fl-engine: LLaMA-family models end to end
 //!
-//! Built (CPU side of issue 7): [`config`] (Hugging Face config.json, both dialects),
-//! [`presets`] (named model shapes for dummy weights), [`weights`] (memory-mapped
-//! safetensors, single or sharded, checked before any upload). Not built yet: the decoder
-//! layer, KV cache, prefill and decode loop, tokenizer, and `fl generate` / `fl bench`.
+//! - [`config`]: Hugging Face config.json (both dialects), [`presets`]: named model shapes
+//!   for dummy weights, [`weights`]: memory-mapped safetensors (single or sharded), checked
+//!   before any upload;
+//! - [`model`]: the weights on the device and the decoder stack over a packed batch of
+//!   tokens (prefill) or one token per sequence (decode) with a KV cache;
+//! - [`engine`]: the generation loop (prefill, sampling with fl-sampling, decode steps
+//!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
+//!   resolution;
+//! - the `fl` binary: `fl generate`, `fl bench`, `fl logits` (for checks), `fl demo`.
 //!
-//! Today it holds the `fl demo` job: a kernel run on the GPU, checked against the CPU
-//! reference, timed, so the build and the GPU path can be checked end to end.
+//! ```no_run
+//! use fl_engine::engine::{Engine, Request, StepNeeds};
+//! use fl_engine::model::WeightSource;
+//! use fl_engine::presets::preset;
+//! use fl_kernels::f16;
+//! let cfg = preset("tiny").unwrap();
+//! let mut e = Engine::<f16>::load(0, cfg, WeightSource::Dummy { seed: 1 }, None)?;
+//! let req = Request {
+//!     prompts: vec![vec![1, 2, 3], vec![4, 5]],
+//!     max_new_tokens: 8,
+//!     sampling: vec![fl_sampling::SamplingParams::greedy()],
+//!     end_ids: vec![],
+//!     ignore_eos: true,
+//!     forced: None,
+//! };
+//! let out = e.generate(&req, StepNeeds { tokens: true, logits: false }, &mut |_| true)?;
+//! println!("{:?}", out.tokens);
+//! # Ok::<(), fl_engine::EngineError>(())
+//! ```
 
 pub mod config;
 pub mod demo;
+pub mod engine;
+mod error;
+pub mod load;
+pub mod model;
 pub mod presets;
+pub mod tokenizer;
 pub mod weights;
+
+pub use error::{EngineError, Result};
+pub use load::Loaded;

@@ -2,7 +2,8 @@
 //! tests).
 //!
 //! The values match the published `config.json` of each model; `tiny` is a small model for
-//! tests (2 layers, grouped-query attention, `head_dim` 16).
+//! tests (2 layers, grouped-query attention 2:1, `head_dim` 64, the smallest size the
+//! attention kernels run).
 
 use crate::config::{Architecture, ConfigDtype, ModelConfig, RopeScaling};
 
@@ -72,11 +73,11 @@ pub fn preset(name: &str) -> Result<ModelConfig, UnknownPreset> {
             ..llama2(4096, 14_336, 32, 32)
         },
         "tiny" => ModelConfig {
-            num_key_value_heads: 2,
+            num_key_value_heads: 1,
             vocab_size: 256,
             max_position_embeddings: 256,
             dtype: Some(ConfigDtype::F32),
-            ..llama2(64, 176, 2, 4)
+            ..llama2(128, 352, 2, 2)
         },
         _ => {
             return Err(UnknownPreset {

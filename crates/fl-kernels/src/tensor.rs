@@ -145,6 +145,25 @@ impl<T: DType> DeviceTensor<T> {
         })
     }
 
+    /// Changes the shape in place to another with the same number of elements (no copy):
+    /// the `&mut` form of [`reshape`](Self::reshape), for buffers owned by a struct, e.g. a
+    /// GEMM output `[tokens, heads * head_dim]` viewed as `[tokens, heads, head_dim]`.
+    ///
+    /// Errors: [`Error::Shape`] naming `shape` when the element counts differ (the tensor
+    /// is left unchanged).
+    pub fn set_shape(&mut self, shape: &[usize]) -> Result<()> {
+        let n = numel("shape", shape)?;
+        if n != self.len() {
+            return Err(Error::Shape {
+                arg: "shape",
+                expected: format!("{} elements", self.len()),
+                got: shape.to_vec(),
+            });
+        }
+        self.shape = shape.to_vec();
+        Ok(())
+    }
+
     /// Row-major shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape

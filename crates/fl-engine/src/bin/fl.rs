@@ -1,6 +1,35 @@
 //! The `fl` command.
 
+use std::io::Write;
+use std::path::PathBuf;
+
 use clap::{Parser, Subcommand};
+use fl_engine::engine::{Engine, Request, Step, StepNeeds};
+use fl_engine::model::RunDType;
+use fl_engine::{load, EngineError, Loaded, Result};
+use fl_sampling::SamplingParams;
+
+/// Loads the model named by a `ModelArgs` in its dtype and runs `$body(engine, loaded)`.
+macro_rules! dispatch {
+    ($m:expr, |$e:ident, $l:ident| $body:expr) => {{
+        let m = $m;
+        (|| -> Result<()> {
+            let $l = load::resolve(&m.model, &m.quant)?;
+            match m.dtype.as_str() {
+                "bf16" => {
+                    let mut $e = load::engine::<fl_kernels::bf16>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
+                _ => {
+                    let mut $e = load::engine::<fl_kernels::f16>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
+            }
+        })()
+    }};
+}
 
 #[derive(Parser)]
 #[command(
@@ -15,6 +44,66 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Generate text (or token ids) from a prompt, streaming it as it is produced.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompt text (needs tokenizer.json in the model directory).
+        #[arg(long, conflicts_with = "prompt_ids")]
+        prompt: Option<String>,
+        /// Prompt as comma-separated token ids (for models without a tokenizer).
+        #[arg(long)]
+        prompt_ids: Option<String>,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 128)]
+        max_new_tokens: usize,
+        /// Softmax temperature; 0 means greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Keep the k most likely tokens (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: u32,
+        /// Nucleus sampling mass (1: all).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print token ids instead of text.
+        #[arg(long)]
+        print_ids: bool,
+    },
+    /// Time prefill and decode on a model or a preset with dummy weights.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Sequences in the batch.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Prompt tokens per sequence.
+        #[arg(long, default_value_t = 128)]
+        prompt_len: usize,
+        /// Tokens generated per sequence (end ids ignored).
+        #[arg(long, default_value_t = 128)]
+        gen_len: usize,
+        /// Print one JSON line instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Logits for checks against another implementation: reads
+    /// {"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N} and writes
+    /// {"prefill": [[f32; vocab] per prompt], "steps": [[[f32; vocab] per prompt] per step],
+    /// "tokens": [[ids] per prompt]}.
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Input JSON file.
+        #[arg(long)]
+        input: PathBuf,
+        /// Output JSON file.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Run the kernel demo: elementwise kernels checked against the CPU and timed.
     Demo {
         /// Elements per call.
@@ -25,8 +114,73 @@ enum Cmd {
     Info,
 }
 
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// A model directory (config.json + safetensors) or a preset name for dummy weights
+    /// (llama-2-7b, llama-2-13b, llama-3-8b, tiny).
+    #[arg(long)]
+    model: String,
+    /// Run dtype.
+    #[arg(long, default_value = "f16", value_parser = ["f16", "bf16"])]
+    dtype: String,
+    /// Weight quantisation on load.
+    #[arg(long, default_value = "none", value_parser = ["none", "int8", "int4", "w8a8"])]
+    quant: String,
+    /// Decode without the CUDA graph (each kernel launched every step).
+    #[arg(long)]
+    no_graph: bool,
+}
+
 fn main() {
     let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Info => with_gpu(info),
+        Cmd::Demo { n } => with_gpu(|g| demo(g, n)),
+        Cmd::Generate {
+            model,
+            prompt,
+            prompt_ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            print_ids,
+        } => {
+            let g = GenArgs {
+                prompt,
+                prompt_ids,
+                max_new_tokens,
+                sampling: SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed,
+                    ..Default::default()
+                },
+                print_ids,
+            };
+            dispatch!(model, |e, m| generate(e, &m, &g))
+        }
+        Cmd::Bench {
+            model,
+            batch,
+            prompt_len,
+            gen_len,
+            json,
+        } => dispatch!(model, |e, _m| bench(e, batch, prompt_len, gen_len, json)),
+        Cmd::Logits { model, input, out } => dispatch!(model, |e, _m| logits(e, &input, &out)),
+    };
+    if let Err(e) = res {
+        eprintln!("fl: {e}");
+        std::process::exit(match e {
+            EngineError::Kernels(fl_kernels::Error::NoGpu(_)) => 2,
+            _ => 1,
+        });
+    }
+}
+
+fn with_gpu(f: impl FnOnce(&fl_kernels::Gpu) -> Result<()>) -> Result<()> {
     let gpu = match fl_kernels::Gpu::new(0) {
         Ok(g) => g,
         Err(e) => {
@@ -34,17 +188,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let res = match cli.cmd {
-        Cmd::Info => info(&gpu),
-        Cmd::Demo { n } => demo(&gpu, n),
-    };
-    if let Err(e) = res {
-        eprintln!("fl: {e}");
-        std::process::exit(1);
-    }
+    f(&gpu)
 }
 
-fn info(gpu: &fl_kernels::Gpu) -> fl_kernels::Result<()> {
+fn info(gpu: &fl_kernels::Gpu) -> Result<()> {
     let (maj, min) = gpu.compute_capability();
     println!(
         "{}: compute capability {maj}.{min}, {} SMs",
@@ -54,10 +201,10 @@ fn info(gpu: &fl_kernels::Gpu) -> fl_kernels::Result<()> {
     Ok(())
 }
 
-fn demo(gpu: &fl_kernels::Gpu, n: usize) -> fl_kernels::Result<()> {
+fn demo(gpu: &fl_kernels::Gpu, n: usize) -> Result<()> {
     info(gpu)?;
     if n == 0 {
-        return Err(fl_kernels::Error::invalid("--n", "must be at least 1"));
+        return Err(EngineError::invalid("--n", "must be at least 1"));
     }
     println!(
         "{:<10} {:>12} {:>10} {:>10} {:>9}",
@@ -72,10 +219,247 @@ fn demo(gpu: &fl_kernels::Gpu, n: usize) -> fl_kernels::Result<()> {
         ok &= l.rel_err < 1e-5;
     }
     if !ok {
-        return Err(fl_kernels::Error::invalid(
+        return Err(EngineError::invalid(
             "demo",
             "a kernel disagreed with its reference",
         ));
     }
+    Ok(())
+}
+
+struct GenArgs {
+    prompt: Option<String>,
+    prompt_ids: Option<String>,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    print_ids: bool,
+}
+
+fn parse_ids(arg: &'static str, s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| EngineError::invalid(arg, format!("`{t}` is not a token id")))
+        })
+        .collect()
+}
+
+fn generate<T: RunDType>(e: &mut Engine<T>, m: &Loaded, g: &GenArgs) -> Result<()> {
+    let tok = m.tokenizer.as_ref();
+    let prompt = match (&g.prompt, &g.prompt_ids) {
+        (_, Some(ids)) => parse_ids("--prompt-ids", ids)?,
+        (Some(text), None) => match tok {
+            Some(t) => t.encode(text, true)?,
+            None => {
+                return Err(EngineError::invalid(
+                    "--prompt",
+                    "this model has no tokenizer.json; pass --prompt-ids",
+                ))
+            }
+        },
+        (None, None) => {
+            return Err(EngineError::invalid(
+                "--prompt",
+                "give --prompt TEXT or --prompt-ids IDS",
+            ))
+        }
+    };
+    let req = Request {
+        prompts: vec![prompt],
+        max_new_tokens: g.max_new_tokens,
+        sampling: vec![g.sampling],
+        end_ids: e.model.cfg.eos_token_ids.clone(),
+        ignore_eos: false,
+        forced: None,
+    };
+    let mut stream = match (tok, g.print_ids) {
+        (Some(t), false) => Some(fl_engine::tokenizer::TextStream::new(t)),
+        _ => None,
+    };
+    let mut err: Option<EngineError> = None;
+    let out = e.generate(
+        &req,
+        StepNeeds {
+            tokens: true,
+            logits: false,
+        },
+        &mut |s: Step<'_>| {
+            let id = s.tokens[0];
+            match stream.as_mut() {
+                Some(ts) => match ts.push(id) {
+                    Ok(text) => print!("{text}"),
+                    Err(x) => {
+                        err = Some(x);
+                        return false;
+                    }
+                },
+                None => print!("{}{id}", if s.index == 0 { "" } else { "," }),
+            }
+            let _ = std::io::stdout().flush();
+            true
+        },
+    )?;
+    if let Some(x) = err {
+        return Err(x);
+    }
+    println!();
+    let n = out.tokens[0].len();
+    eprintln!(
+        "fl: {} prompt tokens in {:.1} ms, {n} new tokens, decode {:.1} tokens/s{}",
+        out.prompt_tokens,
+        out.prefill_s * 1e3,
+        out.decode_steps as f64 / out.decode_s.max(1e-9),
+        if out.graph { " (CUDA graph)" } else { "" }
+    );
+    Ok(())
+}
+
+fn bench<T: RunDType>(
+    e: &mut Engine<T>,
+    batch: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    json: bool,
+) -> Result<()> {
+    if batch == 0 {
+        return Err(EngineError::invalid("--batch", "must be at least 1"));
+    }
+    if prompt_len == 0 {
+        return Err(EngineError::invalid("--prompt-len", "must be at least 1"));
+    }
+    if gen_len < 2 {
+        return Err(EngineError::invalid("--gen-len", "must be at least 2"));
+    }
+    let vocab = e.model.cfg.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|b| {
+            (0..prompt_len)
+                .map(|i| ((b * 7919 + i * 104_729 + 1) as u32) % vocab)
+                .collect()
+        })
+        .collect();
+    let req = Request {
+        prompts,
+        max_new_tokens: gen_len,
+        sampling: vec![SamplingParams::greedy()],
+        end_ids: Vec::new(),
+        ignore_eos: true,
+        forced: None,
+    };
+    e.check(&req)?;
+    let bw = e.copy_bandwidth()?;
+    // Warm-up (cuBLASLt plans, module loading), then the measured run.
+    let warm = Request {
+        max_new_tokens: 3,
+        ..req.clone()
+    };
+    e.generate(&warm, StepNeeds::default(), &mut |_| true)?;
+    let out = e.generate(&req, StepNeeds::default(), &mut |_| true)?;
+    let steps = out.decode_steps.max(1) as f64;
+    let ms_per_step = out.decode_s * 1e3 / steps;
+    let decode_tps = batch as f64 * steps / out.decode_s;
+    let prefill_tps = out.prompt_tokens as f64 / out.prefill_s;
+    let weight_bytes = e.model.weights.bytes_per_step() as f64;
+    let kv_per_step = out.kv_bytes_read as f64 / steps;
+    let floor_ms = (weight_bytes + kv_per_step) / bw * 1e3;
+    let pct = 100.0 * floor_ms / ms_per_step;
+    if json {
+        println!(
+            "{{\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"dtype\":\"{}\",\"prefill_tokens_per_s\":{prefill_tps:.1},\"prefill_ms\":{:.3},\"decode_tokens_per_s\":{decode_tps:.1},\"ms_per_step\":{ms_per_step:.4},\"floor_ms\":{floor_ms:.4},\"pct_of_floor\":{pct:.1},\"copy_gbps\":{:.1},\"graph\":{}}}",
+            <T as fl_kernels::DType>::NAME,
+            out.prefill_s * 1e3,
+            bw / 1e9,
+            out.graph
+        );
+    } else {
+        println!(
+            "model {} ({}, {:.2} GB of weights read per step), copy bandwidth {:.0} GB/s",
+            e.model.cfg.architecture.model_type(),
+            <T as fl_kernels::DType>::NAME,
+            weight_bytes / 1e9,
+            bw / 1e9
+        );
+        println!(
+            "batch {batch}, prompt {prompt_len}, generate {gen_len}{}",
+            if out.graph {
+                ", decode step in a CUDA graph"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "prefill: {:.1} ms, {prefill_tps:.0} tokens/s",
+            out.prefill_s * 1e3
+        );
+        println!(
+            "decode:  {ms_per_step:.3} ms/step, {decode_tps:.1} tokens/s; floor {floor_ms:.3} ms/step (weights {:.2} GB + KV {:.3} GB) = {pct:.1}% of the bandwidth floor",
+            weight_bytes / 1e9,
+            kv_per_step / 1e9
+        );
+    }
+    Ok(())
+}
+
+fn logits<T: RunDType>(e: &mut Engine<T>, input: &PathBuf, out_path: &PathBuf) -> Result<()> {
+    let file_err = |p: &PathBuf, d: String| EngineError::File {
+        path: p.clone(),
+        detail: d,
+    };
+    let text = std::fs::read_to_string(input).map_err(|x| file_err(input, x.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|x| file_err(input, x.to_string()))?;
+    let ids = |key: &str| -> Result<Option<Vec<Vec<u32>>>> {
+        match v.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => serde_json::from_value(x.clone())
+                .map(Some)
+                .map_err(|x| file_err(input, format!("`{key}`: {x}"))),
+        }
+    };
+    let prompts = ids("prompts")?.ok_or_else(|| file_err(input, "no `prompts`".into()))?;
+    let forced = ids("forced")?;
+    let steps = v.get("steps").and_then(|s| s.as_u64()).unwrap_or(0) as usize;
+    let req = Request {
+        prompts,
+        max_new_tokens: steps + 1,
+        sampling: vec![SamplingParams::greedy()],
+        end_ids: Vec::new(),
+        ignore_eos: true,
+        forced,
+    };
+    let vocab = e.model.cfg.vocab_size;
+    let mut prefill: Vec<Vec<f32>> = Vec::new();
+    let mut per_step: Vec<Vec<Vec<f32>>> = Vec::new();
+    let out = e.generate(
+        &req,
+        StepNeeds {
+            tokens: true,
+            logits: true,
+        },
+        &mut |s: Step<'_>| {
+            let rows: Vec<Vec<f32>> = s
+                .logits
+                .unwrap_or(&[])
+                .chunks(vocab)
+                .map(|r| r.to_vec())
+                .collect();
+            if s.index == 0 {
+                prefill = rows;
+            } else {
+                per_step.push(rows);
+            }
+            true
+        },
+    )?;
+    let j = serde_json::json!({
+        "prefill": prefill,
+        "steps": per_step,
+        "tokens": out.tokens,
+        "dtype": <T as fl_kernels::DType>::NAME,
+        "graph": out.graph,
+    });
+    std::fs::write(out_path, j.to_string()).map_err(|x| file_err(out_path, x.to_string()))?;
     Ok(())
 }

@@ -1,0 +1,67 @@
+//! The engine's error type: every layer's error, plus the engine's own checks.
+
+use std::path::PathBuf;
+
+/// Anything that can go wrong running a model. Each variant says what was at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A kernel rejected its arguments or CUDA failed.
+    #[error(transparent)]
+    Kernels(#[from] fl_kernels::Error),
+    /// cuBLASLt or a GEMM argument.
+    #[error(transparent)]
+    Blas(#[from] fl_blas::Error),
+    /// Sampling.
+    #[error(transparent)]
+    Sampling(#[from] fl_sampling::Error),
+    /// `config.json`.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The checkpoint.
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
+    /// A request the engine refuses before doing any work (prompt longer than the context,
+    /// batch that does not fit in memory, empty prompt...), naming the argument.
+    #[error("{arg}: {reason}")]
+    Invalid {
+        /// The argument or option at fault (e.g. `--prompt-len`).
+        arg: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The tokenizer file could not be loaded or used.
+    #[error("tokenizer {path}: {detail}")]
+    Tokenizer {
+        /// `tokenizer.json`.
+        path: PathBuf,
+        /// What the tokenizers crate said.
+        detail: String,
+    },
+    /// A file the engine reads or writes (other than the checkpoint).
+    #[error("{path}: {detail}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+impl EngineError {
+    /// An [`EngineError::Invalid`] naming `arg`.
+    pub fn invalid(arg: &'static str, reason: impl Into<String>) -> Self {
+        EngineError::Invalid {
+            arg,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<fl_kernels::cudarc::driver::DriverError> for EngineError {
+    fn from(e: fl_kernels::cudarc::driver::DriverError) -> Self {
+        EngineError::Kernels(e.into())
+    }
+}
+
+/// `Result` with [`EngineError`].
+pub type Result<T> = std::result::Result<T, EngineError>;

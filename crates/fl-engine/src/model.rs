@@ -1,0 +1,684 @@
+//! A LLaMA-family model on the GPU: its weights ([`Weights`]), where they come from
+//! ([`WeightSource`]: a safetensors checkpoint or dummy values for a preset), and the
+//! decoder stack ([`Model::forward`]) over a batch of tokens.
+//!
+//! The forward pass is FasterLLaMA's decoder with the residual-add fused into the next
+//! RMSNorm:
+//!
+//! ```text
+//! h = embed(ids); x = rms_norm(h, attn_norm[0])
+//! for each layer l:
+//!     q, k, v = x·Wqᵀ (+bq), x·Wkᵀ (+bk), x·Wvᵀ (+bv)
+//!     rope(q, k, positions); cache[l].append(k, v, (seq_ids, positions))
+//!     a = attention(q, cache[l] or the packed k, v)        causal, GQA
+//!     h += a·Woᵀ;  x = rms_norm(h, ffn_norm[l])             one fused kernel
+//!     g = x·[Wgate|Wup]ᵀ;  m = silu(g_gate) * g_up          one GEMM, one fused kernel
+//!     h += m·Wdownᵀ; x = rms_norm(h, attn_norm[l+1] or final_norm)
+//! logits = x[last token of each sequence]·Wlmᵀ
+//! ```
+//!
+//! Gate and up projections are concatenated on load (`[2 * intermediate, hidden]`), so the
+//! MLP's first GEMM is one call. Q, K and V stay three GEMMs (their outputs are three
+//! tensors that RoPE and the cache append take separately).
+
+use std::sync::Arc;
+
+use fl_blas::{Blas, GemmType};
+use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace};
+use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::embedding::{self, DeviceStatus};
+use fl_kernels::kv_cache::{self, KvCache, TokenSlots};
+use fl_kernels::rope::{self, RopeParams, RopeStyle, Scaling};
+use fl_kernels::{activation, norm, DeviceTensor, HalfDType};
+
+use crate::config::{ModelConfig, RopeScaling};
+use crate::error::{EngineError, Result};
+use crate::weights::Checkpoint;
+
+/// Element types the engine runs in: `f16` or `bf16` (the attention kernels are half-only).
+/// Its name is `DType::NAME`.
+pub trait RunDType: HalfDType + GemmType {}
+impl RunDType for fl_kernels::f16 {}
+impl RunDType for fl_kernels::bf16 {}
+
+/// The weights of one decoder layer, on the device, in the run dtype.
+pub struct LayerWeights<T: RunDType> {
+    /// `input_layernorm` `[hidden]`.
+    pub attn_norm: DeviceTensor<T>,
+    /// `q_proj` `[q_heads * head_dim, hidden]`.
+    pub wq: DeviceTensor<T>,
+    /// `k_proj` `[kv_heads * head_dim, hidden]`.
+    pub wk: DeviceTensor<T>,
+    /// `v_proj` `[kv_heads * head_dim, hidden]`.
+    pub wv: DeviceTensor<T>,
+    /// Q/K/V biases (Qwen2), when the config has them.
+    pub bqkv: Option<[DeviceTensor<T>; 3]>,
+    /// `o_proj` `[hidden, q_heads * head_dim]`.
+    pub wo: DeviceTensor<T>,
+    /// `o_proj` bias.
+    pub bo: Option<DeviceTensor<T>>,
+    /// `post_attention_layernorm` `[hidden]`.
+    pub ffn_norm: DeviceTensor<T>,
+    /// `gate_proj` then `up_proj`, concatenated: `[2 * intermediate, hidden]`.
+    pub w_gate_up: DeviceTensor<T>,
+    /// Gate|up bias `[2 * intermediate]` (`mlp_bias`).
+    pub b_gate_up: Option<DeviceTensor<T>>,
+    /// `down_proj` `[hidden, intermediate]`.
+    pub w_down: DeviceTensor<T>,
+    /// `down_proj` bias.
+    pub b_down: Option<DeviceTensor<T>>,
+}
+
+/// Every weight of the model on the device.
+pub struct Weights<T: RunDType> {
+    /// `embed_tokens` `[vocab, hidden]`.
+    pub embed: DeviceTensor<T>,
+    /// The decoder layers.
+    pub layers: Vec<LayerWeights<T>>,
+    /// `model.norm` `[hidden]`.
+    pub final_norm: DeviceTensor<T>,
+    /// `lm_head` `[vocab, hidden]`; `None` when tied to `embed`.
+    pub lm_head: Option<DeviceTensor<T>>,
+}
+
+impl<T: RunDType> Weights<T> {
+    /// Bytes of all weights on the device.
+    pub fn bytes(&self) -> u64 {
+        let mut n = self.embed.num_bytes() + self.final_norm.num_bytes();
+        n += self.lm_head.as_ref().map_or(0, |t| t.num_bytes());
+        for l in &self.layers {
+            n += l.attn_norm.num_bytes()
+                + l.wq.num_bytes()
+                + l.wk.num_bytes()
+                + l.wv.num_bytes()
+                + l.wo.num_bytes()
+                + l.ffn_norm.num_bytes()
+                + l.w_gate_up.num_bytes()
+                + l.w_down.num_bytes();
+            n += l
+                .bqkv
+                .as_ref()
+                .map_or(0, |b| b.iter().map(|t| t.num_bytes()).sum());
+            n += l.bo.as_ref().map_or(0, |t| t.num_bytes());
+            n += l.b_gate_up.as_ref().map_or(0, |t| t.num_bytes());
+            n += l.b_down.as_ref().map_or(0, |t| t.num_bytes());
+        }
+        n as u64
+    }
+
+    /// Bytes one decode step must read from the weights: all of them except the embedding
+    /// table, of which only the batch's rows are read, unless it doubles as the LM head.
+    pub fn bytes_per_step(&self) -> u64 {
+        match self.lm_head {
+            Some(_) => self.bytes() - self.embed.num_bytes() as u64,
+            None => self.bytes(),
+        }
+    }
+}
+
+/// Where weight values come from.
+pub enum WeightSource<'a> {
+    /// A safetensors checkpoint, converted to the run dtype on load.
+    Checkpoint(&'a Checkpoint),
+    /// Deterministic pseudo-random values (`N(0, 0.02)`-like, norms 1.0): for `fl bench`
+    /// on a preset with no download. Values repeat with a long period, which is fine for
+    /// timing and keeps loading fast.
+    Dummy {
+        /// Seed of the value stream.
+        seed: u64,
+    },
+}
+
+/// Called after each tensor is loaded with (bytes loaded so far, total bytes).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+struct Loader<'a, 'p> {
+    stream: &'a Arc<CudaStream>,
+    src: WeightSource<'a>,
+    chunk: Vec<f32>,
+    done: u64,
+    total: u64,
+    progress: Option<Progress<'p>>,
+}
+
+const DUMMY_CHUNK: usize = (1 << 20) + 7;
+
+impl<'a> Loader<'a, '_> {
+    fn host<T: RunDType>(&mut self, name: &str, shape: &[usize], norm: bool) -> Result<Vec<T>> {
+        let n: usize = shape.iter().product();
+        let v = match &self.src {
+            WeightSource::Checkpoint(ck) => {
+                let dtypes = [
+                    safetensors::Dtype::F32,
+                    safetensors::Dtype::F16,
+                    safetensors::Dtype::BF16,
+                ];
+                ck.expect(name, shape, &dtypes)?.to_vec::<T>()?
+            }
+            WeightSource::Dummy { .. } if norm => vec![T::from_f32(1.0); n],
+            WeightSource::Dummy { .. } => {
+                let c = &self.chunk;
+                let off = (name.len() * 7919) % c.len();
+                (0..n)
+                    .map(|i| T::from_f32(c[(off + i) % c.len()]))
+                    .collect()
+            }
+        };
+        Ok(v)
+    }
+
+    fn tensor<T: RunDType>(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        norm: bool,
+    ) -> Result<DeviceTensor<T>> {
+        let v = self.host::<T>(name, shape, norm)?;
+        let t = DeviceTensor::from_host(self.stream, &v, shape)?;
+        self.tick(t.num_bytes());
+        Ok(t)
+    }
+
+    fn tick(&mut self, bytes: usize) {
+        self.done += bytes as u64;
+        if let Some(p) = self.progress.as_mut() {
+            p(self.done, self.total);
+        }
+    }
+
+    /// Two `[rows, cols]` tensors stacked into `[2 * rows, cols]` (or two `[rows]` biases).
+    fn stacked<T: RunDType>(
+        &mut self,
+        a: &str,
+        b: &str,
+        shape: &[usize],
+    ) -> Result<DeviceTensor<T>> {
+        let mut v = self.host::<T>(a, shape, false)?;
+        v.extend(self.host::<T>(b, shape, false)?);
+        let mut s = shape.to_vec();
+        s[0] *= 2;
+        let t = DeviceTensor::from_host(self.stream, &v, &s)?;
+        self.tick(t.num_bytes());
+        Ok(t)
+    }
+}
+
+fn dummy_chunk(seed: u64) -> Vec<f32> {
+    // Sum of four uniforms: roughly normal, std 0.02 after scaling.
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x >> 40) as f32 / (1u64 << 24) as f32
+    };
+    (0..DUMMY_CHUNK)
+        .map(|_| {
+            let s = next() + next() + next() + next() - 2.0; // var 4/12
+            s * 0.02 / (1.0f32 / 3.0).sqrt()
+        })
+        .collect()
+}
+
+impl<T: RunDType> Weights<T> {
+    /// Loads every weight of `cfg` from `src` onto `stream`'s device in dtype `T`.
+    ///
+    /// Errors: a missing tensor or one of the wrong shape or dtype names the tensor and the
+    /// file ([`crate::weights::WeightsError`]); device allocation failures.
+    pub fn load(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        src: WeightSource<'_>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
+        let chunk = match src {
+            WeightSource::Dummy { seed } => dummy_chunk(seed),
+            WeightSource::Checkpoint(_) => Vec::new(),
+        };
+        let total = cfg.weight_bytes(std::mem::size_of::<T>());
+        let mut ld = Loader {
+            stream,
+            src,
+            chunk,
+            done: 0,
+            total,
+            progress,
+        };
+        let (h, q, kv, i, v) = (
+            cfg.hidden_size,
+            cfg.q_size(),
+            cfg.kv_size(),
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        );
+        let embed = ld.tensor("model.embed_tokens.weight", &[v, h], false)?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let m = format!("{p}.mlp");
+            let bqkv = if cfg.qkv_bias {
+                Some([
+                    ld.tensor(&format!("{a}.q_proj.bias"), &[q], false)?,
+                    ld.tensor(&format!("{a}.k_proj.bias"), &[kv], false)?,
+                    ld.tensor(&format!("{a}.v_proj.bias"), &[kv], false)?,
+                ])
+            } else {
+                None
+            };
+            layers.push(LayerWeights {
+                attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
+                wq: ld.tensor(&format!("{a}.q_proj.weight"), &[q, h], false)?,
+                wk: ld.tensor(&format!("{a}.k_proj.weight"), &[kv, h], false)?,
+                wv: ld.tensor(&format!("{a}.v_proj.weight"), &[kv, h], false)?,
+                bqkv,
+                wo: ld.tensor(&format!("{a}.o_proj.weight"), &[h, q], false)?,
+                bo: if cfg.o_bias {
+                    Some(ld.tensor(&format!("{a}.o_proj.bias"), &[h], false)?)
+                } else {
+                    None
+                },
+                ffn_norm: ld.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h], true)?,
+                w_gate_up: ld.stacked(
+                    &format!("{m}.gate_proj.weight"),
+                    &format!("{m}.up_proj.weight"),
+                    &[i, h],
+                )?,
+                b_gate_up: if cfg.mlp_bias {
+                    Some(ld.stacked(
+                        &format!("{m}.gate_proj.bias"),
+                        &format!("{m}.up_proj.bias"),
+                        &[i],
+                    )?)
+                } else {
+                    None
+                },
+                w_down: ld.tensor(&format!("{m}.down_proj.weight"), &[h, i], false)?,
+                b_down: if cfg.mlp_bias {
+                    Some(ld.tensor(&format!("{m}.down_proj.bias"), &[h], false)?)
+                } else {
+                    None
+                },
+            });
+        }
+        let final_norm = ld.tensor("model.norm.weight", &[h], true)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(ld.tensor("lm_head.weight", &[v, h], false)?)
+        };
+        Ok(Weights {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
+    }
+}
+
+/// The RoPE parameters of a config, in the kernel's terms (rotate-half pairing, as Hugging
+/// Face LLaMA checkpoints are laid out).
+pub fn rope_params(cfg: &ModelConfig) -> RopeParams {
+    let scaling = match cfg.rope_scaling {
+        RopeScaling::None => Scaling::None,
+        RopeScaling::Linear { factor } => Scaling::Linear { factor },
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => Scaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        },
+    };
+    RopeParams::new(cfg.head_dim, cfg.rope_theta)
+        .with_style(RopeStyle::NeoX)
+        .with_scaling(scaling)
+}
+
+/// Per-token scratch of a forward pass over `m` tokens: every intermediate tensor,
+/// allocated once and reused (the decode step's buffers are what its CUDA graph reads).
+pub struct Buffers<T: RunDType> {
+    m: usize,
+    /// Residual stream `[m, hidden]`.
+    pub h: DeviceTensor<T>,
+    /// Normalised input of the next GEMM `[m, hidden]`.
+    pub x: DeviceTensor<T>,
+    q: DeviceTensor<T>,
+    k: DeviceTensor<T>,
+    v: DeviceTensor<T>,
+    attn: DeviceTensor<T>,
+    tmp: DeviceTensor<T>,
+    gate_up: DeviceTensor<T>,
+    act: DeviceTensor<T>,
+    /// Token ids `[m]`.
+    pub ids: DeviceTensor<i32>,
+    /// Position of each token in its sequence `[m]`.
+    pub positions: DeviceTensor<i32>,
+    /// Sequence (cache row) of each token `[m]`.
+    pub seq_ids: DeviceTensor<i32>,
+    /// Keys visible to each token for the attention kernel `[m]` (position + 1).
+    pub visible: DeviceTensor<i32>,
+    /// For prefill through the decode kernel: each token's cache row as a one-entry block
+    /// table `[m, 1]`.
+    block_of: DeviceTensor<i32>,
+    attn_ws: DecodeWorkspace,
+    /// Embedding-lookup status (an out-of-vocabulary id).
+    pub status: DeviceStatus,
+}
+
+impl<T: RunDType> Buffers<T> {
+    /// Buffers for `m` tokens of `cfg` running attention in `mode` over `cache` (whose
+    /// shapes size the attention workspace).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        m: usize,
+        cache: &Cache<T>,
+        mode: AttnMode,
+    ) -> Result<Self> {
+        let (h, q, kv, i) = (
+            cfg.hidden_size,
+            cfg.q_size(),
+            cfg.kv_size(),
+            cfg.intermediate_size,
+        );
+        let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
+        let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(stream, shape);
+        let lens = zi(&[m])?;
+        let blocks = zi(&[m, 1])?;
+        let ws_bytes = match cache.layers.first() {
+            None => 0,
+            Some(kvc) => {
+                let qt = z(&[m, cfg.num_attention_heads, cfg.head_dim])?;
+                let params = attn_params(cfg, cache.capacity, mode);
+                let c = attn_cache(kvc, &blocks, mode);
+                attention::decode_workspace_bytes(stream, &qt, &c, &lens, &params)?
+            }
+        };
+        Ok(Buffers {
+            m,
+            h: z(&[m, h])?,
+            x: z(&[m, h])?,
+            q: z(&[m, q])?,
+            k: z(&[m, kv])?,
+            v: z(&[m, kv])?,
+            attn: z(&[m, q])?,
+            tmp: z(&[m, h])?,
+            gate_up: z(&[m, 2 * i])?,
+            act: z(&[m, i])?,
+            ids: zi(&[m])?,
+            positions: zi(&[m])?,
+            seq_ids: zi(&[m])?,
+            visible: lens,
+            block_of: blocks,
+            attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
+            status: DeviceStatus::new(stream)?,
+        })
+    }
+
+    /// Tokens these buffers hold.
+    pub fn tokens(&self) -> usize {
+        self.m
+    }
+
+    /// Uploads a step's token metadata (each `[m]`): ids, positions and sequence rows;
+    /// `visible = positions + 1`, and each token's one-entry block table is its row.
+    pub fn upload(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        ids: Option<&[i32]>,
+        positions: &[i32],
+        seq_ids: &[i32],
+    ) -> Result<()> {
+        if let Some(ids) = ids {
+            self.ids.copy_from_host(stream, ids)?;
+        }
+        self.positions.copy_from_host(stream, positions)?;
+        self.seq_ids.copy_from_host(stream, seq_ids)?;
+        let vis: Vec<i32> = positions.iter().map(|p| p + 1).collect();
+        self.visible.copy_from_host(stream, &vis)?;
+        self.block_of.copy_from_host(stream, seq_ids)?;
+        Ok(())
+    }
+}
+
+/// The KV cache of every layer: contiguous `[batch, kv_heads, capacity, head_dim]` K and V.
+pub struct Cache<T: RunDType> {
+    /// One per layer.
+    pub layers: Vec<KvCache<T>>,
+    /// Positions per sequence.
+    pub capacity: usize,
+    /// Sequences.
+    pub batch: usize,
+}
+
+impl<T: RunDType> Cache<T> {
+    /// Allocates (zeroed) caches for `batch` sequences of up to `capacity` positions.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        batch: usize,
+        capacity: usize,
+    ) -> Result<Self> {
+        let shape = [batch, cfg.num_key_value_heads, capacity, cfg.head_dim];
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| KvCache::zeros(stream, shape))
+            .collect::<fl_kernels::Result<Vec<_>>>()?;
+        Ok(Cache {
+            layers,
+            capacity,
+            batch,
+        })
+    }
+
+    /// Device bytes of the whole cache.
+    pub fn bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|c| 2 * c.k().num_bytes() as u64)
+            .sum()
+    }
+}
+
+/// How the attention of a forward pass reads its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnMode {
+    /// One new token per sequence (`m == batch`, token `b` is sequence `b`): the decode
+    /// kernel over the cache.
+    Decode,
+    /// Packed prompt tokens of several sequences: every token attends to the cached keys of
+    /// its own sequence up to its own position (causal). Runs the decode kernel with each
+    /// token as its own query row over a one-block page table pointing at its sequence's
+    /// cache row.
+    Prefill {
+        /// The longest sequence (positions) in the batch.
+        max_len: usize,
+    },
+}
+
+/// The decode kernel's parameters for `mode`. Decode always covers the whole capacity, so
+/// the split layout does not depend on the step (a captured graph stays valid as sequences
+/// grow); prefill runs one split per token row.
+fn attn_params(cfg: &ModelConfig, max_len: usize, mode: AttnMode) -> DecodeParams {
+    let mut p = DecodeParams::new(cfg.head_dim, max_len);
+    p.scale = cfg.attention_scale() as f32;
+    p.window = cfg.sliding_window;
+    if let AttnMode::Prefill { .. } = mode {
+        p.num_splits = Some(1);
+    }
+    p
+}
+
+fn attn_cache<'a, T: RunDType>(
+    kvc: &'a KvCache<T>,
+    block_of: &'a DeviceTensor<i32>,
+    mode: AttnMode,
+) -> attention::KvCache<'a, T> {
+    match mode {
+        AttnMode::Decode => attention::KvCache::Contiguous {
+            k: kvc.k(),
+            v: kvc.v(),
+        },
+        // A contiguous cache [batch, kv_heads, capacity, d] is a paged cache of `batch`
+        // blocks of `capacity` positions; each token's page table is its own row.
+        AttnMode::Prefill { .. } => attention::KvCache::Paged {
+            k: kvc.k(),
+            v: kvc.v(),
+            block_table: block_of,
+        },
+    }
+}
+
+/// A model ready to run: config, weights and the cuBLASLt handle, on one stream.
+pub struct Model<T: RunDType> {
+    /// The configuration.
+    pub cfg: ModelConfig,
+    /// The weights.
+    pub weights: Weights<T>,
+    rope: RopeParams,
+    eps: f32,
+}
+
+impl<T: RunDType> Model<T> {
+    /// Wraps loaded weights.
+    pub fn new(cfg: ModelConfig, weights: Weights<T>) -> Result<Self> {
+        let rope = rope_params(&cfg);
+        rope.validate()?;
+        if !attention::DECODE_HEAD_DIMS.contains(&cfg.head_dim) {
+            return Err(EngineError::invalid(
+                "head_dim",
+                format!(
+                    "{} is not supported by the attention kernels (supported: {:?})",
+                    cfg.head_dim,
+                    attention::DECODE_HEAD_DIMS
+                ),
+            ));
+        }
+        let eps = cfg.rms_norm_eps as f32;
+        Ok(Model {
+            cfg,
+            weights,
+            rope,
+            eps,
+        })
+    }
+
+    /// The decoder stack over the tokens in `buf` (metadata already uploaded): reads
+    /// `buf.ids`, writes this step's K/V into `cache`, leaves the final-normed hidden states
+    /// in `buf.x`. Queues work on `stream` only; never synchronises (so a decode step can
+    /// be captured in a CUDA graph).
+    pub fn forward(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        buf: &mut Buffers<T>,
+        cache: &mut Cache<T>,
+        mode: AttnMode,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let m = buf.m;
+        let w = &self.weights;
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let max_len = match mode {
+            AttnMode::Decode => cache.capacity,
+            AttnMode::Prefill { max_len } => max_len,
+        };
+        if max_len == 0 || max_len > cache.capacity {
+            return Err(EngineError::invalid(
+                "max_len",
+                format!("{max_len} outside 1..={}", cache.capacity),
+            ));
+        }
+        let params = attn_params(cfg, max_len, mode);
+        embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;
+        let first_norm = match w.layers.first() {
+            Some(l) => &l.attn_norm,
+            None => &w.final_norm,
+        };
+        norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
+        for (l, lw) in w.layers.iter().enumerate() {
+            let (bq, bk, bv) = match &lw.bqkv {
+                Some([a, b, c]) => (Some(a), Some(b), Some(c)),
+                None => (None, None, None),
+            };
+            buf.q.set_shape(&[m, hq * d])?;
+            buf.k.set_shape(&[m, hkv * d])?;
+            blas.linear(&buf.x, &lw.wq, bq, &mut buf.q)?;
+            blas.linear(&buf.x, &lw.wk, bk, &mut buf.k)?;
+            blas.linear(&buf.x, &lw.wv, bv, &mut buf.v)?;
+            buf.q.set_shape(&[m, hq, d])?;
+            buf.k.set_shape(&[m, hkv, d])?;
+            buf.v.set_shape(&[m, hkv, d])?;
+            rope::apply(
+                stream,
+                &mut buf.q,
+                &mut buf.k,
+                &buf.positions,
+                &self.rope,
+                None,
+            )?;
+            let slots = TokenSlots {
+                seq_ids: &buf.seq_ids,
+                positions: &buf.positions,
+            };
+            let kvc = &mut cache.layers[l];
+            kv_cache::append(stream, &buf.k, &buf.v, &slots, kvc, None)?;
+            buf.v.set_shape(&[m, hkv * d])?;
+            buf.attn.set_shape(&[m, hq, d])?;
+            let c = attn_cache(kvc, &buf.block_of, mode);
+            attention::decode(
+                stream,
+                &buf.q,
+                &c,
+                &buf.visible,
+                &params,
+                &mut buf.attn_ws,
+                &mut buf.attn,
+            )?;
+            buf.attn.set_shape(&[m, hq * d])?;
+            blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
+            norm::add_rms_norm(
+                stream,
+                &buf.tmp,
+                &mut buf.h,
+                &lw.ffn_norm,
+                self.eps,
+                &mut buf.x,
+            )?;
+            blas.linear(
+                &buf.x,
+                &lw.w_gate_up,
+                lw.b_gate_up.as_ref(),
+                &mut buf.gate_up,
+            )?;
+            activation::swiglu_fused(stream, &buf.gate_up, &mut buf.act)?;
+            blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
+            let next = match w.layers.get(l + 1) {
+                Some(n) => &n.attn_norm,
+                None => &w.final_norm,
+            };
+            norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
+        }
+        Ok(())
+    }
+
+    /// `logits[r] = rows[r]·Wlmᵀ` (`rows` `[r, hidden]`, `logits` `[r, vocab]`).
+    pub fn lm_head(
+        &self,
+        blas: &mut Blas,
+        rows: &DeviceTensor<T>,
+        logits: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        let w = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
+        blas.linear(rows, w, None, logits)?;
+        Ok(())
+    }
+}

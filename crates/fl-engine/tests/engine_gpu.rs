@@ -1,0 +1,194 @@
+//! The engine on the GPU with the tiny preset's dummy weights: what must hold whatever the
+//! weights are. (Agreement with transformers is checked by bench/scripts/check_transformers.py
+//! on the GPU machine.)
+//! - a ragged batch prefilled together gives each prompt the logits it gets alone;
+//! - the decode path (one token over the cache) agrees with the prefill path (the prompt
+//!   extended by that token);
+//! - the CUDA-graph decode gives the same tokens as eager launches;
+//! - bad requests are errors naming the argument, before any work.
+
+use fl_engine::engine::{Engine, Request, StepNeeds};
+use fl_engine::model::WeightSource;
+use fl_engine::presets::preset;
+use fl_kernels::testing::{gpu_or_skip, rel_l2};
+use fl_kernels::{bf16, f16};
+use fl_sampling::SamplingParams;
+
+fn engine<T: fl_engine::model::RunDType>() -> Engine<T> {
+    let cfg = preset("tiny").expect("tiny preset");
+    Engine::<T>::load(0, cfg, WeightSource::Dummy { seed: 3 }, None).expect("load tiny")
+}
+
+fn req(prompts: Vec<Vec<u32>>, new: usize) -> Request {
+    Request {
+        prompts,
+        max_new_tokens: new,
+        sampling: vec![SamplingParams::greedy()],
+        end_ids: vec![],
+        ignore_eos: true,
+        forced: None,
+    }
+}
+
+fn prompt(n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 37 + seed * 101 + 5) % 256)
+        .collect()
+}
+
+/// (prefill logits per prompt, logits per decode step per prompt, tokens).
+type Logits = (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>, Vec<Vec<u32>>);
+
+fn run<T: fl_engine::model::RunDType>(e: &mut Engine<T>, r: &Request) -> Logits {
+    let vocab = e.model.cfg.vocab_size;
+    let mut pre = Vec::new();
+    let mut steps = Vec::new();
+    let out = e
+        .generate(
+            r,
+            StepNeeds {
+                tokens: true,
+                logits: true,
+            },
+            &mut |s| {
+                let rows: Vec<Vec<f32>> = s
+                    .logits
+                    .unwrap()
+                    .chunks(vocab)
+                    .map(|c| c.to_vec())
+                    .collect();
+                if s.index == 0 {
+                    pre = rows;
+                } else {
+                    steps.push(rows);
+                }
+                true
+            },
+        )
+        .expect("generate");
+    (pre, steps, out.tokens)
+}
+
+fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+fn ragged_batch_matches_single<T: fl_engine::model::RunDType>() {
+    let mut e = engine::<T>();
+    let lens = [1usize, 7, 33, 129, 2];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(n, i as u32))
+        .collect();
+    let (batched, bsteps, _) = run(&mut e, &req(prompts.clone(), 4));
+    for (b, p) in prompts.iter().enumerate() {
+        let (alone, asteps, _) = run(&mut e, &req(vec![p.clone()], 4));
+        let err = rel_l2(&batched[b], &to_f64(&alone[0]));
+        assert!(
+            err < 1e-2,
+            "prompt {b} (len {}): batched vs alone rel L2 {err}",
+            p.len()
+        );
+        for s in 0..asteps.len() {
+            let err = rel_l2(&bsteps[s][b], &to_f64(&asteps[s][0]));
+            assert!(err < 1e-2, "prompt {b} step {s}: rel L2 {err}");
+        }
+    }
+}
+
+#[test]
+fn ragged_batch_matches_single_f16() {
+    if gpu_or_skip("ragged_batch_matches_single_f16").is_none() {
+        return;
+    }
+    ragged_batch_matches_single::<f16>();
+}
+
+#[test]
+fn ragged_batch_matches_single_bf16() {
+    if gpu_or_skip("ragged_batch_matches_single_bf16").is_none() {
+        return;
+    }
+    ragged_batch_matches_single::<bf16>();
+}
+
+#[test]
+fn decode_path_matches_prefill_path() {
+    if gpu_or_skip("decode_path_matches_prefill_path").is_none() {
+        return;
+    }
+    let mut e = engine::<f16>();
+    let p = prompt(20, 9);
+    let forced: Vec<u32> = prompt(6, 4);
+    let mut r = req(vec![p.clone()], 7);
+    r.forced = Some(vec![forced.clone()]);
+    let (_, steps, _) = run(&mut e, &r);
+    assert_eq!(steps.len(), 6);
+    for s in 0..6 {
+        // Prefill of prompt + forced[..=s] ends with the logits decode step s+1 produced.
+        let mut longer = p.clone();
+        longer.extend_from_slice(&forced[..=s]);
+        let (pre, _, _) = run(&mut e, &req(vec![longer], 2));
+        let err = rel_l2(&steps[s][0], &to_f64(&pre[0]));
+        assert!(err < 1e-2, "step {s}: decode vs prefill rel L2 {err}");
+    }
+}
+
+#[test]
+fn graph_and_eager_decode_agree() {
+    if gpu_or_skip("graph_and_eager_decode_agree").is_none() {
+        return;
+    }
+    let mut e = engine::<f16>();
+    let prompts = vec![prompt(5, 1), prompt(40, 2), prompt(1, 3)];
+    e.use_graph = true;
+    let g = e
+        .generate(
+            &req(prompts.clone(), 40),
+            StepNeeds {
+                tokens: true,
+                logits: false,
+            },
+            &mut |_| true,
+        )
+        .expect("graph run");
+    assert!(g.graph, "the decode step was not captured");
+    e.use_graph = false;
+    let n = e
+        .generate(
+            &req(prompts, 40),
+            StepNeeds {
+                tokens: true,
+                logits: false,
+            },
+            &mut |_| true,
+        )
+        .expect("eager run");
+    assert!(!n.graph);
+    assert_eq!(g.tokens, n.tokens);
+    assert!(g.tokens.iter().all(|t| t.len() == 40));
+}
+
+#[test]
+fn bad_requests_are_errors_naming_the_argument() {
+    if gpu_or_skip("bad_requests_are_errors_naming_the_argument").is_none() {
+        return;
+    }
+    let mut e = engine::<f16>();
+    let none = StepNeeds::default();
+    let msg = |r: Request, e: &mut Engine<f16>| {
+        e.generate(&r, none, &mut |_| true)
+            .err()
+            .map(|x| x.to_string())
+            .unwrap_or_default()
+    };
+    assert!(msg(req(vec![vec![]], 4), &mut e).contains("--prompt"));
+    assert!(msg(req(vec![], 4), &mut e).contains("--prompt"));
+    assert!(msg(req(vec![vec![300]], 4), &mut e).contains("vocab_size"));
+    // 250 + 10 > 256 positions of context.
+    assert!(msg(req(vec![prompt(250, 1)], 10), &mut e).contains("context"));
+    // Still usable afterwards.
+    e.generate(&req(vec![prompt(3, 1)], 3), none, &mut |_| true)
+        .expect("valid request");
+}
