@@ -42,10 +42,10 @@ pub use dtype::{GemmDType, GemmType};
 pub use error::{Error, Result};
 pub use gemm::{AutotuneResult, Blas, GemmParams, WORKSPACE_BYTES};
 
-pub use fl_kernels::{DeviceTensor, Gpu};
 /// Weight-only quantised GEMV/GEMM for decode (int8, int4, Q8_0, Q4_0). The kernels are
 /// hand-written, so they live in `fl-kernels` with the others; re-exported here.
 pub use fl_kernels::gemv;
+pub use fl_kernels::{DeviceTensor, Gpu};
 
 /// The README's example, compiled as a doctest.
 #[cfg(doctest)]

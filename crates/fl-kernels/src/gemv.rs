@@ -111,6 +111,19 @@ impl QuantFormat {
         }
     }
 
+    /// Bytes one GEMV reads for an `[n, k]` weight: packed values + scales + zeros (what
+    /// [`QuantWeight::num_bytes`] reports once uploaded).
+    pub fn weight_bytes(&self, n: usize, k: usize) -> usize {
+        self.data_bytes(n, k)
+            + match *self {
+                QuantFormat::Int8 => 4 * n,
+                QuantFormat::Int4 { group, zero_point } => {
+                    n * (k / group) * if zero_point { 3 } else { 2 }
+                }
+                _ => 0,
+            }
+    }
+
     fn ffi(&self) -> fl_gemv_format {
         match self {
             QuantFormat::Int8 => fl_gemv_format::FL_GEMV_INT8,

@@ -399,11 +399,14 @@ fn q4_0_block_bytes_are_llama_cpp_layout() {
         .collect();
     let q = gemv::quantize(&w, 1, 32, QuantFormat::Q4_0).unwrap();
     let want = [
-        0x00u8, 0x3C, 0xF0, 0xE1, 0xD2, 0xC3, 0xB4, 0xA5, 0x96, 0x87, 0x78, 0x69, 0x5A, 0x4B,
-        0x3C, 0x2D, 0x1E, 0x0F,
+        0x00u8, 0x3C, 0xF0, 0xE1, 0xD2, 0xC3, 0xB4, 0xA5, 0x96, 0x87, 0x78, 0x69, 0x5A, 0x4B, 0x3C,
+        0x2D, 0x1E, 0x0F,
     ];
     assert_eq!(q.data(), &want[..]);
-    assert_eq!(reference::gemv::dequantize(&q), w.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    assert_eq!(
+        reference::gemv::dequantize(&q),
+        w.iter().map(|&v| v as f64).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -418,7 +421,9 @@ fn int4_packs_even_k_in_the_low_nibble() {
     assert_eq!(q.scales(), Scales::F16(&[f16::ONE]));
     // nibble = w + 8 = (j % 15) + 1; byte b = nib(2b) | nib(2b + 1) << 4.
     let nib = |j: usize| ((j % 15) + 1) as u8;
-    let want: Vec<u8> = (0..16).map(|b| nib(2 * b) | (nib(2 * b + 1) << 4)).collect();
+    let want: Vec<u8> = (0..16)
+        .map(|b| nib(2 * b) | (nib(2 * b + 1) << 4))
+        .collect();
     assert_eq!(q.data(), &want[..]);
     assert_eq!(q.data()[0], 0x21);
     // With a zero point: range [-7, 7] -> scale 14/15 rounded up to f16 (a hair above), so
@@ -458,7 +463,10 @@ fn quantize_and_new_errors_name_the_argument() {
     is(gemv::quantize(&w, 4, 0, QuantFormat::Q8_0), "k");
     is(gemv::quantize(&w, 4, 64, g(128, false)), "k");
     is(gemv::quantize(&w, 4, 64, g(16, true)), "format");
-    is(gemv::quantize(&w[..10], 4, 64, QuantFormat::Int8), "weights");
+    is(
+        gemv::quantize(&w[..10], 4, 64, QuantFormat::Int8),
+        "weights",
+    );
     let mut nan = w.clone();
     nan[77] = f32::NAN;
     is(gemv::quantize(&nan, 4, 64, QuantFormat::Int8), "weights");
@@ -471,11 +479,25 @@ fn quantize_and_new_errors_name_the_argument() {
         "data",
     );
     is(
-        new(QuantFormat::Q8_0, 2, 64, vec![0; 136], Scales::F32(&[1.0, 1.0]), vec![]),
+        new(
+            QuantFormat::Q8_0,
+            2,
+            64,
+            vec![0; 136],
+            Scales::F32(&[1.0, 1.0]),
+            vec![],
+        ),
         "scales",
     );
     is(
-        new(QuantFormat::Int8, 2, 32, vec![0; 64], Scales::F32(&[1.0]), vec![]),
+        new(
+            QuantFormat::Int8,
+            2,
+            32,
+            vec![0; 64],
+            Scales::F32(&[1.0]),
+            vec![],
+        ),
         "scales",
     );
     is(
@@ -484,12 +506,34 @@ fn quantize_and_new_errors_name_the_argument() {
     );
     let s = [f16::ONE; 4];
     is(
-        new(g(32, true), 2, 64, vec![0; 64], Scales::F16(&s), vec![0, 1, 16, 2]),
+        new(
+            g(32, true),
+            2,
+            64,
+            vec![0; 64],
+            Scales::F16(&s),
+            vec![0, 1, 16, 2],
+        ),
         "zeros",
     );
     is(
-        new(g(32, true), 2, 64, vec![0; 64], Scales::F16(&s), vec![0, 1, 2]),
+        new(
+            g(32, true),
+            2,
+            64,
+            vec![0; 64],
+            Scales::F16(&s),
+            vec![0, 1, 2],
+        ),
         "zeros",
     );
-    assert!(new(g(32, true), 2, 64, vec![0; 64], Scales::F16(&s), vec![0, 1, 15, 2]).is_ok());
+    assert!(new(
+        g(32, true),
+        2,
+        64,
+        vec![0; 64],
+        Scales::F16(&s),
+        vec![0, 1, 15, 2]
+    )
+    .is_ok());
 }
