@@ -1,2 +1,366 @@
-// Placeholder: the gemv family is being written on its own branch.
+// Weight-only quantised GEMV/GEMM for decode: y[m, n] = x[m, k] . W^T, W [n, k] stored
+// quantised (int8 per channel, int4 group-wise symmetric or with zero point, llama.cpp Q8_0
+// and Q4_0 blocks), x and y f16/bf16, m = 1..16, f32 accumulation, weights dequantised in
+// registers only.
+//
+// Layout of the work: one warp per output row (4 warps per CTA). The warp walks its row in
+// tiles of whole "units" (16 int8 values, 32 int4 values, one 32-value GGUF block); each
+// tile's bytes are copied global -> shared memory with cp.async (16 bytes per lane per copy,
+// fully coalesced, bypassing L1, no registers held while in flight: ~4 KB per warp in
+// flight), then each lane dequantises whole units from shared memory and multiplies them with
+// the m rows of x (read with 16-byte __ldg loads, L1-resident). GGUF blocks (34 and 18 bytes)
+// are only 2-byte aligned: the tile is copied from the 16-byte word below its first byte and
+// the lanes read their block through aligned 32-bit words and funnel shifts.
+//
+// Dequantisation uses exact float tricks instead of int->float conversions (which issue at
+// 1/4 rate): a byte b placed in the mantissa of 2^23 (PRMT) is 2^23 + b; a nibble masked in
+// place at bit 4c (c <= 5) is 2^23 + q * 16^c, so one LOP3 + one FADD give (q - z) * 16^c
+// exactly, and the 16^c is taken out once per unit (the products of each c go to their own
+// accumulator). Per int4 value: LOP3 + FADD once, then one FFMA (+ the x conversion) per token.
 #include "common/common.cuh"
+
+namespace fl {
+namespace gemv {
+
+constexpr int kWarps = 4;               // warps (= output rows) per CTA
+constexpr float kMagic = 8388608.0f;    // 2^23
+
+enum Fmt : int { I8 = FL_GEMV_INT8, I4 = FL_GEMV_INT4, I4Z = FL_GEMV_INT4_ZP, Q80 = FL_GEMV_Q8_0, Q40 = FL_GEMV_Q4_0 };
+
+// Values and bytes of one unit (the piece one lane dequantises at once).
+__host__ __device__ constexpr int unit_values(int f) { return f == I8 ? 16 : 32; }
+__host__ __device__ constexpr int unit_bytes(int f) { return f == Q80 ? 34 : f == Q40 ? 18 : 16; }
+// Units per lane per tile: tiles of ~4 KB per warp.
+__host__ __device__ constexpr int units_per_lane(int f) { return f == Q80 ? 4 : 8; }
+__host__ __device__ constexpr int tile_units(int f) { return 32 * units_per_lane(f); }
+// Tile bytes + 32: up to 15 bytes of lead-in (copy starts at the 16-byte word below) and the
+// read-ahead of the last block's aligned words.
+__host__ __device__ constexpr int tile_slot_bytes(int f) { return tile_units(f) * unit_bytes(f) + 32; }
+// Per-unit (scale, zero) of int4, staged next to the tile.
+__host__ __device__ constexpr int scale_slot_bytes(int f) {
+    return (f == I4 || f == I4Z) ? tile_units(f) * 8 : 0;
+}
+__host__ __device__ constexpr int warp_slot_bytes(int f) { return tile_slot_bytes(f) + scale_slot_bytes(f); }
+static_assert(tile_slot_bytes(I8) % 16 == 0 && tile_slot_bytes(I4) % 16 == 0 &&
+                  tile_slot_bytes(Q80) % 16 == 0 && tile_slot_bytes(Q40) % 16 == 0,
+              "warp slots must keep 16-byte alignment");
+
+// Accumulator class of value e of a unit: nibble formats keep one accumulator per power
+// 16^c (c = 0..5) their values are scaled by; byte formats use 4 (for ILP only).
+__host__ __device__ constexpr int nib_class(int bit_nibble) { return bit_nibble < 6 ? bit_nibble : bit_nibble - 6; }
+template <int F> __host__ __device__ constexpr int value_class(int e) {
+    return F == I8 || F == Q80 ? (e & 3)
+         : (F == I4 || F == I4Z) ? nib_class(e & 7)
+         : (e < 16 ? nib_class(2 * (e & 3)) : nib_class(2 * ((e - 16) & 3) + 1));
+}
+template <int F> __host__ __device__ constexpr bool is_nibble() { return F == I4 || F == I4Z || F == Q40; }
+
+// ---------------------------------------------------------------- small device helpers
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Two 16-bit floats of a 32-bit word as f32 (low half first).
+template <typename T> __device__ __forceinline__ float2 widen2(uint32_t w);
+template <> __device__ __forceinline__ float2 widen2<__half>(uint32_t w) {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    return __half22float2(h);
+}
+template <> __device__ __forceinline__ float2 widen2<__nv_bfloat16>(uint32_t w) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// 8 consecutive x values (16 bytes, 16-byte aligned) as f32.
+template <typename T> __device__ __forceinline__ void load_x8(const T *p, float *f) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 t = widen2<T>(w[j]);
+        f[2 * j] = t.x;
+        f[2 * j + 1] = t.y;
+    }
+}
+
+// 2^23 + byte b of w (b compile-time), as a float: PRMT into the mantissa of 2^23.
+template <int B> __device__ __forceinline__ float byte_magic(uint32_t w) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, B | (4 << 4) | (5 << 8) | (7 << 12)));
+}
+// 2^23 + q * 16^nib_class(I) for nibble I (bits 4I..4I+3) of w; hi = w >> 24.
+template <int I> __device__ __forceinline__ float nib_magic(uint32_t w, uint32_t hi) {
+    return I < 6 ? __uint_as_float((w & (0xFu << (4 * I))) | 0x4B000000u)
+                 : __uint_as_float((hi & (0xFu << (4 * (I - 6)))) | 0x4B000000u);
+}
+
+// 16 signed bytes (4 words) -> 16 exact floats.
+__device__ __forceinline__ void deq_bytes(const uint32_t *q, float *f, int nwords) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+        if (c < nwords) {
+            const uint32_t w = q[c] ^ 0x80808080u;  // signed -> offset binary
+            f[4 * c + 0] = byte_magic<0>(w) - (kMagic + 128.f);
+            f[4 * c + 1] = byte_magic<1>(w) - (kMagic + 128.f);
+            f[4 * c + 2] = byte_magic<2>(w) - (kMagic + 128.f);
+            f[4 * c + 3] = byte_magic<3>(w) - (kMagic + 128.f);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- one unit
+// acc[t] += us * sum_e f[e] * x[t][e] for t < m, f[e] scaled by 16^value_class(e) for
+// nibble formats (undone here, exactly).
+template <int F, typename T, int M, int NV>
+__device__ __forceinline__ void dot_tokens(const float (&f)[NV], const T *__restrict__ xr,
+                                           int64_t k, int m, float us, float (&acc)[M]) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        if (t < m) {
+            float xf[NV];
+#pragma unroll
+            for (int v = 0; v < NV / 8; ++v) load_x8<T>(xr + (int64_t)t * k + 8 * v, xf + 8 * v);
+            float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int e = 0; e < NV; ++e) a[value_class<F>(e)] = fmaf(f[e], xf[e], a[value_class<F>(e)]);
+            float s;
+            if (is_nibble<F>()) {
+                s = fmaf(a[5], 0.0625f, a[4]);
+                s = fmaf(s, 0.0625f, a[3]);
+                s = fmaf(s, 0.0625f, a[2]);
+                s = fmaf(s, 0.0625f, a[1]);
+                s = fmaf(s, 0.0625f, a[0]);
+            } else {
+                s = (a[0] + a[1]) + (a[2] + a[3]);
+            }
+            acc[t] = fmaf(us, s, acc[t]);
+        }
+    }
+}
+
+// Unit j of the tile in shared memory (byte offset `off` from the slot start).
+template <int F, typename T, int M>
+__device__ __forceinline__ void unit(const uint8_t *slot, int off, const float2 *sz,
+                                     int j, const T *__restrict__ xr, int64_t k, int m,
+                                     float (&acc)[M]) {
+    if constexpr (F == I8) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(slot + off);
+        const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+        float f[16];
+        deq_bytes(q, f, 4);
+        dot_tokens<F, T, M, 16>(f, xr, k, m, 1.f, acc);
+    } else if constexpr (F == I4 || F == I4Z) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(slot + off);
+        const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+        const float2 s = sz[j];  // (scale, zero)
+        float o[6];
+#pragma unroll
+        for (int c = 0; c < 6; ++c) o[c] = fmaf(s.y, (float)(1 << (4 * c)), kMagic);
+        float f[32];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t w = q[c], hi = w >> 24;
+            f[8 * c + 0] = nib_magic<0>(w, hi) - o[0];
+            f[8 * c + 1] = nib_magic<1>(w, hi) - o[1];
+            f[8 * c + 2] = nib_magic<2>(w, hi) - o[2];
+            f[8 * c + 3] = nib_magic<3>(w, hi) - o[3];
+            f[8 * c + 4] = nib_magic<4>(w, hi) - o[4];
+            f[8 * c + 5] = nib_magic<5>(w, hi) - o[5];
+            f[8 * c + 6] = nib_magic<6>(w, hi) - o[0];
+            f[8 * c + 7] = nib_magic<7>(w, hi) - o[1];
+        }
+        dot_tokens<F, T, M, 32>(f, xr, k, m, s.x, acc);
+    } else {
+        // GGUF block at `off` (2-byte aligned): f16 d, then the quants.
+        constexpr int QB = F == Q80 ? 32 : 16;      // quant bytes
+        constexpr int NW = QB / 4;                  // quant words
+        const float d = __half2float(*reinterpret_cast<const __half *>(slot + off));
+        const int oq = off + 2;
+        const uint32_t *sw = reinterpret_cast<const uint32_t *>(slot + (oq & ~3));
+        const unsigned sh = (unsigned)(oq & 3) * 8u;  // 0 or 16
+        uint32_t wd[NW + 1];
+#pragma unroll
+        for (int i = 0; i <= NW; ++i) wd[i] = sw[i];
+        uint32_t q[NW];
+#pragma unroll
+        for (int i = 0; i < NW; ++i) q[i] = __funnelshift_r(wd[i], wd[i + 1], sh);
+        float f[32];
+        if constexpr (F == Q80) {
+            deq_bytes(q, f, 8);
+        } else {
+            // Byte i of the quants: value i (low nibble) and value i + 16 (high nibble).
+            constexpr float o0 = kMagic + 8.f, o1 = kMagic + 8.f * 16.f, o2 = kMagic + 8.f * 256.f,
+                            o3 = kMagic + 8.f * 4096.f, o4 = kMagic + 8.f * 65536.f,
+                            o5 = kMagic + 8.f * 1048576.f;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const uint32_t w = q[c], hi = w >> 24;
+                f[4 * c + 0] = nib_magic<0>(w, hi) - o0;
+                f[16 + 4 * c + 0] = nib_magic<1>(w, hi) - o1;
+                f[4 * c + 1] = nib_magic<2>(w, hi) - o2;
+                f[16 + 4 * c + 1] = nib_magic<3>(w, hi) - o3;
+                f[4 * c + 2] = nib_magic<4>(w, hi) - o4;
+                f[16 + 4 * c + 2] = nib_magic<5>(w, hi) - o5;
+                f[4 * c + 3] = nib_magic<6>(w, hi) - o0;
+                f[16 + 4 * c + 3] = nib_magic<7>(w, hi) - o1;
+            }
+        }
+        dot_tokens<F, T, M, 32>(f, xr, k, m, d, acc);
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+// grid.x = ceil(n / kWarps), block = 32 * kWarps, dynamic smem = kWarps * warp_slot_bytes(F).
+template <int F, typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+gemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
+            const uint8_t *__restrict__ zeros, T *__restrict__ y, int m, int64_t n, int64_t k,
+            int group) {
+    extern __shared__ uint4 smem_raw[];
+    constexpr int UV = unit_values(F), UB = unit_bytes(F), TU = tile_units(F), UPL = units_per_lane(F);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * kWarps + warp;
+    if (row >= n) return;  // whole warps only; no block-wide barrier below
+    uint8_t *slot = reinterpret_cast<uint8_t *>(smem_raw) + warp * warp_slot_bytes(F);
+    float2 *sz = reinterpret_cast<float2 *>(slot + tile_slot_bytes(F));
+
+    const int64_t units = k / UV;
+    const int64_t row_bytes = units * UB;
+    const int64_t total = n * row_bytes;
+    const int64_t groups = (F == I4 || F == I4Z) ? k / group : 0;
+
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.f;
+
+    for (int64_t u0 = 0; u0 < units; u0 += TU) {
+        const int nu = (int)(units - u0 < TU ? units - u0 : TU);
+        // Copy bytes [a, a + nu * UB) of w, from the 16-byte word below a.
+        const int64_t a = row * row_bytes + u0 * UB;
+        const int64_t wa = a >> 4, wb = (a + (int64_t)nu * UB + 15) >> 4;
+        const int delta = (int)(a & 15);
+        for (int64_t wi = wa + lane; wi < wb; wi += 32) {
+            const int64_t left = total - 16 * wi;  // > 0: word wi starts inside w
+            cp_async16(slot + 16 * (wi - wa), w + 16 * wi, left >= 16 ? 16 : (int)left);
+        }
+        if constexpr (F == I4 || F == I4Z) {
+            // This lane's (scale, zero) per unit, in flight with the copies.
+            float sc[UPL], zc[UPL];
+            const __half *sh = static_cast<const __half *>(scales);
+#pragma unroll
+            for (int i = 0; i < UPL; ++i) {
+                const int j = lane + 32 * i;
+                sc[i] = 0.f;
+                zc[i] = 8.f;
+                if (j < nu) {
+                    const int64_t g = row * groups + ((u0 + j) * UV) / group;
+                    sc[i] = __half2float(__ldg(sh + g));
+                    if (F == I4Z) zc[i] = (float)__ldg(zeros + g);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < UPL; ++i) {
+                const int j = lane + 32 * i;
+                if (j < nu) sz[j] = make_float2(sc[i], zc[i]);
+            }
+        }
+        cp_async_wait_all();
+        __syncwarp();
+        for (int j = lane; j < nu; j += 32)
+            unit<F, T, M>(slot, delta + j * UB, sz, j, x + (u0 + j) * UV, k, m, acc);
+        __syncwarp();  // the next tile's copies overwrite the slot
+    }
+
+    float rs = 1.f;
+    if constexpr (F == I8) rs = __ldg(static_cast<const float *>(scales) + row);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (t < m && lane == t) y[(int64_t)t * n + row] = from_f32<T>(v * rs);
+    }
+}
+
+template <int F, typename T, int M>
+fl_status launch_m(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                   int m, int64_t n, int64_t k, int group, cudaStream_t s) {
+    const int64_t blocks = ceil_div(n, kWarps);
+    const size_t smem = (size_t)kWarps * warp_slot_bytes(F);
+    gemv_kernel<F, T, M><<<(unsigned)blocks, kWarps * 32, smem, s>>>(x, w, scales, zeros, y, m, n, k,
+                                                                     group);
+    return launch_status();
+}
+
+template <int F, typename T>
+fl_status launch(const void *x, const void *w, const void *scales, const void *zeros, void *y,
+                 int m, int64_t n, int64_t k, int group, cudaStream_t s) {
+    const T *xt = static_cast<const T *>(x);
+    const uint8_t *wt = static_cast<const uint8_t *>(w), *zt = static_cast<const uint8_t *>(zeros);
+    T *yt = static_cast<T *>(y);
+    if (m <= 1) return launch_m<F, T, 1>(xt, wt, scales, zt, yt, m, n, k, group, s);
+    if (m <= 2) return launch_m<F, T, 2>(xt, wt, scales, zt, yt, m, n, k, group, s);
+    if (m <= 4) return launch_m<F, T, 4>(xt, wt, scales, zt, yt, m, n, k, group, s);
+    if (m <= 8) return launch_m<F, T, 8>(xt, wt, scales, zt, yt, m, n, k, group, s);
+    return launch_m<F, T, 16>(xt, wt, scales, zt, yt, m, n, k, group, s);
+}
+
+template <typename T>
+fl_status dispatch_format(fl_gemv_format format, const void *x, const void *w, const void *scales,
+                          const void *zeros, void *y, int m, int64_t n, int64_t k, int group,
+                          cudaStream_t s) {
+    switch (format) {
+    case FL_GEMV_INT8: return launch<I8, T>(x, w, scales, zeros, y, m, n, k, group, s);
+    case FL_GEMV_INT4: return launch<I4, T>(x, w, scales, zeros, y, m, n, k, group, s);
+    case FL_GEMV_INT4_ZP: return launch<I4Z, T>(x, w, scales, zeros, y, m, n, k, group, s);
+    case FL_GEMV_Q8_0: return launch<Q80, T>(x, w, scales, zeros, y, m, n, k, group, s);
+    case FL_GEMV_Q4_0: return launch<Q40, T>(x, w, scales, zeros, y, m, n, k, group, s);
+    }
+    return FL_ERR_INVALID_ARGUMENT;
+}
+
+}  // namespace gemv
+}  // namespace fl
+
+extern "C" int64_t fl_gemv_weight_bytes(fl_gemv_format format, int64_t n, int64_t k) {
+    if (n < 0 || k < 0 || k % 32 != 0) return -1;
+    int64_t per_row;
+    switch (format) {
+    case FL_GEMV_INT8: per_row = k; break;
+    case FL_GEMV_INT4:
+    case FL_GEMV_INT4_ZP: per_row = k / 2; break;
+    case FL_GEMV_Q8_0: per_row = k / 32 * 34; break;
+    case FL_GEMV_Q4_0: per_row = k / 32 * 18; break;
+    default: return -1;
+    }
+    if (per_row > 0 && n > INT64_MAX / per_row) return -1;
+    return n * per_row;
+}
+
+extern "C" fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x,
+                                   const void *w, const void *scales, const void *zeros,
+                                   int32_t group_size, void *y, int64_t m, int64_t n, int64_t k,
+                                   fl_stream stream) {
+    using namespace fl;
+    if (m < 0 || m > FL_GEMV_MAX_M || n < 0 || k <= 0 || k % 32 != 0)
+        return FL_ERR_INVALID_ARGUMENT;
+    const bool int4 = format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
+    if (int4 && ((group_size != 32 && group_size != 64 && group_size != 128) || k % group_size != 0))
+        return FL_ERR_INVALID_ARGUMENT;
+    const int64_t wbytes = fl_gemv_weight_bytes(format, n, k);
+    if (wbytes < 0 || (n > 0 && k > INT64_MAX / n)) return FL_ERR_INVALID_ARGUMENT;
+    if (ceil_div(n, gemv::kWarps) > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    if (dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16) return FL_ERR_UNSUPPORTED_DTYPE;
+    if (m == 0 || n == 0) return FL_OK;
+    const bool need_scales = format == FL_GEMV_INT8 || int4;
+    if (!x || !w || !y || (need_scales && !scales) || (format == FL_GEMV_INT4_ZP && !zeros))
+        return FL_ERR_INVALID_ARGUMENT;
+    if (!aligned16(x) || !aligned16(w)) return FL_ERR_MISALIGNED;
+    if ((reinterpret_cast<uintptr_t>(y) & 1u) != 0) return FL_ERR_MISALIGNED;
+    if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
+    if (int4 && (reinterpret_cast<uintptr_t>(scales) & 1u) != 0) return FL_ERR_MISALIGNED;
+    const cudaStream_t s = as_stream(stream);
+    if (dtype == FL_DTYPE_F16)
+        return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
+    return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
+}

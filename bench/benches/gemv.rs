@@ -1,2 +1,139 @@
-//! Criterion benches of the gemv family (placeholder).
-fn main() {}
+//! Weight-only quantised GEMV (`fl_kernels::gemv`, re-exported as `fl_blas::gemv`): time and
+//! GB/s on the weight bytes, next to a device copy of the same bytes and cuBLAS fp16
+//! (`fl_blas::Blas::linear`) on the same matrix.
+//!
+//! Shapes (n x k): 4096x4096, 11008x4096, 4096x11008, 32000x4096 at m = 1 and 16 tokens, f16
+//! activations; formats int8, int4 (group 128, symmetric and with zero point), Q8_0, Q4_0.
+//! Throughput is `Throughput::Bytes(weight bytes (values + scales + zeros) + x + y)`; for
+//! cuBLAS its f16 weight + x + y. Weights (and copy buffers) rotate through enough copies to
+//! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
+//! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
+//! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fl_bench::ops::{bench_tensor, bench_values};
+use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
+use fl_blas::gemv::{self, QuantFormat, QuantWeight};
+use fl_blas::Blas;
+use fl_kernels::{f16, DeviceTensor, Gpu};
+
+const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
+const ROTATE_BYTES: usize = 256 << 20;
+
+fn formats() -> Vec<QuantFormat> {
+    vec![
+        QuantFormat::Int8,
+        QuantFormat::Int4 {
+            group: 128,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 128,
+            zero_point: true,
+        },
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+    ]
+}
+
+/// How many copies of `bytes` make up >= ROTATE_BYTES.
+fn copies(bytes: usize) -> usize {
+    ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, 64)
+}
+
+fn gbps(bytes: usize, t: std::time::Duration, iters: u64) -> f64 {
+    bytes as f64 * iters as f64 / t.as_secs_f64() / 1e9
+}
+
+fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize, m: usize) {
+    let s = gpu.stream().clone();
+    let mut g = c.benchmark_group(format!("gemv_{n}x{k}_m{m}"));
+    let x = bench_tensor::<f16>(gpu, &[m, k], 1).unwrap();
+    let mut y = DeviceTensor::<f16>::zeros(&s, &[m, n]).unwrap();
+    let io = 2 * (m * k + m * n);
+    const ITERS: u64 = 50;
+
+    // cuBLAS fp16 on the same matrix.
+    let wbytes16 = 2 * n * k;
+    let ws: Vec<DeviceTensor<f16>> = (0..copies(wbytes16))
+        .map(|i| bench_tensor::<f16>(gpu, &[n, k], 10 + i as u64).unwrap())
+        .collect();
+    let mut i = 0usize;
+    let mut cublas = || {
+        i = (i + 1) % ws.len();
+        if let Err(e) = blas.linear(&x, &ws[i], None, &mut y) {
+            panic!("cuBLAS linear failed: {e}");
+        }
+        Ok(())
+    };
+    g.throughput(Throughput::Bytes((wbytes16 + io) as u64));
+    g.bench_function(BenchmarkId::new("cublas_f16", m), |b| {
+        b.iter_custom(|it| time_on_device(&s, it, &mut cublas))
+    });
+    let t_cublas = time_on_device(&s, ITERS, &mut cublas);
+    drop(ws);
+
+    let host = bench_values(n * k, 7);
+    for f in formats() {
+        let q = gemv::quantize(&host, n, k, f).unwrap();
+        let bytes = q.num_bytes();
+        let wq: Vec<QuantWeight> = (0..copies(bytes))
+            .map(|_| QuantWeight::upload(&s, &q).unwrap())
+            .collect();
+        let mut i = 0usize;
+        let mut run = || {
+            i = (i + 1) % wq.len();
+            gemv::gemv(&s, &x, &wq[i], &mut y)
+        };
+        g.throughput(Throughput::Bytes((bytes + io) as u64));
+        g.bench_function(BenchmarkId::new(f.name(), m), |b| {
+            b.iter_custom(|it| time_on_device(&s, it, &mut run))
+        });
+        let t = time_on_device(&s, ITERS, &mut run);
+        drop(wq);
+
+        let mut probes: Vec<CopyProbe> = (0..copies(bytes))
+            .map(|_| CopyProbe::new(gpu, bytes / 2).unwrap())
+            .collect();
+        let mut j = 0usize;
+        let mut copy = || {
+            j = (j + 1) % probes.len();
+            probes[j].copy(&s)
+        };
+        g.bench_function(BenchmarkId::new(format!("copy_{}", f.name()), m), |b| {
+            b.iter_custom(|it| time_on_device(&s, it, &mut copy))
+        });
+        let tc = time_on_device(&s, ITERS, &mut copy);
+        let (bw, bwc) = (gbps(bytes, t, ITERS), gbps(bytes, tc, ITERS));
+        eprintln!(
+            "gemv {n}x{k} m={m} {:<12} {:8.2} us  {bw:7.0} GB/s on weights = {:5.1}% of copy \
+             ({bwc:.0} GB/s); {:.2}x cuBLAS f16 ({:.2} us)",
+            f.name(),
+            t.as_secs_f64() * 1e6 / ITERS as f64,
+            100.0 * bw / bwc,
+            t_cublas.as_secs_f64() / t.as_secs_f64(),
+            t_cublas.as_secs_f64() * 1e6 / ITERS as f64,
+        );
+    }
+    g.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let Some(gpu) = gpu_or_skip("gemv") else {
+        return;
+    };
+    let mut blas = Blas::new(&gpu).unwrap();
+    for &(n, k) in SHAPES {
+        for m in [1, 16] {
+            shape_group(c, &gpu, &mut blas, n, k, m);
+        }
+    }
+}
+
+criterion_group! {
+    name = group;
+    config = Criterion::default().sample_size(10).warm_up_time(std::time::Duration::from_millis(200))
+        .measurement_time(std::time::Duration::from_millis(600));
+    targets = benches
+}
+criterion_main!(group);

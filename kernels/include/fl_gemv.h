@@ -1,5 +1,62 @@
-/* Launchers of kernels/gemv.cu (included by fl_kernels.h; see its rules). Placeholder. */
+/* Launchers of kernels/gemv.cu (included by fl_kernels.h; see its rules).
+ *
+ * Weight-only quantised GEMV / small GEMM for decode:
+ *   y[t, r] = sum_j x[t, j] * W[r, j],   t < m, r < n, j < k,
+ * x [m, k] and y [m, n] row-major, f16 or bf16 (the same dtype); W [n, k] (output-major, like
+ * nn.Linear.weight) stored in one of the formats below and dequantised in registers only.
+ * Products are accumulated in f32; y is rounded once to its dtype. m = 0..FL_GEMV_MAX_M.
+ *
+ * Formats (all row-major over n, rows of k values; k must be a multiple of 32):
+ *  FL_GEMV_INT8     w: int8 q [n, k];         scales: f32 [n];  W[r, j] = q[r, j] * scale[r]
+ *  FL_GEMV_INT4     w: u8 [n, k / 2] packed:  byte b of row r holds values j = 2b (low nibble)
+ *                   and j = 2b + 1 (high nibble), each nibble q + 8 (offset binary, q in -8..7);
+ *                   scales: f16 [n, k / group];  W[r, j] = (nib - 8) * scale[r, j / group]
+ *  FL_GEMV_INT4_ZP  as FL_GEMV_INT4 with zeros: u8 [n, k / group] (0..15):
+ *                   W[r, j] = (nib - zero[r, j / group]) * scale[r, j / group]
+ *  FL_GEMV_Q8_0     w: llama.cpp block_q8_0, rows of k / 32 blocks of 34 bytes
+ *                   { f16 d; int8 qs[32] }:  value i of a block = d * qs[i]
+ *  FL_GEMV_Q4_0     w: llama.cpp block_q4_0, rows of k / 32 blocks of 18 bytes
+ *                   { f16 d; uint8 qs[16] }: value i < 16 = d * ((qs[i] & 15) - 8),
+ *                   value i + 16 = d * ((qs[i] >> 4) - 8)
+ * GGUF blocks are used as stored (no repacking): they are only 2-byte aligned, which the
+ * kernel handles. group_size (int4 only): 32, 64 or 128, dividing k; ignored otherwise.
+ * scales is ignored (may be NULL) for Q8_0/Q4_0, zeros for every format but FL_GEMV_INT4_ZP.
+ *
+ * Alignment: x and w 16-byte aligned, y 2-byte, scales 4-byte (f32) / 2-byte (f16), else
+ * FL_ERR_MISALIGNED. No output may overlap an input.
+ * Errors: FL_ERR_INVALID_ARGUMENT for m outside 0..FL_GEMV_MAX_M, n < 0, k <= 0 or not a
+ * multiple of 32, a bad group size, sizes whose products overflow int64_t, an unknown format or
+ * a NULL pointer with work to do; FL_ERR_UNSUPPORTED_DTYPE for a dtype other than f16/bf16.
+ * m == 0 or n == 0 launches nothing and returns FL_OK. */
 #ifndef FL_GEMV_H
 #define FL_GEMV_H
 #include "fl_kernels.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The largest m (tokens) one launch takes. */
+#define FL_GEMV_MAX_M 16
+
+/* Weight storage formats (see above). */
+typedef enum fl_gemv_format {
+    FL_GEMV_INT8 = 0,
+    FL_GEMV_INT4 = 1,
+    FL_GEMV_INT4_ZP = 2,
+    FL_GEMV_Q8_0 = 3,
+    FL_GEMV_Q4_0 = 4
+} fl_gemv_format;
+
+/* Bytes of the quantised values w (not counting scales/zeros) of an [n, k] weight in
+ * `format`; -1 for a negative size, k not a multiple of 32, overflow or an unknown format. */
+int64_t fl_gemv_weight_bytes(fl_gemv_format format, int64_t n, int64_t k);
+
+/* y = x . W^T with W quantised as `format` (see above). */
+fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, const void *w,
+                        const void *scales, const void *zeros, int32_t group_size, void *y,
+                        int64_t m, int64_t n, int64_t k, fl_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,539 @@
+//! gemv::gemv (every weight format) on the GPU against reference::gemv, and CPU tests of the
+//! quantisers (error bounds, llama.cpp byte layouts, round trips) that run without a GPU.
+
+use fl_kernels::gemv::{
+    self, QuantFormat, QuantWeight, QuantizedHost, Scales, MAX_M, Q4_0_BLOCK_BYTES,
+    Q8_0_BLOCK_BYTES,
+};
+use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, tolerance};
+use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
+use proptest::prelude::*;
+
+const FORMATS: &[QuantFormat] = &[
+    QuantFormat::Int8,
+    QuantFormat::Int4 {
+        group: 32,
+        zero_point: false,
+    },
+    QuantFormat::Int4 {
+        group: 64,
+        zero_point: true,
+    },
+    QuantFormat::Int4 {
+        group: 128,
+        zero_point: false,
+    },
+    QuantFormat::Int4 {
+        group: 128,
+        zero_point: true,
+    },
+    QuantFormat::Int4 {
+        group: 32,
+        zero_point: true,
+    },
+    QuantFormat::Q8_0,
+    QuantFormat::Q4_0,
+];
+
+/// (n, k): odd n; k multiples of 32 and 128 that are not multiples of 256 (GGUF rows then
+/// start off 16-byte boundaries), and k = 11008 / 4192 (several tiles per row, a partial one).
+const SHAPES: &[(usize, usize)] = &[
+    (1, 32),
+    (7, 96),
+    (1, 128),
+    (7, 384),
+    (129, 1152),
+    (4099, 384),
+    (67, 11008),
+    (33, 4192),
+];
+
+/// Rel L2 bound: the output is rounded once to T (≤ EPS each), f32 sums add little.
+fn bound<T: HalfDType>() -> f64 {
+    tolerance::<T>().min(2.0 * T::EPS)
+}
+
+fn check<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    m: usize,
+    r: &mut impl rand::Rng,
+) {
+    let s = gpu.stream();
+    let (n, k) = (q.n(), q.k());
+    let x: Vec<T> = random(r, m * k);
+    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+    let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
+    gemv::gemv(s, &dx, dw, &mut y).unwrap();
+    let got = y.to_host(s).unwrap();
+    let want = reference::gemv::gemv(&x, m, q);
+    let err = rel_l2(&got, &want);
+    assert!(
+        err < bound::<T>(),
+        "gemv {} <{}> m={m} n={n} k={k}: rel L2 {err:e}",
+        q.format().name(),
+        T::NAME
+    );
+}
+
+fn random_weights(r: &mut impl rand::Rng, n: usize, k: usize) -> Vec<f32> {
+    random::<f32>(r, n * k)
+}
+
+#[test]
+fn gemv_matches_reference_every_format_dtype_and_shape() {
+    let Some(gpu) = gpu_or_skip("gemv_matches_reference_every_format_dtype_and_shape") else {
+        return;
+    };
+    let mut r = rng("gemv");
+    for &f in FORMATS {
+        for &(n, k) in SHAPES {
+            if k % f.k_multiple() != 0 {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for m in [1, 3, 16] {
+                check::<f16>(&gpu, &q, &dw, m, &mut r);
+                check::<bf16>(&gpu, &q, &dw, m, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_every_token_count() {
+    // Each m in 1..=16 (every compiled token tile, partly filled).
+    let Some(gpu) = gpu_or_skip("gemv_every_token_count") else {
+        return;
+    };
+    let mut r = rng("gemv_m");
+    for &f in FORMATS {
+        let (n, k) = (37, 640);
+        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        for m in 1..=MAX_M {
+            check::<bf16>(&gpu, &q, &dw, m, &mut r);
+        }
+    }
+}
+
+#[test]
+fn gemv_on_hand_made_gguf_blocks() {
+    // A Q4_0 and a Q8_0 row built byte by byte (as read from a GGUF file), x = ones: y is the
+    // row sum, known exactly.
+    let Some(gpu) = gpu_or_skip("gemv_on_hand_made_gguf_blocks") else {
+        return;
+    };
+    let s = gpu.stream();
+    // Q4_0, 2 rows x 64: d = 0.5 (f16 0x3800), every nibble 0xB (value +3 after -8):
+    // row sum = 64 * 3 * 0.5 = 96; second row d = -0.25 (0xB400), nibbles 0x2 (-6): 64*1.5 = 96.
+    let mut b = Vec::new();
+    for (d, nib) in [([0x00u8, 0x38u8], 0xBBu8), ([0x00, 0xB4], 0x22)] {
+        for _ in 0..2 {
+            b.extend_from_slice(&d);
+            b.extend_from_slice(&[nib; 16]);
+        }
+    }
+    let q4 = QuantizedHost::new(QuantFormat::Q4_0, 2, 64, b, Scales::None, vec![]).unwrap();
+    // Q8_0, 1 row x 32: d = 2.0 (0x4000), qs = -16..16 except 0: sum(qs) = -16 → y = -32.
+    let mut b = vec![0x00u8, 0x40];
+    b.extend((-16i8..16).map(|v| v as u8));
+    let q8 = QuantizedHost::new(QuantFormat::Q8_0, 1, 32, b, Scales::None, vec![]).unwrap();
+    for (q, want) in [(q4, vec![96.0f32, 96.0]), (q8, vec![-32.0])] {
+        let dw = QuantWeight::upload(s, &q).unwrap();
+        let x = DeviceTensor::filled(s, &[1, q.k()], f16::ONE).unwrap();
+        let mut y = DeviceTensor::filled(s, &[1, q.n()], f16::NAN).unwrap();
+        gemv::gemv(s, &x, &dw, &mut y).unwrap();
+        let got: Vec<f32> = y.to_host(s).unwrap().iter().map(|v| v.to_f32()).collect();
+        assert_eq!(got, want, "{}", q.format().name());
+    }
+}
+
+#[test]
+fn gemv_shape_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("gemv_shape_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let q = gemv::quantize(&vec![0.5f32; 8 * 64], 8, 64, QuantFormat::Q8_0).unwrap();
+    let w = QuantWeight::upload(s, &q).unwrap();
+    let x = DeviceTensor::<f16>::zeros(s, &[2, 64]).unwrap();
+    let mut y = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    gemv::gemv(s, &x, &w, &mut y).unwrap();
+    let bad_k = DeviceTensor::<f16>::zeros(s, &[2, 32]).unwrap();
+    assert!(matches!(
+        gemv::gemv(s, &bad_k, &w, &mut y),
+        Err(Error::Shape { arg: "x", .. })
+    ));
+    let flat = DeviceTensor::<f16>::zeros(s, &[64]).unwrap();
+    assert!(matches!(
+        gemv::gemv(s, &flat, &w, &mut y),
+        Err(Error::Shape { arg: "x", .. })
+    ));
+    let mut bad_y = DeviceTensor::<f16>::zeros(s, &[2, 9]).unwrap();
+    assert!(matches!(
+        gemv::gemv(s, &x, &w, &mut bad_y),
+        Err(Error::Shape { arg: "y", .. })
+    ));
+    let x17 = DeviceTensor::<f16>::zeros(s, &[17, 64]).unwrap();
+    let mut y17 = DeviceTensor::<f16>::zeros(s, &[17, 8]).unwrap();
+    assert!(matches!(
+        gemv::gemv(s, &x17, &w, &mut y17),
+        Err(Error::TooLarge { arg: "x", .. })
+    ));
+    // m = 0 launches nothing.
+    let x0 = DeviceTensor::<f16>::zeros(s, &[0, 64]).unwrap();
+    let mut y0 = DeviceTensor::<f16>::zeros(s, &[0, 8]).unwrap();
+    gemv::gemv(s, &x0, &w, &mut y0).unwrap();
+}
+
+#[test]
+fn gemv_launcher_rejects_misaligned_and_bad_arguments() {
+    let Some(gpu) = gpu_or_skip("gemv_launcher_rejects_misaligned_and_bad_arguments") else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use fl_kernels_sys::{fl_dtype, fl_gemv_format, fl_gemv_quant, FL_ERR_MISALIGNED};
+    let s = gpu.stream();
+    let wbuf = DeviceTensor::<u8>::zeros(s, &[64 * 34]).unwrap();
+    let xbuf = DeviceTensor::<f16>::zeros(s, &[2 * 64 + 8]).unwrap();
+    let mut ybuf = DeviceTensor::<f16>::zeros(s, &[64]).unwrap();
+    let (pw, _g1) = wbuf.as_slice().device_ptr(s);
+    let (px, _g2) = xbuf.as_slice().device_ptr(s);
+    let (py, _g3) = ybuf.as_slice_mut().device_ptr_mut(s);
+    let call = |x: u64, w: u64, m: i64, k: i64, dt: fl_dtype| {
+        // SAFETY: the buffers hold more than any call below reads or writes (n = 32 rows of
+        // k <= 64 Q8_0 values: 32 * 2 * 34 bytes; x 2 * 64 + 8 halves; y 64 halves).
+        unsafe {
+            fl_gemv_quant(
+                dt,
+                fl_gemv_format::FL_GEMV_Q8_0,
+                x as _,
+                w as _,
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                py as _,
+                m,
+                32,
+                k,
+                s.cu_stream() as _,
+            )
+        }
+    };
+    let f16t = fl_dtype::FL_DTYPE_F16;
+    assert_eq!(call(px, pw, 1, 64, f16t), 0);
+    assert_eq!(call(px + 2, pw, 1, 64, f16t), FL_ERR_MISALIGNED);
+    assert_eq!(call(px, pw + 2, 1, 64, f16t), FL_ERR_MISALIGNED);
+    assert!(call(px, pw, 17, 64, f16t) < 0, "m > 16");
+    assert!(call(px, pw, 1, 48, f16t) < 0, "k not a multiple of 32");
+    assert!(call(px, pw, 1, 64, fl_dtype::FL_DTYPE_F32) < 0, "f32 x");
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn gemv_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("gemv_gpu_proptest") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(
+                0..FORMATS.len(),
+                strategies::length(600),
+                1usize..=24,
+                1..=MAX_M,
+                any::<u64>(),
+            ),
+            |(fi, n, kb, m, seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let f = FORMATS[fi];
+                let k = kb * 128;
+                let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+                let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+                check::<f16>(&gpu, &q, &dw, m, &mut r);
+                check::<bf16>(&gpu, &q, &dw, m, &mut r);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+// ---- quantisers and references (CPU only, run in CI) ----
+
+/// Per value: |w − deq| within half a step (plus the f16 rounding of GGUF `d`; Q4_0 maps the
+/// largest magnitude to −8, so values near the opposite end, w/d in (7.5, 8], get up to d).
+fn check_bound(w: &[f32], q: &QuantizedHost) -> std::result::Result<(), TestCaseError> {
+    let deq = reference::gemv::dequantize(q);
+    let (n, k) = (q.n(), q.k());
+    for (i, (&wi, &di)) in w.iter().zip(&deq).enumerate() {
+        let err = (wi as f64 - di).abs();
+        let (r, j) = (i / k, i % k);
+        let lim = match (q.format(), q.scales()) {
+            (QuantFormat::Int8, Scales::F32(s)) => 0.5 * s[r] as f64 * (1.0 + 1e-6),
+            (QuantFormat::Int4 { group, .. }, Scales::F16(s)) => {
+                0.5 * s[r * (k / group) + j / group].to_f64() * (1.0 + 1e-6)
+            }
+            (f, _) => {
+                let bb = if f == QuantFormat::Q8_0 {
+                    Q8_0_BLOCK_BYTES
+                } else {
+                    Q4_0_BLOCK_BYTES
+                };
+                let b = i / 32;
+                let blk = &q.data()[b * bb..b * bb + 2];
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f64().abs();
+                let amax = w[b * 32..b * 32 + 32]
+                    .iter()
+                    .fold(0f64, |a, v| a.max(v.abs() as f64));
+                let step = if f == QuantFormat::Q4_0 && (wi as f64).abs() > 7.4 * d {
+                    1.0
+                } else {
+                    0.5
+                };
+                step * d * (1.0 + 1e-3) + amax * 2f64.powi(-10)
+            }
+        };
+        prop_assert!(
+            err <= lim,
+            "{} n={n} k={k} i={i}: w={wi} deq={di} err={err:e} > {lim:e}",
+            q.format().name()
+        );
+    }
+    Ok(())
+}
+
+fn format_strategy() -> impl Strategy<Value = QuantFormat> {
+    (0..FORMATS.len()).prop_map(|i| FORMATS[i])
+}
+
+proptest! {
+    #[test]
+    fn quantize_error_is_within_half_a_step(
+        f in format_strategy(), n in 1usize..6, kb in 1usize..5, seed in any::<u64>(),
+        scale in prop_oneof![Just(1.0f32), Just(1e-2f32), Just(300.0f32)],
+    ) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let k = kb * 128;
+        let w: Vec<f32> = random::<f32>(&mut r, n * k).iter().map(|v| v * scale).collect();
+        let q = gemv::quantize(&w, n, k, f).unwrap();
+        prop_assert_eq!(q.data().len(), f.data_bytes(n, k));
+        check_bound(&w, &q)?;
+    }
+
+    #[test]
+    fn quantize_of_dequantized_reproduces_the_bytes(
+        fi in prop_oneof![Just(1usize), Just(3), Just(6), Just(7)],
+        n in 1usize..5, kb in 1usize..4, seed in any::<u64>(),
+    ) {
+        // Symmetric int4 (scale rounded up to f16), Q8_0 and Q4_0 are idempotent: their
+        // dequantised values quantise to the same bytes.
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let f = FORMATS[fi];
+        let k = kb * 128;
+        let q = gemv::quantize(&random::<f32>(&mut r, n * k), n, k, f).unwrap();
+        let deq: Vec<f32> = reference::gemv::dequantize(&q).iter().map(|&v| v as f32).collect();
+        let q2 = gemv::quantize(&deq, n, k, f).unwrap();
+        prop_assert_eq!(q2, q);
+    }
+
+    #[test]
+    fn reference_gemv_with_one_hot_x_reads_a_column(
+        f in format_strategy(), n in 1usize..9, seed in any::<u64>(), j in 0usize..256,
+    ) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let k = 256;
+        let q = gemv::quantize(&random::<f32>(&mut r, n * k), n, k, f).unwrap();
+        let deq = reference::gemv::dequantize(&q);
+        let mut x = vec![f16::ZERO; 2 * k];
+        x[j] = f16::ONE;
+        x[k + j] = f16::from_f32(-2.0);
+        let y = reference::gemv::gemv(&x, 2, &q);
+        for row in 0..n {
+            prop_assert_eq!(y[row], deq[row * k + j]);
+            prop_assert_eq!(y[n + row], -2.0 * deq[row * k + j]);
+        }
+    }
+}
+
+#[test]
+fn q8_0_block_bytes_are_llama_cpp_layout() {
+    // amax = 127 -> d = 1.0 (f16 0x3C00, little endian 00 3C); integer values quantise to
+    // themselves.
+    let w: Vec<f32> = (0..32)
+        .map(|j| match j {
+            0 => 127.0,
+            1 => -127.0,
+            _ => (j as f32) - 16.0,
+        })
+        .collect();
+    let q = gemv::quantize(&w, 1, 32, QuantFormat::Q8_0).unwrap();
+    let mut want = vec![0x00u8, 0x3C, 0x7F, 0x81];
+    want.extend((2..32).map(|j| ((j as i8) - 16) as u8));
+    assert_eq!(q.data(), &want[..]);
+    assert_eq!(q.data()[2 + 5], 0xF5); // -11
+}
+
+#[test]
+fn q4_0_block_bytes_are_llama_cpp_layout() {
+    // The largest magnitude is -8 (first value) -> d = -8 / -8 = 1.0 (00 3C); value j < 16 is
+    // j - 8 (nibble j, low), value j + 16 is 7 - j (nibble 15 - j, high).
+    let w: Vec<f32> = (0..32)
+        .map(|j| {
+            if j < 16 {
+                j as f32 - 8.0
+            } else {
+                7.0 - (j - 16) as f32
+            }
+        })
+        .collect();
+    let q = gemv::quantize(&w, 1, 32, QuantFormat::Q4_0).unwrap();
+    let want = [
+        0x00u8, 0x3C, 0xF0, 0xE1, 0xD2, 0xC3, 0xB4, 0xA5, 0x96, 0x87, 0x78, 0x69, 0x5A, 0x4B, 0x3C,
+        0x2D, 0x1E, 0x0F,
+    ];
+    assert_eq!(q.data(), &want[..]);
+    assert_eq!(
+        reference::gemv::dequantize(&q),
+        w.iter().map(|&v| v as f64).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn int4_packs_even_k_in_the_low_nibble() {
+    // Group of 32 with max |w| = 7 -> scale 1; value j = (j % 15) - 7.
+    let w: Vec<f32> = (0..32).map(|j| (j % 15) as f32 - 7.0).collect();
+    let sym = QuantFormat::Int4 {
+        group: 32,
+        zero_point: false,
+    };
+    let q = gemv::quantize(&w, 1, 32, sym).unwrap();
+    assert_eq!(q.scales(), Scales::F16(&[f16::ONE]));
+    // nibble = w + 8 = (j % 15) + 1; byte b = nib(2b) | nib(2b + 1) << 4.
+    let nib = |j: usize| ((j % 15) + 1) as u8;
+    let want: Vec<u8> = (0..16)
+        .map(|b| nib(2 * b) | (nib(2 * b + 1) << 4))
+        .collect();
+    assert_eq!(q.data(), &want[..]);
+    assert_eq!(q.data()[0], 0x21);
+    // With a zero point: range [-7, 7] -> scale 14/15 rounded up to f16 (a hair above), so
+    // zero = round(7 / scale) = round(7.4998) = 7.
+    let zp = QuantFormat::Int4 {
+        group: 32,
+        zero_point: true,
+    };
+    let q = gemv::quantize(&w, 1, 32, zp).unwrap();
+    assert_eq!(q.zeros(), &[7]);
+    let Scales::F16(s) = q.scales() else {
+        panic!("int4 has f16 scales")
+    };
+    assert!(s[0].to_f32() >= 14.0 / 15.0 && s[0].to_f32() < 14.0 / 15.0 * 1.001);
+}
+
+#[test]
+fn int8_bytes_and_scale() {
+    let w: Vec<f32> = (0..64).map(|j| (j as f32 - 32.0) * 0.5).collect(); // amax 16
+    let q = gemv::quantize(&w, 2, 32, QuantFormat::Int8).unwrap();
+    assert_eq!(q.scales(), Scales::F32(&[16.0 / 127.0, 15.5 / 127.0]));
+    assert_eq!(q.data()[0], (-127i8) as u8);
+    assert_eq!(q.data()[2], (-119i8) as u8); // w = -15 = -119.06 * 16 / 127
+    assert_eq!(q.data()[32], 0); // w = 0 (row 1)
+    assert_eq!(q.data()[63], 127);
+}
+
+#[test]
+fn quantize_and_new_errors_name_the_argument() {
+    let w = vec![0.5f32; 4 * 64];
+    let is = |r: fl_kernels::Result<QuantizedHost>, a: &str| match r {
+        Err(Error::InvalidArgument { arg, .. }) => assert_eq!(arg, a),
+        other => panic!("expected an error on `{a}`, got {other:?}"),
+    };
+    let g = |group, zero_point| QuantFormat::Int4 { group, zero_point };
+    is(gemv::quantize(&w, 4, 48, QuantFormat::Q4_0), "k");
+    is(gemv::quantize(&w, 4, 0, QuantFormat::Q8_0), "k");
+    is(gemv::quantize(&w, 4, 64, g(128, false)), "k");
+    is(gemv::quantize(&w, 4, 64, g(16, true)), "format");
+    is(
+        gemv::quantize(&w[..10], 4, 64, QuantFormat::Int8),
+        "weights",
+    );
+    let mut nan = w.clone();
+    nan[77] = f32::NAN;
+    is(gemv::quantize(&nan, 4, 64, QuantFormat::Int8), "weights");
+    let huge = vec![1e7f32; 4 * 64];
+    is(gemv::quantize(&huge, 4, 64, g(32, false)), "weights");
+    is(gemv::quantize(&huge, 4, 64, QuantFormat::Q8_0), "weights");
+    let new = QuantizedHost::new;
+    is(
+        new(QuantFormat::Q8_0, 2, 64, vec![0; 135], Scales::None, vec![]),
+        "data",
+    );
+    is(
+        new(
+            QuantFormat::Q8_0,
+            2,
+            64,
+            vec![0; 136],
+            Scales::F32(&[1.0, 1.0]),
+            vec![],
+        ),
+        "scales",
+    );
+    is(
+        new(
+            QuantFormat::Int8,
+            2,
+            32,
+            vec![0; 64],
+            Scales::F32(&[1.0]),
+            vec![],
+        ),
+        "scales",
+    );
+    is(
+        new(QuantFormat::Q4_0, 2, 64, vec![0; 72], Scales::None, vec![1]),
+        "zeros",
+    );
+    let s = [f16::ONE; 4];
+    is(
+        new(
+            g(32, true),
+            2,
+            64,
+            vec![0; 64],
+            Scales::F16(&s),
+            vec![0, 1, 16, 2],
+        ),
+        "zeros",
+    );
+    is(
+        new(
+            g(32, true),
+            2,
+            64,
+            vec![0; 64],
+            Scales::F16(&s),
+            vec![0, 1, 2],
+        ),
+        "zeros",
+    );
+    assert!(new(
+        g(32, true),
+        2,
+        64,
+        vec![0; 64],
+        Scales::F16(&s),
+        vec![0, 1, 15, 2]
+    )
+    .is_ok());
+}
