@@ -1,2 +1,440 @@
-// Placeholder: the attention_prefill family is being written on its own branch.
+// Causal prefill attention over packed, padding-free sequences (FlashAttention-2 style).
+//
+// One CTA owns Br = 16 * NW query rows of one (sequence, q head); each of its NW warps owns
+// 16 of those rows. The CTA walks the key tiles of Bc keys that the causal (and window)
+// limit allows, from the diagonal tile down, streaming K and V through shared memory with
+// cp.async (two stages). S = Q K^T and O += P V run on the tensor cores with
+// mma.sync.m16n8k16 (f16/bf16 in, f32 accumulate), operands loaded with ldmatrix (.trans
+// for V). The softmax is online, in registers, in base 2 (scale * log2(e) folded into one
+// FFMA per score). P is converted to 16-bit in registers and fed back as the A operand of
+// the PV product (the S accumulator layout is the A fragment layout). Tiles that cross the
+// causal diagonal or the window edge are masked, the others are not. No [L, L] matrix, no
+// workspace. Rows of shared memory are padded by 16 bytes, so that the 8 rows an ldmatrix
+// phase reads fall into distinct banks for every head size used here.
 #include "common/common.cuh"
+
+namespace fl {
+namespace prefill {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+    const void *q, *k, *v;
+    void *out;
+    const int32_t *cu_seqlens;
+    int32_t batch, q_heads, kv_heads, total_tokens, window;
+    float scale_log2;  // softmax scale * log2(e)
+};
+
+// ---------------------------------------------------------------- PTX wrappers
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; `bytes` = 0 writes zeros (reads nothing).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += a * b, m16n8k16, row.col, f32 accumulate.
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <> struct Mma<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+
+// ---------------------------------------------------------------- tile configuration
+// NW warps of MT m16 tiles each (Br = 16 * MT * NW query rows), Bc keys per tile. QREG: Q
+// held in registers for the whole loop (MT == 1 only), else re-read from shared memory with
+// ldmatrix at every key tile (lighter on registers, which lets a warp own 32 rows and so
+// halve the K/V shared-memory reads per FLOP). MINB: CTAs per SM asked of the compiler.
+template <int D> struct Cfg;
+template <> struct Cfg<64> { static constexpr int NW = 4, MT = 2, BC = 64, MINB = 1; static constexpr bool QREG = false; };
+template <> struct Cfg<80> { static constexpr int NW = 4, MT = 1, BC = 64, MINB = 1; static constexpr bool QREG = true; };
+template <> struct Cfg<96> { static constexpr int NW = 4, MT = 1, BC = 64, MINB = 1; static constexpr bool QREG = true; };
+template <> struct Cfg<128> { static constexpr int NW = 4, MT = 2, BC = 64, MINB = 1; static constexpr bool QREG = false; };
+template <> struct Cfg<256> { static constexpr int NW = 2, MT = 1, BC = 32, MINB = 1; static constexpr bool QREG = false; };
+
+template <int D, int NW, int MT, int BC, bool QREG> struct Tile {
+    static constexpr int BR = 16 * MT * NW;
+    static constexpr int THREADS = 32 * NW;
+    static constexpr int LD = D + 8;  // padded row (elements)
+    static constexpr int KV_ELEMS = BC * LD;
+    // [K0][V0][K1][V1] then Q when it is not aliased to stage 1.
+    static constexpr int Q_OFF = QREG ? 2 * KV_ELEMS : 4 * KV_ELEMS;
+    static constexpr int SMEM_ELEMS = QREG ? 4 * KV_ELEMS : 4 * KV_ELEMS + BR * LD;
+    static constexpr size_t SMEM_BYTES = (size_t)SMEM_ELEMS * 2;
+    static_assert(D % 16 == 0 && (D / 8) % 2 == 0, "head_dim must be a multiple of 16");
+    static_assert(BC % 16 == 0, "key tile must be a multiple of 16");
+    static_assert(!QREG || (MT == 1 && BR <= 2 * BC), "Q in registers: one m tile, aliased");
+};
+
+// Copies `ROWS` rows (of D elements) starting at row `row0` into a padded shared tile,
+// zero-filling rows at or past `row_end`. Row stride in global memory: `gstride` elements.
+template <typename T, int D, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(uint32_t sdst, const T *gbase, int64_t gstride,
+                                          int row0, int row_end) {
+    constexpr int CPR = D / 8;  // 16-byte chunks per row
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CPR; i += THREADS) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = row0 + r;
+        const bool ok = row < row_end;
+        const T *src = ok ? gbase + (int64_t)row * gstride + c * 8 : gbase;
+        cp_async16(sdst + (uint32_t)((r * LD + c * 8) * 2), src, ok ? 16 : 0);
+    }
+}
+
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB>
+__global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
+    using TL = Tile<D, NW, MT, BC, QREG>;
+    constexpr int BR = TL::BR, LD = TL::LD, THREADS = TL::THREADS;
+    constexpr int NT = BC / 8;   // 8-key column tiles of S
+    constexpr int KD = D / 16;   // k-steps of QK^T
+    constexpr int DT = D / 8;    // 8-wide column tiles of O
+    constexpr int KB = BC / 16;  // k-steps of PV
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+
+    const int h = blockIdx.x;
+    const int b = blockIdx.y;
+    const int m_block = gridDim.z - 1 - blockIdx.z;  // heavy (late) query tiles first
+    const int group = p.q_heads / p.kv_heads;
+    const int kvh = h / group;
+
+    // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
+    int start = p.cu_seqlens[b], end = p.cu_seqlens[b + 1];
+    start = min(max(start, 0), p.total_tokens);
+    end = min(max(end, start), p.total_tokens);
+    const int len = end - start;
+    const int q_start = m_block * BR;
+    if (q_start >= len) return;
+    const int q_last = min(q_start + BR, len) - 1;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int64_t q_stride = (int64_t)p.q_heads * D;
+    const int64_t kv_stride = (int64_t)p.kv_heads * D;
+    const T *qg = static_cast<const T *>(p.q) + (int64_t)start * q_stride + (int64_t)h * D;
+    const T *kg = static_cast<const T *>(p.k) + (int64_t)start * kv_stride + (int64_t)kvh * D;
+    const T *vg = static_cast<const T *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
+
+    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
+    const int n_hi = (q_last + BC) / BC;
+    int n_lo = 0;
+    if (p.window > 0) n_lo = max(0, q_start - p.window + 1) / BC;
+
+    const uint32_t s_base = smem_addr(smem_raw);
+    auto k_stage = [&](int s) { return s_base + (uint32_t)(2 * s * TL::KV_ELEMS * 2); };
+    auto v_stage = [&](int s) { return s_base + (uint32_t)((2 * s + 1) * TL::KV_ELEMS * 2); };
+    const uint32_t s_q = s_base + (uint32_t)(TL::Q_OFF * 2);
+
+    // Q tile and the first K/V tile.
+    load_tile<T, D, BR, THREADS>(s_q, qg, q_stride, q_start, len);
+    load_tile<T, D, BC, THREADS>(k_stage(0), kg, kv_stride, (n_hi - 1) * BC, len);
+    load_tile<T, D, BC, THREADS>(v_stage(0), vg, kv_stride, (n_hi - 1) * BC, len);
+    cp_async_commit();
+
+    // ldmatrix lane roles. A (Q): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
+    // (rows 0-7, k 8-15), (rows 8-15, k 8-15). B (K, non-trans): (keys 0-7, k 0-7),
+    // (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15). B (V, trans):
+    // (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+    const int mat = lane >> 3, mr = lane & 7;
+    const uint32_t q_lane =
+        s_q + (uint32_t)(((warp * 16 * MT + (mat & 1) * 8 + mr) * LD + (mat >> 1) * 8) * 2);
+    const uint32_t k_lane = (uint32_t)((((mat >> 1) * 8 + mr) * LD + (mat & 1) * 8) * 2);
+    const uint32_t v_lane = (uint32_t)((((mat & 1) * 8 + mr) * LD + (mat >> 1) * 8) * 2);
+
+    uint32_t qf[QREG ? KD : 1][4];
+    if constexpr (QREG) {
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) ldsm_x4(qf[kk], q_lane + kk * 32);
+        __syncthreads();  // Q's buffer is stage 1: the loop below overwrites it
+    }
+
+    float o[MT][DT][4];
+    float m[MT][2], l[MT][2];
+    // This thread's query rows (within the sequence): row_base + 16 * i + 8 * half.
+    const int row_base = q_start + warp * 16 * MT + g;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int j = 0; j < DT; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.f;
+    }
+    const float sl2 = p.scale_log2;
+
+    int stage = 0;
+    for (int n = n_hi - 1; n >= n_lo; --n) {
+        const int kv0 = n * BC;
+        if (n > n_lo) {  // prefetch the next (lower) tile into the other stage
+            load_tile<T, D, BC, THREADS>(k_stage(stage ^ 1), kg, kv_stride, kv0 - BC, len);
+            load_tile<T, D, BC, THREADS>(v_stage(stage ^ 1), vg, kv_stride, kv0 - BC, len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        // S = Q K^T (raw dot products, f32).
+        float s[MT][NT][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.f;
+        const uint32_t kb = k_stage(stage) + k_lane;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                if constexpr (QREG) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[i][e] = qf[kk][e];
+                } else {
+                    ldsm_x4(a[i], q_lane + (uint32_t)((i * 16 * LD + kk * 16) * 2));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                uint32_t bk[4];
+                ldsm_x4(bk, kb + (uint32_t)((j * 8 * LD + kk * 16) * 2));
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    Mma<T>::run(s[i][j], a[i], bk[0], bk[1]);
+                    Mma<T>::run(s[i][j + 1], a[i], bk[2], bk[3]);
+                }
+            }
+        }
+
+        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
+        const bool masked =
+            kv0 + BC - 1 > q_start || (p.window > 0 && kv0 <= q_last - p.window);
+        if (masked) {
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kv0 + j * 8 + 2 * t + (e & 1);
+                        const int r = row_base + i * 16 + (e >> 1) * 8;
+                        const bool ok =
+                            key <= r && key < len && (p.window <= 0 || key > r - p.window);
+                        if (!ok) s[i][j][e] = -INFINITY;
+                    }
+        }
+
+        // Online softmax (base 2). Row max over the 4 lanes of a quad.
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mx0 = fmaxf(mx0, fmaxf(s[i][j][0], s[i][j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[i][j][2], s[i][j][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            // scale > 0, so max(raw) * scale_log2 is the max of the scaled scores.
+            const float mn0 = fmaxf(m[i][0], mx0 * sl2), mn1 = fmaxf(m[i][1], mx1 * sl2);
+            const float mu0 = mn0 == -INFINITY ? 0.f : mn0;  // fully masked so far: no NaN
+            const float mu1 = mn1 == -INFINITY ? 0.f : mn1;
+            const float c0 = exp2f(m[i][0] - mu0), c1 = exp2f(m[i][1] - mu1);
+            m[i][0] = mn0;
+            m[i][1] = mn1;
+            float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                s[i][j][0] = exp2f(fmaf(s[i][j][0], sl2, -mu0));
+                s[i][j][1] = exp2f(fmaf(s[i][j][1], sl2, -mu0));
+                s[i][j][2] = exp2f(fmaf(s[i][j][2], sl2, -mu1));
+                s[i][j][3] = exp2f(fmaf(s[i][j][3], sl2, -mu1));
+                rs0 += s[i][j][0] + s[i][j][1];
+                rs1 += s[i][j][2] + s[i][j][3];
+            }
+            // per-lane partial sums; the quad is summed at the end
+            l[i][0] = fmaf(l[i][0], c0, rs0);
+            l[i][1] = fmaf(l[i][1], c1, rs1);
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+                o[i][j][0] *= c0;
+                o[i][j][1] *= c0;
+                o[i][j][2] *= c1;
+                o[i][j][3] *= c1;
+            }
+        }
+
+        // O += P V, P from registers (S accumulator layout == A fragment layout).
+        const uint32_t vb = v_stage(stage) + v_lane;
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                a[i][0] = Mma<T>::pack(s[i][2 * kk][0], s[i][2 * kk][1]);
+                a[i][1] = Mma<T>::pack(s[i][2 * kk][2], s[i][2 * kk][3]);
+                a[i][2] = Mma<T>::pack(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+                a[i][3] = Mma<T>::pack(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int j = 0; j < DT; j += 2) {
+                uint32_t bv[4];
+                ldsm_x4_t(bv, vb + (uint32_t)((kk * 16 * LD + j * 8) * 2));
+#pragma unroll
+                for (int i = 0; i < MT; ++i) {
+                    Mma<T>::run(o[i][j], a[i], bv[0], bv[1]);
+                    Mma<T>::run(o[i][j + 1], a[i], bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+        stage ^= 1;
+    }
+
+    // Normalise and store (rows past the sequence end are not written).
+    T *og = static_cast<T *>(p.out) + (int64_t)start * q_stride + (int64_t)h * D + 2 * t;
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float li = l[i][hf];
+            li += __shfl_xor_sync(0xffffffffu, li, 1);
+            li += __shfl_xor_sync(0xffffffffu, li, 2);
+            const float inv = li > 0.f ? 1.f / li : 0.f;
+            const int r = row_base + i * 16 + hf * 8;
+            if (r < len) {
+                T *orow = og + (int64_t)r * q_stride;
+#pragma unroll
+                for (int j = 0; j < DT; ++j)
+                    *reinterpret_cast<uint32_t *>(orow + j * 8) =
+                        Mma<T>::pack(o[i][j][2 * hf] * inv, o[i][j][2 * hf + 1] * inv);
+            }
+        }
+}
+
+// ---------------------------------------------------------------- host side
+inline bool head_dim_ok(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+inline bool valid(const fl_prefill_attention_args *a) {
+    if (!a || a->batch < 0 || a->batch > 65535) return false;
+    if (a->q_heads < 1 || a->kv_heads < 1 || a->q_heads % a->kv_heads) return false;
+    if (a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16) return false;
+    if (!head_dim_ok(a->head_dim)) return false;
+    if (a->total_tokens < 1 || a->max_seq_len < 1 || a->max_seq_len > a->total_tokens)
+        return false;
+    if (a->window < 0) return false;
+    if (!(a->scale > 0.f) || a->scale == INFINITY) return false;  // also rejects NaN
+    return true;
+}
+
+// One tile configuration (the tests and benches of other configurations call this too).
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB>
+fl_status launch_cfg(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+    using TL = Tile<D, NW, MT, BC, QREG>;
+    const int64_t m_blocks = ceil_div(a->max_seq_len, TL::BR);
+    if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
+    auto kern = prefill_kernel<T, D, NW, MT, BC, QREG, MINB>;
+    if (TL::SMEM_BYTES > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)TL::SMEM_BYTES);
+        if (e != cudaSuccess) return (fl_status)e;
+    }
+    dim3 grid((unsigned)a->q_heads, (unsigned)a->batch, (unsigned)m_blocks);
+    kern<<<grid, TL::THREADS, TL::SMEM_BYTES, st>>>(p);
+    return launch_status();
+}
+
+template <typename T, int D>
+fl_status launch_d(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+    using C = Cfg<D>;
+    return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB>(a, p, st);
+}
+
+template <typename T>
+fl_status launch_t(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+    switch (a->head_dim) {
+    case 64: return launch_d<T, 64>(a, p, st);
+    case 80: return launch_d<T, 80>(a, p, st);
+    case 96: return launch_d<T, 96>(a, p, st);
+    case 128: return launch_d<T, 128>(a, p, st);
+    case 256: return launch_d<T, 256>(a, p, st);
+    default: return FL_ERR_INVALID_ARGUMENT;
+    }
+}
+
+inline Params make_params(const fl_prefill_attention_args *a) {
+    Params p;
+    p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out;
+    p.cu_seqlens = a->cu_seqlens;
+    p.batch = a->batch; p.q_heads = a->q_heads; p.kv_heads = a->kv_heads;
+    p.total_tokens = a->total_tokens;
+    p.window = a->window;
+    p.scale_log2 = a->scale * kLog2e;
+    return p;
+}
+
+}  // namespace prefill
+}  // namespace fl
+
+extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {
+    using namespace fl::prefill;
+    if (!valid(a)) return FL_ERR_INVALID_ARGUMENT;
+    if (a->batch == 0) return FL_OK;
+    if (!a->q || !a->k || !a->v || !a->out || !a->cu_seqlens) return FL_ERR_INVALID_ARGUMENT;
+    if (!fl::aligned16(a->q) || !fl::aligned16(a->k) || !fl::aligned16(a->v) ||
+        !fl::aligned16(a->out))
+        return FL_ERR_MISALIGNED;
+    const Params p = make_params(a);
+    cudaStream_t st = fl::as_stream(stream);
+    if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
+    return launch_t<__nv_bfloat16>(a, p, st);
+}

@@ -1,7 +1,73 @@
-//! Op-table cases of the attention_prefill family (placeholder).
-use super::Case;
+//! Table cases for `fl_kernels::attention_prefill` (torch side: `torch_attention_prefill.py`).
 
-/// The cases of this family.
+use fl_kernels::attention_prefill::{self, PrefillParams};
+use fl_kernels::{bf16, f16, DeviceTensor, HalfDType};
+
+use super::{bench_tensor, Case, Launch};
+
+/// Sequence lengths of the issue; each point runs `batch = max(1, 16384 / len)` sequences
+/// of that length (about 16k tokens), 32 q heads, 8 kv heads, head_dim 128.
+pub const PREFILL_LENS: [usize; 6] = [512, 1024, 2048, 4096, 8192, 16384];
+
+/// (batch, len) of one point.
+pub fn shape(len: usize) -> (usize, usize) {
+    ((16384 / len).max(1), len)
+}
+
+/// FLOPs of one point (see `attention_prefill::prefill_flops`).
+pub fn flops(batch: usize, len: usize, hq: usize, d: usize) -> u64 {
+    attention_prefill::prefill_flops(&vec![len; batch], hq, d)
+}
+
+/// The op-table key's shape part, e.g. `b4xL4096xh32/8xd128`.
+pub fn shape_key(batch: usize, len: usize, hq: usize, hkv: usize, d: usize) -> String {
+    format!("b{batch}xL{len}xh{hq}/{hkv}xd{d}")
+}
+
+/// A prepared launch of one point (inputs allocated here).
+pub fn make<T: HalfDType>(
+    gpu: &fl_kernels::Gpu,
+    batch: usize,
+    len: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+) -> fl_kernels::Result<Launch> {
+    let s = gpu.stream().clone();
+    let total = batch * len;
+    let q = bench_tensor::<T>(gpu, &[total, hq, d], 1)?;
+    let k = bench_tensor::<T>(gpu, &[total, hkv, d], 2)?;
+    let v = bench_tensor::<T>(gpu, &[total, hkv, d], 3)?;
+    let cu: Vec<i32> = (0..=batch).map(|b| (b * len) as i32).collect();
+    let cu = DeviceTensor::from_host(&s, &cu, &[batch + 1])?;
+    let params = PrefillParams::new(d, len);
+    let mut out = DeviceTensor::<T>::zeros(&s, &[total, hq, d])?;
+    Ok(Box::new(move || {
+        attention_prefill::prefill(&s, &q, &k, &v, &cu, &mut out, &params)
+    }))
+}
+
+fn prefill_case<T: HalfDType>(len: usize) -> Case {
+    let (hq, hkv, d) = (32usize, 8usize, 128usize);
+    let (batch, len) = shape(len);
+    let total = batch * len;
+    // q, k, v read once, out written once (the op is compute-bound; see the bench for TFLOP/s)
+    let bytes = (2 * total * hq * d + 2 * total * hkv * d) * 2 + 4 * (batch + 1);
+    Case {
+        op: "attn_prefill",
+        dtype: T::NAME,
+        shape: shape_key(batch, len, hq, hkv, d),
+        bytes: bytes as u64,
+        make: Box::new(move |gpu| make::<T>(gpu, batch, len, hq, hkv, d)),
+    }
+}
+
+/// Prefill attention at every length in f16, and bf16 at 4096.
 pub fn cases() -> Vec<Case> {
-    Vec::new()
+    let mut v: Vec<Case> = PREFILL_LENS
+        .iter()
+        .map(|&l| prefill_case::<f16>(l))
+        .collect();
+    v.push(prefill_case::<bf16>(4096));
+    v
 }
