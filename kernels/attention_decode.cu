@@ -39,11 +39,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
     constexpr int NW = kWarps * WPW;       // workers per CTA
     using V8 = Vec<T, 8>;
 
-    const int split = blockIdx.x;
+    const int split = blockIdx.z;
     const int chunks = (p.q_heads / p.kv_heads) / G;
     const int kvh = blockIdx.y / chunks;
     const int h0 = kvh * (p.q_heads / p.kv_heads) + (blockIdx.y % chunks) * G;
-    const int b = blockIdx.z;
+    const int b = blockIdx.x;  // x: up to 2^31-1 sequences (z would cap it at 65535)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane % LPK;
     const int worker = warp * WPW + lane / LPK;
@@ -257,7 +257,7 @@ template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     constexpr int UNROLL = G >= 8 ? 2 : 4;
     const int group = a->q_heads / a->kv_heads;
-    dim3 grid(p.num_splits, a->kv_heads * (group / G), a->batch);
+    dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
     if (a->layout == FL_KV_PAGED)
         decode_kernel<T, D, G, UNROLL, true><<<grid, kThreads, 0, st>>>(p);
     else

@@ -26,7 +26,10 @@ import tempfile
 import torch
 
 STEPS = 32
-TOL = 1e-2
+# Relative L2 of the logits against transformers in fp32. fp16 keeps 11 bits of mantissa, so a
+# whole model run in it stays well inside 1e-2; bf16 keeps 8, and the error of every rounding
+# of the residual stream adds up over the layers, so its bound is 2e-2.
+TOL = {"f16": 1e-2, "bf16": 2e-2}
 
 
 def configs():
@@ -37,7 +40,7 @@ def configs():
         hidden_size=256,
         intermediate_size=688,
         num_hidden_layers=3,
-        num_attention_heads=8,
+        num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
         rms_norm_eps=1e-5,
@@ -45,8 +48,8 @@ def configs():
     )
     yield "llama2-gqa", LlamaConfig(**base, rope_theta=10000.0, tie_word_embeddings=False)
     yield "llama3-rope-scaling-tied", LlamaConfig(
-        **{**base, "num_hidden_layers": 2, "num_key_value_heads": 4, "hidden_size": 512,
-           "intermediate_size": 1024},
+        **{**base, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 1,
+           "hidden_size": 1024, "intermediate_size": 1024},
         rope_theta=500000.0,
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=64),
@@ -130,7 +133,7 @@ def main():
                     ref = ref_prefill[b] if s == 0 else ref_steps[b][s - 1]
                     agree += int(got["tokens"][b][s] == int(ref.argmax()))
                     total += 1
-            good = e_pre < TOL and e_step < TOL
+            good = e_pre < TOL[dt] and e_step < TOL[dt]
             ok &= good
             rows.append((name, dt, e_pre, e_step, agree, total, got.get("graph"), good))
     print(f"{'config':<26} {'dtype':<5} {'prefill relL2':>13} {'decode relL2':>12} "

@@ -284,6 +284,11 @@ impl<T: RunDType> Engine<T> {
                 last.push(ids.len() as i32 - 1);
             }
             pbuf.upload(&stream, Some(&ids), &pos, &seq)?;
+            let mut cu = vec![0i32];
+            for &l in &lens {
+                cu.push(cu[cu.len() - 1] + l as i32);
+            }
+            pbuf.cu_seqlens.copy_from_host(&stream, &cu)?;
             self.model
                 .forward(&stream, &mut self.blas, &mut pbuf, &mut cache, mode)?;
             // The last token of each sequence: a gather of rows of the normed states.

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use fl_blas::{Blas, GemmType};
 use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace};
+use fl_kernels::attention_prefill::{self, PrefillParams};
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
 use fl_kernels::kv_cache::{self, KvCache, TokenSlots};
@@ -362,9 +363,8 @@ pub struct Buffers<T: RunDType> {
     pub seq_ids: DeviceTensor<i32>,
     /// Keys visible to each token for the attention kernel `[m]` (position + 1).
     pub visible: DeviceTensor<i32>,
-    /// For prefill through the decode kernel: each token's cache row as a one-entry block
-    /// table `[m, 1]`.
-    block_of: DeviceTensor<i32>,
+    /// Prefill: prefix offsets of the packed sequences `[batch + 1]`.
+    pub cu_seqlens: DeviceTensor<i32>,
     attn_ws: DecodeWorkspace,
     /// Embedding-lookup status (an out-of-vocabulary id).
     pub status: DeviceStatus,
@@ -389,15 +389,17 @@ impl<T: RunDType> Buffers<T> {
         let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
         let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(stream, shape);
         let lens = zi(&[m])?;
-        let blocks = zi(&[m, 1])?;
-        let ws_bytes = match cache.layers.first() {
-            None => 0,
-            Some(kvc) => {
+        let ws_bytes = match (cache.layers.first(), mode) {
+            (Some(kvc), AttnMode::Decode) => {
                 let qt = z(&[m, cfg.num_attention_heads, cfg.head_dim])?;
-                let params = attn_params(cfg, cache.capacity, mode);
-                let c = attn_cache(kvc, &blocks, mode);
+                let params = decode_params(cfg, cache.capacity);
+                let c = attention::KvCache::Contiguous {
+                    k: kvc.k(),
+                    v: kvc.v(),
+                };
                 attention::decode_workspace_bytes(stream, &qt, &c, &lens, &params)?
             }
+            _ => 0,
         };
         Ok(Buffers {
             m,
@@ -414,7 +416,7 @@ impl<T: RunDType> Buffers<T> {
             positions: zi(&[m])?,
             seq_ids: zi(&[m])?,
             visible: lens,
-            block_of: blocks,
+            cu_seqlens: zi(&[cache.batch + 1])?,
             attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
             status: DeviceStatus::new(stream)?,
         })
@@ -426,7 +428,7 @@ impl<T: RunDType> Buffers<T> {
     }
 
     /// Uploads a step's token metadata (each `[m]`): ids, positions and sequence rows;
-    /// `visible = positions + 1`, and each token's one-entry block table is its row.
+    /// `visible = positions + 1`.
     pub fn upload(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -441,7 +443,6 @@ impl<T: RunDType> Buffers<T> {
         self.seq_ids.copy_from_host(stream, seq_ids)?;
         let vis: Vec<i32> = positions.iter().map(|p| p + 1).collect();
         self.visible.copy_from_host(stream, &vis)?;
-        self.block_of.copy_from_host(stream, seq_ids)?;
         Ok(())
     }
 }
@@ -490,47 +491,22 @@ pub enum AttnMode {
     /// One new token per sequence (`m == batch`, token `b` is sequence `b`): the decode
     /// kernel over the cache.
     Decode,
-    /// Packed prompt tokens of several sequences: every token attends to the cached keys of
-    /// its own sequence up to its own position (causal). Runs the decode kernel with each
-    /// token as its own query row over a one-block page table pointing at its sequence's
-    /// cache row.
+    /// Packed prompt tokens of several sequences starting at position 0 (offsets in
+    /// `cu_seqlens`): causal flash attention over this pass's own K/V
+    /// ([`attention_prefill::prefill`]); the cache is written for the decode steps.
     Prefill {
-        /// The longest sequence (positions) in the batch.
+        /// The longest sequence in the batch.
         max_len: usize,
     },
 }
 
-/// The decode kernel's parameters for `mode`. Decode always covers the whole capacity, so
-/// the split layout does not depend on the step (a captured graph stays valid as sequences
-/// grow); prefill runs one split per token row.
-fn attn_params(cfg: &ModelConfig, max_len: usize, mode: AttnMode) -> DecodeParams {
-    let mut p = DecodeParams::new(cfg.head_dim, max_len);
+/// The decode kernel's parameters. They always cover the whole capacity, so the split
+/// layout does not depend on the step (a captured graph stays valid as sequences grow).
+fn decode_params(cfg: &ModelConfig, capacity: usize) -> DecodeParams {
+    let mut p = DecodeParams::new(cfg.head_dim, capacity);
     p.scale = cfg.attention_scale() as f32;
     p.window = cfg.sliding_window;
-    if let AttnMode::Prefill { .. } = mode {
-        p.num_splits = Some(1);
-    }
     p
-}
-
-fn attn_cache<'a, T: RunDType>(
-    kvc: &'a KvCache<T>,
-    block_of: &'a DeviceTensor<i32>,
-    mode: AttnMode,
-) -> attention::KvCache<'a, T> {
-    match mode {
-        AttnMode::Decode => attention::KvCache::Contiguous {
-            k: kvc.k(),
-            v: kvc.v(),
-        },
-        // A contiguous cache [batch, kv_heads, capacity, d] is a paged cache of `batch`
-        // blocks of `capacity` positions; each token's page table is its own row.
-        AttnMode::Prefill { .. } => attention::KvCache::Paged {
-            k: kvc.k(),
-            v: kvc.v(),
-            block_table: block_of,
-        },
-    }
 }
 
 /// A model ready to run: config, weights and the cuBLASLt handle, on one stream.
@@ -587,17 +563,15 @@ impl<T: RunDType> Model<T> {
             cfg.num_key_value_heads,
             cfg.head_dim,
         );
-        let max_len = match mode {
-            AttnMode::Decode => cache.capacity,
-            AttnMode::Prefill { max_len } => max_len,
-        };
-        if max_len == 0 || max_len > cache.capacity {
-            return Err(EngineError::invalid(
-                "max_len",
-                format!("{max_len} outside 1..={}", cache.capacity),
-            ));
+        if let AttnMode::Prefill { max_len } = mode {
+            if max_len == 0 || max_len > m {
+                return Err(EngineError::invalid(
+                    "max_len",
+                    format!("{max_len} outside 1..={m} (tokens in the pass)"),
+                ));
+            }
         }
-        let params = attn_params(cfg, max_len, mode);
+        let dparams = decode_params(cfg, cache.capacity);
         embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;
         let first_norm = match w.layers.first() {
             Some(l) => &l.attn_norm,
@@ -631,18 +605,41 @@ impl<T: RunDType> Model<T> {
             };
             let kvc = &mut cache.layers[l];
             kv_cache::append(stream, &buf.k, &buf.v, &slots, kvc, None)?;
-            buf.v.set_shape(&[m, hkv * d])?;
             buf.attn.set_shape(&[m, hq, d])?;
-            let c = attn_cache(kvc, &buf.block_of, mode);
-            attention::decode(
-                stream,
-                &buf.q,
-                &c,
-                &buf.visible,
-                &params,
-                &mut buf.attn_ws,
-                &mut buf.attn,
-            )?;
+            match mode {
+                AttnMode::Decode => {
+                    let c = attention::KvCache::Contiguous {
+                        k: kvc.k(),
+                        v: kvc.v(),
+                    };
+                    attention::decode(
+                        stream,
+                        &buf.q,
+                        &c,
+                        &buf.visible,
+                        &dparams,
+                        &mut buf.attn_ws,
+                        &mut buf.attn,
+                    )?;
+                }
+                AttnMode::Prefill { max_len } => {
+                    let p = PrefillParams {
+                        scale: dparams.scale,
+                        max_seq_len: max_len,
+                        window: cfg.sliding_window,
+                    };
+                    attention_prefill::prefill(
+                        stream,
+                        &buf.q,
+                        &buf.k,
+                        &buf.v,
+                        &buf.cu_seqlens,
+                        &mut buf.attn,
+                        &p,
+                    )?;
+                }
+            }
+            buf.v.set_shape(&[m, hkv * d])?;
             buf.attn.set_shape(&[m, hq * d])?;
             blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
             norm::add_rms_norm(

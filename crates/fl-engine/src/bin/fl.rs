@@ -89,6 +89,9 @@ enum Cmd {
         /// Print one JSON line instead of the table.
         #[arg(long)]
         json: bool,
+        /// Several runs on one load: `BATCH:PROMPT:GEN,...` (overrides the three above).
+        #[arg(long)]
+        runs: Option<String>,
     },
     /// Logits for checks against another implementation: reads
     /// {"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N} and writes
@@ -168,7 +171,24 @@ fn main() {
             prompt_len,
             gen_len,
             json,
-        } => dispatch!(model, |e, _m| bench(e, batch, prompt_len, gen_len, json)),
+            runs,
+        } => dispatch!(model, |e, _m| {
+            let list = match &runs {
+                Some(r) => parse_runs(r)?,
+                None => vec![(batch, prompt_len, gen_len)],
+            };
+            for (b, p, g) in list {
+                match bench(e, b, p, g, json) {
+                    Ok(()) => {}
+                    // A shape that does not fit is reported and the next one runs.
+                    Err(x @ EngineError::Invalid { .. }) if runs.is_some() => {
+                        println!("batch {b}, prompt {p}, generate {g}: {x}")
+                    }
+                    Err(x) => return Err(x),
+                }
+            }
+            Ok(())
+        }),
         Cmd::Logits { model, input, out } => dispatch!(model, |e, _m| logits(e, &input, &out)),
     };
     if let Err(e) = res {
@@ -314,6 +334,27 @@ fn generate<T: RunDType>(e: &mut Engine<T>, m: &Loaded, g: &GenArgs) -> Result<(
         if out.graph { " (CUDA graph)" } else { "" }
     );
     Ok(())
+}
+
+fn parse_runs(s: &str) -> Result<Vec<(usize, usize, usize)>> {
+    s.split(',')
+        .map(|r| {
+            let v: Vec<usize> = r
+                .split(':')
+                .map(|x| x.trim().parse::<usize>())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| {
+                    EngineError::invalid("--runs", format!("`{r}` is not BATCH:PROMPT:GEN"))
+                })?;
+            match v[..] {
+                [b, p, g] => Ok((b, p, g)),
+                _ => Err(EngineError::invalid(
+                    "--runs",
+                    format!("`{r}` is not BATCH:PROMPT:GEN"),
+                )),
+            }
+        })
+        .collect()
 }
 
 fn bench<T: RunDType>(
