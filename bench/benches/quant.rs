@@ -132,12 +132,17 @@ fn row_group<T: HalfDType>(c: &mut Criterion, gpu: &Gpu, op: Op, sizes: &[(usize
     let mut g = c.benchmark_group(format!("{}_{}", op.name(), T::NAME));
     for &(rows, h) in sizes {
         let id = format!("{rows}x{h}");
-        let x = bench_tensor::<T>(gpu, &[rows, h], 1).unwrap();
+        // Inputs of the quantising ops ([rows, h] x) or of the dequantising ones (acc,
+        // residual, scales); a 1-element stand-in for the other kind's.
+        let deq = matches!(op, Op::DeqAddRmsQuant | Op::DeqAdd);
+        let (xr, dr) = if deq { (1, rows) } else { (rows, 1) };
+        let (xh, dh) = if deq { (1, h) } else { (h, 1) };
+        let x = bench_tensor::<T>(gpu, &[xr, xh], 1).unwrap();
         let w = bench_tensor::<T>(gpu, &[h], 2).unwrap();
-        let mut res = bench_tensor::<T>(gpu, &[rows, h], 3).unwrap();
-        let acc = qops::bench_acc(gpu, &[rows, h], 4).unwrap();
-        let sa = DeviceTensor::<f32>::filled(&s, &[rows], 1e-3).unwrap();
-        let sw = DeviceTensor::<f32>::filled(&s, &[h], 1e-4).unwrap();
+        let mut res = bench_tensor::<T>(gpu, &[dr, dh], 3).unwrap();
+        let acc = qops::bench_acc(gpu, &[dr, dh], 4).unwrap();
+        let sa = DeviceTensor::<f32>::filled(&s, &[dr], 1e-3).unwrap();
+        let sw = DeviceTensor::<f32>::filled(&s, &[dh], 1e-4).unwrap();
         let mut q = DeviceTensor::<i8>::zeros(&s, &[rows, h]).unwrap();
         let mut sc = DeviceTensor::<f32>::zeros(&s, &[rows]).unwrap();
         let bytes = qops::row_bytes(op.name(), rows, h, std::mem::size_of::<T>());

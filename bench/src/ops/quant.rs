@@ -110,12 +110,17 @@ fn row_case<T: HalfDType>(op: &'static str, rows: usize, h: usize) -> Case {
         bytes: row_bytes(op, rows, h, es),
         make: Box::new(move |gpu| {
             let s = gpu.stream().clone();
-            let x = bench_tensor::<T>(gpu, &[rows, h], 1)?;
+            // Inputs of the quantising ops ([rows, h] x) or of the dequantising ones (acc,
+            // residual, scales); a 1-element stand-in for the other kind's.
+            let deq = op.starts_with("dequant");
+            let (xr, dr) = if deq { (1, rows) } else { (rows, 1) };
+            let (xh, dh) = if deq { (1, h) } else { (h, 1) };
+            let x = bench_tensor::<T>(gpu, &[xr, xh], 1)?;
             let w = bench_tensor::<T>(gpu, &[h], 2)?;
-            let mut res = bench_tensor::<T>(gpu, &[rows, h], 3)?;
-            let acc = bench_acc(gpu, &[rows, h], 4)?;
-            let sa = DeviceTensor::<f32>::filled(&s, &[rows], 1e-3)?;
-            let sw = DeviceTensor::<f32>::filled(&s, &[h], 1e-4)?;
+            let mut res = bench_tensor::<T>(gpu, &[dr, dh], 3)?;
+            let acc = bench_acc(gpu, &[dr, dh], 4)?;
+            let sa = DeviceTensor::<f32>::filled(&s, &[dr], 1e-3)?;
+            let sw = DeviceTensor::<f32>::filled(&s, &[dh], 1e-4)?;
             let mut q = DeviceTensor::<i8>::zeros(&s, &[rows, h])?;
             let mut sc = DeviceTensor::<f32>::zeros(&s, &[rows])?;
             let l: Launch = Box::new(move || {

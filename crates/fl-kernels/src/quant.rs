@@ -329,7 +329,8 @@ pub fn dequant_rope<T: HalfDType>(
             "dequant_rope supports the rotate-half (NeoX) pairing only",
         ));
     }
-    if heads.q_heads + heads.kv_heads == 0 || heads.q_heads + heads.kv_heads > i32::MAX as usize {
+    let rotated = heads.q_heads.checked_add(heads.kv_heads);
+    if !rotated.is_some_and(|h| h >= 1 && h <= i32::MAX as usize) {
         return Err(Error::invalid(
             "heads",
             format!("{heads:?}: need at least one head, and q_heads + kv_heads <= i32::MAX"),
