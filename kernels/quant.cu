@@ -1,2 +1,554 @@
-// Placeholder: the quant family is being written on its own branch.
+// INT8 W8A8 (FasterLLaMA v1.0 / FasterTransformer 3.0): per-token activation quantisation
+// fused into the kernels that produce the activations, and the int32 outputs of the int8
+// GEMMs dequantised inside the kernels that consume them. Activations f16 / bf16, math in f32.
+//
+// The quantisation rule (every *_quant launcher; fl_quant.h, "Quantisation rule"):
+//     amax = max_i |v_i|,  scale = amax / 127,  inv = amax > 0 ? min(127 / amax, FLT_MAX) : 0,
+//     q_i = rint(clamp(v_i * inv, -127, 127))        (round half to even, __float2int_rn)
+// Dequantisation of a GEMM output: deq = (f32(acc) * act_scale[token]) * weight_scale[channel],
+// two rounded f32 multiplies in that order.
+//
+// Row kernels (quantise, rms_norm_quant, dequant_add_rms_norm_quant, dequant_silu_mul_quant):
+// one CTA per token row; the whole row's values live in registers between the reductions
+// (sum of squares, absmax) and the int8 write when the row length is a multiple of 8 and
+// the pointers are 16-byte aligned (8 elements per access: 16 B of f16/bf16, 32 B of int32,
+// 8 B of int8), up to 512 threads x 8 chunks x 8 = 32768 elements per row. Otherwise a
+// scalar path re-reads the row (from L1/L2) for each pass, with the same arithmetic.
+#include <cfloat>
+#include <cmath>
+
 #include "common/common.cuh"
+
+namespace fl {
+namespace quant {
+
+constexpr float kQMax = 127.f;
+constexpr int kChunk = 8;  // elements per vector access of the row kernels
+
+struct RowScale {
+    float scale, inv;
+};
+
+__device__ __forceinline__ RowScale row_scale(float amax) {
+    RowScale r;
+    r.scale = amax / kQMax;  // IEEE division (the build does not use fast math)
+    r.inv = amax > 0.f ? fminf(kQMax / amax, FLT_MAX) : 0.f;
+    return r;
+}
+
+__device__ __forceinline__ int8_t quantize(float v, float inv) {
+    const float x = fminf(fmaxf(__fmul_rn(v, inv), -kQMax), kQMax);
+    return (int8_t)__float2int_rn(x);
+}
+
+__device__ __forceinline__ float deq(int32_t acc, float sa, float sw) {
+    return __fmul_rn(__fmul_rn(__int2float_rn(acc), sa), sw);
+}
+
+// silu(g) * u, accurate expf and IEEE division; e^-g = inf for g << 0 gives -0 (never NaN).
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return __fmul_rn(g / (1.f + expf(-g)), u);
+}
+
+__device__ __forceinline__ bool aligned8(const void *p) {
+    return (reinterpret_cast<uintptr_t>(p) & 7u) == 0;
+}
+
+// ------------------------------------------------------------------ row kernels
+enum class RowKind { Quant, RmsQuant, DeqAddRmsQuant, DeqSiluQuant };
+
+template <RowKind K> constexpr bool is_rms() {
+    return K == RowKind::RmsQuant || K == RowKind::DeqAddRmsQuant;
+}
+template <RowKind K> constexpr bool is_deq() {
+    return K == RowKind::DeqAddRmsQuant || K == RowKind::DeqSiluQuant;
+}
+
+template <typename T> struct RowArgs {
+    const T *x;              // Quant, RmsQuant: [rows, width]
+    const int32_t *acc;      // Deq*: [rows, width] (DeqSilu: [rows, 2 * width], gate | up)
+    const float *act_scale;  // Deq*: [rows]
+    const float *w_scale;    // Deq*: [width] (DeqSilu: [2 * width])
+    T *residual;             // DeqAddRms: [rows, width], read and overwritten
+    const T *w;              // Rms kinds: [width]
+    int8_t *q;               // [rows, width]
+    float *scale;            // [rows]
+    int64_t rows, width;
+    float eps;
+};
+
+using I4 = Vec<int32_t, 4>;
+using F4 = Vec<float, 4>;
+
+// Loads 8 int32 and their 8 weight scales (two 16-byte accesses each) and dequantises.
+__device__ __forceinline__ void deq8(const int32_t *acc, const float *sw, float sa, float (&d)[8]) {
+    const I4 a0 = reinterpret_cast<const I4 *>(acc)[0], a1 = reinterpret_cast<const I4 *>(acc)[1];
+    const F4 s0 = reinterpret_cast<const F4 *>(sw)[0], s1 = reinterpret_cast<const F4 *>(sw)[1];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        d[j] = deq(a0.v[j], sa, s0.v[j]);
+        d[4 + j] = deq(a1.v[j], sa, s1.v[j]);
+    }
+}
+
+// The pre-norm values of chunk c (elements 8c..8c+7) of a row; DeqAddRms writes the new
+// residual T(residual + deq) and returns it as f32.
+template <RowKind K, typename T>
+__device__ __forceinline__ void load_chunk(const RowArgs<T> &a, int64_t row, int64_t c, float sa,
+                                           float (&v)[kChunk]) {
+    using V = Vec<T, kChunk>;
+    const int64_t off = row * a.width + c * kChunk;
+    if constexpr (K == RowKind::Quant || K == RowKind::RmsQuant) {
+        const V x = *reinterpret_cast<const V *>(a.x + off);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) v[j] = to_f32(x.v[j]);
+    } else if constexpr (K == RowKind::DeqAddRmsQuant) {
+        float d[8];
+        deq8(a.acc + off, a.w_scale + c * kChunk, sa, d);
+        V *rp = reinterpret_cast<V *>(a.residual + off);
+        const V r = *rp;
+        V o;
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) {
+            o.v[j] = from_f32<T>(to_f32(r.v[j]) + d[j]);
+            v[j] = to_f32(o.v[j]);
+        }
+        *rp = o;
+    } else {  // DeqSilu
+        const int64_t goff = row * 2 * a.width + c * kChunk;
+        float g[8], u[8];
+        deq8(a.acc + goff, a.w_scale + c * kChunk, sa, g);
+        deq8(a.acc + goff + a.width, a.w_scale + a.width + c * kChunk, sa, u);
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) v[j] = silu_mul(g[j], u[j]);
+    }
+}
+
+// Largest block of the register path with VPT chunks per thread: 1024 threads (64 registers)
+// up to 2 chunks, 512 (128 registers) for 4 and 8 chunks, so that the row never spills.
+template <int VPT> constexpr int max_threads() { return VPT <= 2 ? 1024 : 512; }
+constexpr int kMaxVpt = 8;
+
+// Register path: VPT chunks of 8 per thread, one block per row (grid-stride over rows).
+template <RowKind K, typename T, int VPT>
+__global__ void __launch_bounds__(max_threads<VPT>()) row_vec_kernel(RowArgs<T> a) {
+    using V = Vec<T, kChunk>;
+    using Q = Vec<int8_t, kChunk>;
+    __shared__ float scratch[32];
+    const int64_t nvec = a.width / kChunk;
+    const float inv_w = 1.f / (float)a.width;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        float sa = 0.f;
+        if constexpr (is_deq<K>()) sa = a.act_scale[row];
+        float v[VPT][kChunk];
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+            if (c < nvec) {
+                load_chunk<K, T>(a, row, c, sa, v[k]);
+                if constexpr (is_rms<K>()) {
+#pragma unroll
+                    for (int j = 0; j < kChunk; ++j) ss += v[k][j] * v[k][j];
+                }
+            }
+        }
+        if constexpr (is_rms<K>()) {
+            const float rstd = rsqrtf(block_sum(ss, scratch) * inv_w + a.eps);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+                const int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+                if (c < nvec) {
+                    const V wk = reinterpret_cast<const V *>(a.w)[c];
+#pragma unroll
+                    for (int j = 0; j < kChunk; ++j)
+                        v[k][j] = __fmul_rn(__fmul_rn(v[k][j], rstd), to_f32(wk.v[j]));
+                }
+            }
+        }
+        float m = 0.f;
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            if (threadIdx.x + (int64_t)k * blockDim.x < nvec) {
+#pragma unroll
+                for (int j = 0; j < kChunk; ++j) m = fmaxf(m, fabsf(v[k][j]));
+            }
+        }
+        const RowScale rs = row_scale(block_max(m, scratch));
+        Q *qrow = reinterpret_cast<Q *>(a.q + row * a.width);
+#pragma unroll
+        for (int k = 0; k < VPT; ++k) {
+            const int64_t c = threadIdx.x + (int64_t)k * blockDim.x;
+            if (c < nvec) {
+                Q o;
+#pragma unroll
+                for (int j = 0; j < kChunk; ++j) o.v[j] = quantize(v[k][j], rs.inv);
+                qrow[c] = o;
+            }
+        }
+        if (threadIdx.x == 0) a.scale[row] = rs.scale;
+    }
+}
+
+// Scalar path: element i of a row, first pass (DeqAddRms writes the new residual).
+template <RowKind K, typename T>
+__device__ __forceinline__ float value_first(const RowArgs<T> &a, int64_t row, int64_t i, float sa) {
+    const int64_t off = row * a.width + i;
+    if constexpr (K == RowKind::Quant || K == RowKind::RmsQuant) {
+        return to_f32(a.x[off]);
+    } else if constexpr (K == RowKind::DeqAddRmsQuant) {
+        const T r = from_f32<T>(to_f32(a.residual[off]) + deq(a.acc[off], sa, a.w_scale[i]));
+        a.residual[off] = r;
+        return to_f32(r);
+    } else {
+        const int64_t g = row * 2 * a.width + i;
+        return silu_mul(deq(a.acc[g], sa, a.w_scale[i]),
+                        deq(a.acc[g + a.width], sa, a.w_scale[a.width + i]));
+    }
+}
+
+// Scalar path: element i again in a later pass (the same value, nothing written). Each
+// element is revisited by the thread that wrote it, so no barrier is needed.
+template <RowKind K, typename T>
+__device__ __forceinline__ float value_again(const RowArgs<T> &a, int64_t row, int64_t i, float sa) {
+    if constexpr (K == RowKind::DeqAddRmsQuant) {
+        return to_f32(a.residual[row * a.width + i]);
+    } else {
+        return value_first<K, T>(a, row, i, sa);
+    }
+}
+
+template <RowKind K, typename T> __global__ void row_generic_kernel(RowArgs<T> a) {
+    __shared__ float scratch[32];
+    const int64_t W = a.width;
+    const float inv_w = 1.f / (float)W;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        float sa = 0.f;
+        if constexpr (is_deq<K>()) sa = a.act_scale[row];
+        float ss = 0.f, m = 0.f, rstd = 1.f;
+        for (int64_t i = threadIdx.x; i < W; i += blockDim.x) {
+            const float v = value_first<K, T>(a, row, i, sa);
+            if constexpr (is_rms<K>()) ss += v * v;
+            else m = fmaxf(m, fabsf(v));
+        }
+        if constexpr (is_rms<K>()) {
+            rstd = rsqrtf(block_sum(ss, scratch) * inv_w + a.eps);
+            for (int64_t i = threadIdx.x; i < W; i += blockDim.x) {
+                const float v = __fmul_rn(__fmul_rn(value_again<K, T>(a, row, i, sa), rstd),
+                                          to_f32(a.w[i]));
+                m = fmaxf(m, fabsf(v));
+            }
+        }
+        const RowScale rs = row_scale(block_max(m, scratch));
+        for (int64_t i = threadIdx.x; i < W; i += blockDim.x) {
+            float v = value_again<K, T>(a, row, i, sa);
+            if constexpr (is_rms<K>()) v = __fmul_rn(__fmul_rn(v, rstd), to_f32(a.w[i]));
+            a.q[row * W + i] = quantize(v, rs.inv);
+        }
+        if (threadIdx.x == 0) a.scale[row] = rs.scale;
+    }
+}
+
+inline unsigned rows_grid(int64_t rows) {
+    const int64_t cap = 65535LL * 32;  // a grid-stride loop covers the rest
+    return (unsigned)(rows < 1 ? 1 : (rows > cap ? cap : rows));
+}
+
+template <RowKind K, typename T> fl_status row_launch(const RowArgs<T> &a, cudaStream_t s) {
+    const bool vec_ok = a.width % kChunk == 0 && (!a.x || aligned16(a.x)) &&
+                        (!a.acc || aligned16(a.acc)) && (!a.w_scale || aligned16(a.w_scale)) &&
+                        (!a.residual || aligned16(a.residual)) && (!a.w || aligned16(a.w)) &&
+                        aligned8(a.q);
+    const int64_t nvec = a.width / kChunk;
+    if (vec_ok && nvec <= (int64_t)kMaxVpt * max_threads<kMaxVpt>()) {
+        // Few rows: spread a row over up to 1024 threads (latency). Many rows: about 256
+        // threads per row and more chunks each, so that several blocks share an SM.
+        const int64_t target = a.rows >= 1024 ? 256 : 1024;
+        auto cap = [](int v) -> int64_t { return v <= 2 ? 1024 : 512; };
+        int vpt = 1;
+        while (vpt < kMaxVpt && (ceil_div(nvec, vpt) > target || ceil_div(nvec, vpt) > cap(vpt)))
+            vpt *= 2;
+        const int threads = (int)(ceil_div(ceil_div(nvec, vpt), 32) * 32);
+        const unsigned grid = rows_grid(a.rows);
+        switch (vpt) {
+        case 1: row_vec_kernel<K, T, 1><<<grid, threads, 0, s>>>(a); break;
+        case 2: row_vec_kernel<K, T, 2><<<grid, threads, 0, s>>>(a); break;
+        case 4: row_vec_kernel<K, T, 4><<<grid, threads, 0, s>>>(a); break;
+        default: row_vec_kernel<K, T, 8><<<grid, threads, 0, s>>>(a); break;
+        }
+        return launch_status();
+    }
+    const int64_t want = ceil_div(ceil_div(a.width, 8), 32) * 32;
+    const int threads = (int)(want < 64 ? 64 : (want > 1024 ? 1024 : want));
+    row_generic_kernel<K, T><<<rows_grid(a.rows), threads, 0, s>>>(a);
+    return launch_status();
+}
+
+// ------------------------------------------------------------------ dequant + add
+// residual[t, j] = T(residual[t, j] + deq(acc[t, j], act_scale[t], w_scale[j])).
+template <typename T>
+__global__ void deq_add_vec_kernel(const int32_t *__restrict__ acc, const float *__restrict__ sa,
+                                   const float *__restrict__ sw, T *__restrict__ res, int64_t rows,
+                                   int64_t width) {
+    using V = Vec<T, kChunk>;
+    const int64_t per_row = width / kChunk, total = rows * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / per_row, c = i - row * per_row;
+        const int64_t off = row * width + c * kChunk;
+        float d[8];
+        deq8(acc + off, sw + c * kChunk, sa[row], d);
+        V *rp = reinterpret_cast<V *>(res + off);
+        const V r = *rp;
+        V o;
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j) o.v[j] = from_f32<T>(to_f32(r.v[j]) + d[j]);
+        *rp = o;
+    }
+}
+
+template <typename T>
+__global__ void deq_add_scalar_kernel(const int32_t *__restrict__ acc, const float *__restrict__ sa,
+                                      const float *__restrict__ sw, T *__restrict__ res,
+                                      int64_t rows, int64_t width) {
+    const int64_t total = rows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / width, j = i - row * width;
+        res[i] = from_f32<T>(to_f32(res[i]) + deq(acc[i], sa[row], sw[j]));
+    }
+}
+
+template <typename T>
+fl_status deq_add(const int32_t *acc, const float *sa, const float *sw, T *res, int64_t rows,
+                  int64_t width, cudaStream_t s) {
+    constexpr int threads = 256;
+    if (width % kChunk == 0 && aligned16(acc) && aligned16(sw) && aligned16(res)) {
+        deq_add_vec_kernel<T><<<grid_for(rows * (width / kChunk), threads), threads, 0, s>>>(
+            acc, sa, sw, res, rows, width);
+    } else {
+        deq_add_scalar_kernel<T><<<grid_for(rows * width, threads), threads, 0, s>>>(
+            acc, sa, sw, res, rows, width);
+    }
+    return launch_status();
+}
+
+// ------------------------------------------------------------------ dequant + RoPE
+// The input row of a token is (q_heads + 2 kv_heads) heads of head_dim: q heads, k heads, v
+// heads. A thread owns VP consecutive "slots" of one head: in a q or k head, slot s < half is
+// the rotated pair (s, s + half) and slot s >= half the unrotated element s + half (partial
+// rotary); in a v head slot s is element s. VP = 4 (16-byte int32 / f32 accesses, 8-byte
+// output) when half and head_dim are multiples of 4 and the pointers allow, else 1.
+struct RopeGeo {
+    int64_t tokens;
+    int64_t row_w;  // (nrot + nv) * d
+    int32_t nrot;   // q_heads + kv_heads (rotated heads)
+    int32_t nv;     // kv_heads (v heads)
+    int32_t d, half;
+};
+
+struct InvFreqArg {
+    float v[FL_ROPE_MAX_PAIRS];
+};
+
+template <typename T, int VP>
+__global__ void __launch_bounds__(256)
+    deq_rope_kernel(const int32_t *__restrict__ acc, const float *__restrict__ sa,
+                    const float *__restrict__ sw, const int32_t *__restrict__ pos,
+                    T *__restrict__ out, const RopeGeo g, const InvFreqArg f) {
+    __shared__ float inv[FL_ROPE_MAX_PAIRS];
+    for (int i = threadIdx.x; i < g.half; i += blockDim.x) inv[i] = f.v[i];
+    __syncthreads();
+    using IV = Vec<int32_t, VP>;
+    using FV = Vec<float, VP>;
+    using OV = Vec<T, VP>;
+    const int sr = (g.d - g.half) / VP;  // units of a rotated head
+    const int sv = g.d / VP;             // units of a v head
+    const int64_t rot_units = (int64_t)g.nrot * sr;
+    const int64_t per_tok = rot_units + (int64_t)g.nv * sv;
+    const int64_t total = g.tokens * per_tok;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = idx / per_tok;
+        int64_t r = idx - t * per_tok;
+        const int64_t base = t * g.row_w;
+        const float s_a = sa[t];
+        int64_t col;  // first column of this unit (of its first half, for a pair)
+        bool pair = false;
+        int s = 0;
+        if (r < rot_units) {
+            const int h = (int)(r / sr);
+            s = (int)(r - (int64_t)h * sr) * VP;
+            pair = s < g.half;
+            col = (int64_t)h * g.d + (pair ? s : s + g.half);
+        } else {
+            r -= rot_units;
+            const int h = (int)(r / sv);
+            col = (int64_t)g.nrot * g.d + (int64_t)h * g.d + (int64_t)(r - (int64_t)h * sv) * VP;
+        }
+        const IV a0 = *reinterpret_cast<const IV *>(acc + base + col);
+        const FV w0 = *reinterpret_cast<const FV *>(sw + col);
+        if (pair) {
+            const int64_t col1 = col + g.half;
+            const IV a1 = *reinterpret_cast<const IV *>(acc + base + col1);
+            const FV w1 = *reinterpret_cast<const FV *>(sw + col1);
+            const float p = (float)pos[t];
+            OV o0, o1;
+#pragma unroll
+            for (int m = 0; m < VP; ++m) {
+                float sn, cs;
+                sincosf(__fmul_rn(p, inv[s + m]), &sn, &cs);
+                const float x0 = deq(a0.v[m], s_a, w0.v[m]), x1 = deq(a1.v[m], s_a, w1.v[m]);
+                o0.v[m] = from_f32<T>(__fmaf_rn(x0, cs, -__fmul_rn(x1, sn)));
+                o1.v[m] = from_f32<T>(__fmaf_rn(x1, cs, __fmul_rn(x0, sn)));
+            }
+            *reinterpret_cast<OV *>(out + base + col) = o0;
+            *reinterpret_cast<OV *>(out + base + col1) = o1;
+        } else {
+            OV o;
+#pragma unroll
+            for (int m = 0; m < VP; ++m) o.v[m] = from_f32<T>(deq(a0.v[m], s_a, w0.v[m]));
+            *reinterpret_cast<OV *>(out + base + col) = o;
+        }
+    }
+}
+
+template <typename T>
+fl_status deq_rope(const int32_t *acc, const float *sa, const float *sw, const int32_t *pos, T *out,
+                   const RopeGeo &g, const InvFreqArg &f, cudaStream_t s) {
+    constexpr int threads = 256;
+    const bool vec = g.half % 4 == 0 && g.d % 4 == 0 && aligned16(acc) && aligned16(sw) &&
+                     aligned8(out);
+    const int vp = vec ? 4 : 1;
+    const int64_t units = g.tokens * ((int64_t)g.nrot * ((g.d - g.half) / vp) + (int64_t)g.nv * (g.d / vp));
+    if (units == 0) return FL_OK;
+    if (vec) {
+        deq_rope_kernel<T, 4><<<grid_for(units, threads), threads, 0, s>>>(acc, sa, sw, pos, out, g, f);
+    } else {
+        deq_rope_kernel<T, 1><<<grid_for(units, threads), threads, 0, s>>>(acc, sa, sw, pos, out, g, f);
+    }
+    return launch_status();
+}
+
+}  // namespace quant
+}  // namespace fl
+
+// Dispatch on a 16-bit float dtype (the W8A8 activations): runs BODY with `scalar_t`.
+#define FL_DISPATCH_HALF(DTYPE, ...)                                                           \
+    switch (DTYPE) {                                                                           \
+    case FL_DTYPE_F16: { using scalar_t = __half; __VA_ARGS__; break; }                        \
+    case FL_DTYPE_BF16: { using scalar_t = __nv_bfloat16; __VA_ARGS__; break; }                \
+    default: return FL_ERR_UNSUPPORTED_DTYPE;                                                  \
+    }
+
+namespace {
+
+bool bad_eps(float eps) { return !(eps > 0.f) || !std::isfinite(eps); }
+
+template <fl::quant::RowKind K>
+fl_status row_entry(fl_dtype dtype, const void *x, const int32_t *acc, const float *act_scale,
+                    const float *w_scale, void *residual, const void *w, int8_t *q, float *scale,
+                    int64_t rows, int64_t width, float eps, fl_stream stream) {
+    using fl::quant::RowKind;
+    if (rows < 0 || width < 1) return FL_ERR_INVALID_ARGUMENT;
+    if (fl::quant::is_rms<K>() && bad_eps(eps)) return FL_ERR_INVALID_ARGUMENT;
+    if (rows == 0) return FL_OK;
+    if (!q || !scale) return FL_ERR_INVALID_ARGUMENT;
+    if ((K == RowKind::Quant || K == RowKind::RmsQuant) && !x) return FL_ERR_INVALID_ARGUMENT;
+    if (fl::quant::is_rms<K>() && !w) return FL_ERR_INVALID_ARGUMENT;
+    if (fl::quant::is_deq<K>() && (!acc || !act_scale || !w_scale)) return FL_ERR_INVALID_ARGUMENT;
+    if (K == RowKind::DeqAddRmsQuant && !residual) return FL_ERR_INVALID_ARGUMENT;
+    FL_DISPATCH_HALF(dtype, {
+        fl::quant::RowArgs<scalar_t> a;
+        a.x = static_cast<const scalar_t *>(x);
+        a.acc = acc;
+        a.act_scale = act_scale;
+        a.w_scale = w_scale;
+        a.residual = static_cast<scalar_t *>(residual);
+        a.w = static_cast<const scalar_t *>(w);
+        a.q = q;
+        a.scale = scale;
+        a.rows = rows;
+        a.width = width;
+        a.eps = eps;
+        return fl::quant::row_launch<K, scalar_t>(a, fl::as_stream(stream));
+    });
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+}  // namespace
+
+extern "C" fl_status fl_quantize_per_token(fl_dtype dtype, const void *x, int8_t *q, float *scale,
+                                           int64_t tokens, int64_t width, fl_stream stream) {
+    return row_entry<fl::quant::RowKind::Quant>(dtype, x, nullptr, nullptr, nullptr, nullptr,
+                                                nullptr, q, scale, tokens, width, 1.f, stream);
+}
+
+extern "C" fl_status fl_rms_norm_quant(fl_dtype dtype, const void *x, const void *weight, int8_t *q,
+                                       float *scale, int64_t tokens, int64_t hidden, float eps,
+                                       fl_stream stream) {
+    return row_entry<fl::quant::RowKind::RmsQuant>(dtype, x, nullptr, nullptr, nullptr, nullptr,
+                                                   weight, q, scale, tokens, hidden, eps, stream);
+}
+
+extern "C" fl_status fl_dequant_add_rms_norm_quant(fl_dtype dtype, const int32_t *acc,
+                                                   const float *act_scale,
+                                                   const float *weight_scale, void *residual,
+                                                   const void *weight, int8_t *q, float *scale,
+                                                   int64_t tokens, int64_t hidden, float eps,
+                                                   fl_stream stream) {
+    return row_entry<fl::quant::RowKind::DeqAddRmsQuant>(dtype, nullptr, acc, act_scale,
+                                                         weight_scale, residual, weight, q, scale,
+                                                         tokens, hidden, eps, stream);
+}
+
+extern "C" fl_status fl_dequant_silu_mul_quant(const int32_t *acc, const float *act_scale,
+                                               const float *weight_scale, int8_t *q, float *scale,
+                                               int64_t tokens, int64_t inter, fl_stream stream) {
+    if (inter > INT64_MAX / 2) return FL_ERR_INVALID_ARGUMENT;
+    // No activation dtype is involved (int32 in, int8 out); the f16 instantiation is used.
+    return row_entry<fl::quant::RowKind::DeqSiluQuant>(FL_DTYPE_F16, nullptr, acc, act_scale,
+                                                       weight_scale, nullptr, nullptr, q, scale,
+                                                       tokens, inter, 1.f, stream);
+}
+
+extern "C" fl_status fl_dequant_add(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                                    const float *weight_scale, void *residual, int64_t tokens,
+                                    int64_t width, fl_stream stream) {
+    if (tokens < 0 || width < 1) return FL_ERR_INVALID_ARGUMENT;
+    if (tokens == 0) return FL_OK;
+    if (!acc || !act_scale || !weight_scale || !residual) return FL_ERR_INVALID_ARGUMENT;
+    FL_DISPATCH_HALF(dtype, return fl::quant::deq_add<scalar_t>(
+                                acc, act_scale, weight_scale, static_cast<scalar_t *>(residual),
+                                tokens, width, fl::as_stream(stream)));
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+extern "C" fl_status fl_dequant_rope(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                                     const float *weight_scale, const int32_t *positions,
+                                     void *out, int64_t tokens, int32_t q_heads, int32_t kv_heads,
+                                     const fl_rope_params *params, fl_stream stream) {
+    if (tokens < 0 || q_heads < 0 || kv_heads < 0 || !params) return FL_ERR_INVALID_ARGUMENT;
+    const int32_t d = params->head_dim, rot = params->rotary_dim;
+    if (d < 1 || rot < 2 || rot % 2 != 0 || rot > d || rot / 2 > FL_ROPE_MAX_PAIRS ||
+        params->interleaved != 0)
+        return FL_ERR_INVALID_ARGUMENT;
+    const int64_t heads = (int64_t)q_heads + 2 * (int64_t)kv_heads;
+    if ((int64_t)q_heads + kv_heads > INT32_MAX) return FL_ERR_INVALID_ARGUMENT;
+    if (heads < 1 || heads * d > INT64_MAX / (tokens > 0 ? tokens : 1)) return FL_ERR_INVALID_ARGUMENT;
+    if (tokens == 0) return FL_OK;
+    if (!acc || !act_scale || !weight_scale || !positions || !out) return FL_ERR_INVALID_ARGUMENT;
+    fl::quant::RopeGeo g;
+    g.tokens = tokens;
+    g.row_w = heads * d;
+    g.nrot = q_heads + kv_heads;
+    g.nv = kv_heads;
+    g.d = d;
+    g.half = rot / 2;
+    fl::quant::InvFreqArg f;
+    for (int i = 0; i < FL_ROPE_MAX_PAIRS; ++i) f.v[i] = i < g.half ? params->inv_freq[i] : 0.f;
+    FL_DISPATCH_HALF(dtype, return fl::quant::deq_rope<scalar_t>(
+                                acc, act_scale, weight_scale, positions,
+                                static_cast<scalar_t *>(out), g, f, fl::as_stream(stream)));
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}

@@ -1,5 +1,109 @@
-/* Launchers of kernels/quant.cu (included by fl_kernels.h; see its rules). Placeholder. */
+/* Launchers of kernels/quant.cu (included by fl_kernels.h; see its rules): INT8 W8A8.
+ *
+ * The int8 GEMMs between these kernels (fl-blas `Blas::gemm_i8`) compute
+ *   acc[t, n] = sum_k q_act[t, k] * q_w[n, k]   (int32)
+ * with weights quantised once, symmetric per output channel n (weight_scale[n]), and
+ * activations quantised per token t by the kernel that produces them (act_scale[t]).
+ *
+ * Quantisation rule (every launcher that writes int8 `q` and f32 `scale`), per token row of
+ * f32 values v (computed as each launcher says, never rounded to dtype):
+ *   amax     = max_i |v_i|
+ *   scale[t] = amax / 127                                  (f32 division)
+ *   inv      = amax > 0 ? min(127 / amax, FLT_MAX) : 0     (f32 division)
+ *   q[t, i]  = rint(clamp(v_i * inv, -127, 127))           (f32 product; round half to even)
+ * so that v_i ~= q[t, i] * scale[t], |v_i - q * scale| <= scale / 2 (up to f32 rounding), and
+ * the largest |v_i| maps to +-127. A row of zeros gives scale 0 and q = 0. Non-finite inputs
+ * give unspecified q and a non-finite scale.
+ *
+ * Dequantisation of a GEMM output (every launcher that reads `acc`):
+ *   deq(t, n) = (f32(acc[t, n]) * act_scale[t]) * weight_scale[n]   (two rounded f32 products)
+ *
+ * Common rules:
+ *  - dtype (the activations: x, residual, weight, out): FL_DTYPE_F16 or FL_DTYPE_BF16
+ *    (else FL_ERR_UNSUPPORTED_DTYPE); all math in f32.
+ *  - tokens >= 0 (0 launches nothing), widths >= 1, eps > 0 and finite; NULL pointers where
+ *    tokens > 0 needs them: FL_ERR_INVALID_ARGUMENT. Indices are 64-bit.
+ *  - Row kernels (the *_quant launchers) run one CTA per token row and keep the row in
+ *    registers when the row length is a multiple of 8, <= 32768, and every pointer is
+ *    16-byte aligned (q: 8-byte); any other size or alignment takes a scalar path that
+ *    re-reads the row, with identical arithmetic.
+ *  - No argument may overlap another, except as stated.
+ */
 #ifndef FL_QUANT_H
 #define FL_QUANT_H
 #include "fl_kernels.h"
+#include "fl_rope.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-token quantisation: v = f32(x[t, i]).
+ * x: dtype [tokens, width]; q: int8 [tokens, width]; scale: f32 [tokens]. */
+fl_status fl_quantize_per_token(fl_dtype dtype, const void *x, int8_t *q, float *scale,
+                                int64_t tokens, int64_t width, fl_stream stream);
+
+/* RMSNorm then per-token quantisation (FasterLLaMA resNormQuantized):
+ *   rstd[t] = 1 / sqrt(mean_i(x[t, i]^2) + eps)   (f32 block sum, rsqrtf, as fl_rms_norm)
+ *   v       = (f32(x[t, i]) * rstd[t]) * f32(weight[i])   (not rounded to dtype)
+ * x: dtype [tokens, hidden]; weight: dtype [hidden]; q: int8 [tokens, hidden]; scale: f32 [tokens]. */
+fl_status fl_rms_norm_quant(fl_dtype dtype, const void *x, const void *weight, int8_t *q,
+                            float *scale, int64_t tokens, int64_t hidden, float eps,
+                            fl_stream stream);
+
+/* Dequantise the fused QKV GEMM output and apply rotary embedding (rotate-half pairing) to q
+ * and k; v is only dequantised.
+ *   acc: int32 [tokens, (q_heads + 2 kv_heads) * head_dim], per token the q heads, then the k
+ *   heads, then the v heads, head_dim each; act_scale: f32 [tokens]; weight_scale: f32
+ *   [(q_heads + 2 kv_heads) * head_dim]; positions: int32 [tokens] (any value: the angle is
+ *   computed, no table); out: dtype, the same shape and layout as acc (one fused output).
+ * With x = deq(t, c) and, in a q or k head, the pair (i, i + rotary_dim / 2) for
+ * i < rotary_dim / 2, a = f32(positions[t]) * params->inv_freq[i] (one rounded product) and
+ * accurate sincosf(a):
+ *   out0 = dtype(fma(x0, cos a, -(x1 * sin a))),  out1 = dtype(fma(x1, cos a, x0 * sin a))
+ * (as fl_rope_apply); elements past rotary_dim and all of v: out = dtype(x).
+ * params: head_dim >= 1, rotary_dim even in [2, head_dim] and <= 2 * FL_ROPE_MAX_PAIRS,
+ * interleaved == 0 (rotate-half only); q_heads, kv_heads >= 0 with q_heads + 2 kv_heads >= 1.
+ * Vector path (4 elements per access) when rotary_dim / 2 and head_dim are multiples of 4, acc
+ * and weight_scale are 16-byte aligned and out 8-byte aligned; scalar path otherwise. */
+fl_status fl_dequant_rope(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                          const float *weight_scale, const int32_t *positions, void *out,
+                          int64_t tokens, int32_t q_heads, int32_t kv_heads,
+                          const fl_rope_params *params, fl_stream stream);
+
+/* Dequantise the O-projection GEMM output, add it to the residual stream (in place), RMSNorm
+ * and quantise per token (FasterLLaMA dequantizedResidualResNormQuantized):
+ *   residual[t, i] = dtype(f32(residual[t, i]) + deq(t, i))       (written back)
+ *   v = (f32(residual[t, i]) * rstd[t]) * f32(weight[i])   (norm of the rounded new residual,
+ *        as fl_add_rms_norm; v not rounded to dtype)
+ * acc: int32 [tokens, hidden]; act_scale: f32 [tokens]; weight_scale: f32 [hidden];
+ * residual: dtype [tokens, hidden]; weight: dtype [hidden]; q: int8 [tokens, hidden];
+ * scale: f32 [tokens]. */
+fl_status fl_dequant_add_rms_norm_quant(fl_dtype dtype, const int32_t *acc,
+                                        const float *act_scale, const float *weight_scale,
+                                        void *residual, const void *weight, int8_t *q,
+                                        float *scale, int64_t tokens, int64_t hidden, float eps,
+                                        fl_stream stream);
+
+/* Dequantise the fused gate|up GEMM output, SwiGLU, quantise per token
+ * (FasterLLaMA dequantizedSiluMultiplyQuantized):
+ *   g = deq(t, i), u = deq(t, inter + i),  v = (g / (1 + expf(-g))) * u   (f32)
+ * acc: int32 [tokens, 2 * inter] (gate columns first, then up); act_scale: f32 [tokens];
+ * weight_scale: f32 [2 * inter]; q: int8 [tokens, inter]; scale: f32 [tokens]. No dtype
+ * argument: no 16-bit tensor is read or written. */
+fl_status fl_dequant_silu_mul_quant(const int32_t *acc, const float *act_scale,
+                                    const float *weight_scale, int8_t *q, float *scale,
+                                    int64_t tokens, int64_t inter, fl_stream stream);
+
+/* Dequantise the down-projection GEMM output and add it to the residual (in place):
+ *   residual[t, i] = dtype(f32(residual[t, i]) + deq(t, i))
+ * acc: int32 [tokens, width]; act_scale: f32 [tokens]; weight_scale: f32 [width];
+ * residual: dtype [tokens, width]. Elementwise; 8 elements per access when width is a
+ * multiple of 8 and acc, weight_scale, residual are 16-byte aligned. */
+fl_status fl_dequant_add(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                         const float *weight_scale, void *residual, int64_t tokens, int64_t width,
+                         fl_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

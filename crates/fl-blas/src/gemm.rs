@@ -135,7 +135,7 @@ fn mul(arg: &'static str, x: usize, y: usize) -> Result<i64> {
 }
 
 /// The largest power of two (at most 256) dividing every pointer.
-fn alignment(ptrs: &[u64]) -> u32 {
+pub(crate) fn alignment(ptrs: &[u64]) -> u32 {
     ptrs.iter()
         .map(|&p| {
             if p == 0 {
@@ -207,7 +207,7 @@ fn descriptors(
 }
 
 /// Up to `count` algorithms from cuBLASLt's heuristic, best first.
-fn heuristic(
+pub(crate) fn heuristic(
     handle: &Handle,
     desc: &MatmulDesc,
     la: &Layout,
@@ -339,11 +339,13 @@ pub struct Blas {
     /// Entries read from a file that have not yet passed `cublasLtMatmulAlgoCheck`.
     unchecked: HashSet<CacheKey>,
     allow_tf32: bool,
-    workspace: CudaSlice<u8>,
-    stream: Arc<CudaStream>,
-    gpu: Gpu,
+    /// INT8 (IMMA) plans of [`gemm_i8`](Self::gemm_i8), per shape (int8.rs).
+    pub(crate) i8_plans: crate::int8::I8Plans,
+    pub(crate) workspace: CudaSlice<u8>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) gpu: Gpu,
     // Declared last: dropped after the plans that were used with it.
-    handle: Handle,
+    pub(crate) handle: Handle,
 }
 
 // SAFETY: a cuBLASLt handle and its descriptors may be used from any thread as long as
@@ -383,6 +385,7 @@ impl Blas {
             cache: AlgoCache::new(gpu.name()?, version),
             unchecked: HashSet::new(),
             allow_tf32: false,
+            i8_plans: Default::default(),
             workspace,
             stream,
             gpu: gpu.clone(),

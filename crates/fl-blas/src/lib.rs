@@ -26,7 +26,9 @@
 //! # Ok::<(), fl_blas::Error>(())
 //! ```
 //!
-//! Not yet: INT8 W8A8 GEMM and weight-only quantised GEMV (issue 4, later parts).
+//! INT8 W8A8: [`Blas::gemm_i8`] (int8 × int8 → int32 on IMMA tensor cores) and
+//! [`QuantLinear`] (per-channel quantised weights); the fused (de)quantising kernels around
+//! it are in [`fl_kernels::quant`].
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -41,6 +43,7 @@ pub use cache::{AlgoCache, CacheKey, CacheLoad, CachedAlgo, GemmShape};
 pub use dtype::{GemmDType, GemmType};
 pub use error::{Error, Result};
 pub use gemm::{AutotuneResult, Blas, GemmParams, WORKSPACE_BYTES};
+pub use int8::QuantLinear;
 
 /// Weight-only quantised GEMV/GEMM for decode (int8, int4, Q8_0, Q4_0). The kernels are
 /// hand-written, so they live in `fl-kernels` with the others; re-exported here.

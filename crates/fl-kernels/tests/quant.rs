@@ -1,0 +1,684 @@
+//! quant::{quantize_per_token, rms_norm_quant, dequant_rope, dequant_add_rms_norm_quant,
+//! dequant_silu_mul_quant, dequant_add} on the GPU against reference::quant; CPU property
+//! tests of the quantisers and the W8A8-vs-float accuracy of a whole decoder layer (these run
+//! without a GPU).
+//!
+//! How int8 outputs are compared:
+//! - exactly (int8 and scale bit for bit) where the kernel's f32 values equal the
+//!   reference's: quantize_per_token (the only reduction is a max);
+//! - within ±1 where a sum (RMSNorm) or expf (SiLU) can move an f32 value by an ulp, which
+//!   flips a rounding only when `v · inv` lies within that ulp of a half-integer: at most 1% of
+//!   the elements may differ (by exactly 1), and the scales agree to 1e-6 relative.
+//!
+//! Residual outputs (dequant_add, dequant_add_rms_norm_quant) are bit-exact.
+
+use fl_kernels::quant::{self, Dequant, QkvHeads};
+use fl_kernels::reference::quant as rq;
+use fl_kernels::rope::{RopeParams, RopeStyle};
+use fl_kernels::testing::{gpu_or_skip, random_nonzero, rel_l2, rng, strategies, to_f64};
+use fl_kernels::{bf16, f16, DeviceTensor, Error, FloatDType, Gpu, HalfDType};
+use proptest::prelude::*;
+use rand::Rng;
+
+/// Row lengths: vector path (multiples of 8 up to 32768, every VPT), scalar path (odd sizes,
+/// non-multiples of 8, longer than 32768).
+const WIDTHS: &[usize] = &[
+    1, 7, 8, 64, 129, 1000, 4095, 4096, 5120, 11008, 16384, 28672, 32768, 32776,
+];
+const ROWS: &[usize] = &[1, 3, 33];
+
+/// An int8 value the quantiser never writes: unwritten outputs are caught.
+const Q_POISON: i8 = i8::MIN;
+
+fn tol<T: FloatDType>() -> f64 {
+    2.0 * T::EPS
+}
+
+fn random_acc(r: &mut impl Rng, n: usize, mag: i32) -> Vec<i32> {
+    (0..n)
+        .map(|_| {
+            let v = r.random_range(1..=mag);
+            if r.random_bool(0.5) {
+                v
+            } else {
+                -v
+            }
+        })
+        .collect()
+}
+
+fn random_scales(r: &mut impl Rng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(lo..hi)).collect()
+}
+
+/// Compares quantised outputs; `exact`: bit for bit, else ±1 on at most 1% of the elements.
+fn assert_quant(what: &str, got: (&[i8], &[f32]), want: (&[i8], &[f32]), exact: bool) {
+    let (gq, gs) = got;
+    let (wq, ws) = want;
+    assert_eq!(gq.len(), wq.len(), "{what}: q length");
+    assert_eq!(gs.len(), ws.len(), "{what}: scale length");
+    for (t, (&g, &w)) in gs.iter().zip(ws).enumerate() {
+        if exact {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{what}: scale[{t}] {g:e} vs {w:e}"
+            );
+        } else {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs() && g.is_finite(),
+                "{what}: scale[{t}] {g:e} vs {w:e}"
+            );
+        }
+    }
+    let mut off = 0usize;
+    for (i, (&g, &w)) in gq.iter().zip(wq).enumerate() {
+        assert!(g != Q_POISON, "{what}: q[{i}] not written");
+        if g != w {
+            assert!(
+                !exact && (g as i32 - w as i32).abs() == 1,
+                "{what}: q[{i}] = {g}, want {w}"
+            );
+            off += 1;
+        }
+    }
+    assert!(
+        off <= (gq.len() / 100).max(1),
+        "{what}: {off} of {} int8 values differ by 1",
+        gq.len()
+    );
+}
+
+struct QOut {
+    q: DeviceTensor<i8>,
+    s: DeviceTensor<f32>,
+}
+
+impl QOut {
+    fn new(gpu: &Gpu, tokens: usize, width: usize) -> Self {
+        let st = gpu.stream();
+        QOut {
+            q: DeviceTensor::filled(st, &[tokens, width], Q_POISON).unwrap(),
+            s: DeviceTensor::filled(st, &[tokens], f32::NAN).unwrap(),
+        }
+    }
+    fn host(&self, gpu: &Gpu) -> (Vec<i8>, Vec<f32>) {
+        let st = gpu.stream();
+        (self.q.to_host(st).unwrap(), self.s.to_host(st).unwrap())
+    }
+}
+
+/// GEMM output and scales: `acc [tokens, width]`, act `[tokens]`, weight `[width]`, with
+/// dequantised values of order 1.
+struct Acc {
+    acc: Vec<i32>,
+    sa: Vec<f32>,
+    sw: Vec<f32>,
+    d_acc: DeviceTensor<i32>,
+    d_sa: DeviceTensor<f32>,
+    d_sw: DeviceTensor<f32>,
+}
+
+impl Acc {
+    fn new(gpu: &Gpu, r: &mut impl Rng, tokens: usize, width: usize) -> Self {
+        let st = gpu.stream();
+        let acc = random_acc(r, tokens * width, 400_000);
+        let sa = random_scales(r, tokens, 1e-3, 1e-2);
+        let sw = random_scales(r, width, 1e-4, 1e-3);
+        Acc {
+            d_acc: DeviceTensor::from_host(st, &acc, &[tokens, width]).unwrap(),
+            d_sa: DeviceTensor::from_host(st, &sa, &[tokens]).unwrap(),
+            d_sw: DeviceTensor::from_host(st, &sw, &[width]).unwrap(),
+            acc,
+            sa,
+            sw,
+        }
+    }
+    fn deq(&self) -> Dequant<'_> {
+        Dequant {
+            acc: &self.d_acc,
+            act_scale: &self.d_sa,
+            weight_scale: &self.d_sw,
+        }
+    }
+}
+
+fn check_quantize<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut impl Rng) {
+    let s = gpu.stream();
+    let x: Vec<T> = random_nonzero(r, tokens * width, 1e-3, 8.0);
+    let dx = DeviceTensor::from_host(s, &x, &[tokens, width]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    quant::quantize_per_token(s, &dx, &mut out.q, &mut out.s).unwrap();
+    let (gq, gs) = out.host(gpu);
+    let (wq, ws) = rq::quantize_per_token(&x, width);
+    let what = format!("quantize_per_token {tokens}x{width} <{}>", T::NAME);
+    assert_quant(&what, (&gq, &gs), (&wq, &ws), true);
+}
+
+fn check_rms_quant<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut impl Rng) {
+    let s = gpu.stream();
+    let x: Vec<T> = random_nonzero(r, tokens * width, 1e-3, 4.0);
+    let w: Vec<T> = random_nonzero(r, width, 0.5, 1.5);
+    let dx = DeviceTensor::from_host(s, &x, &[tokens, width]).unwrap();
+    let dw = DeviceTensor::from_host(s, &w, &[width]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    quant::rms_norm_quant(s, &dx, &dw, 1e-5, &mut out.q, &mut out.s).unwrap();
+    let (gq, gs) = out.host(gpu);
+    let (wq, ws) = rq::rms_norm_quant(&x, &w, 1e-5);
+    let what = format!("rms_norm_quant {tokens}x{width} <{}>", T::NAME);
+    assert_quant(&what, (&gq, &gs), (&wq, &ws), false);
+}
+
+fn check_deq_add_rms<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut impl Rng) {
+    let s = gpu.stream();
+    let a = Acc::new(gpu, r, tokens, width);
+    let res: Vec<T> = random_nonzero(r, tokens * width, 1e-3, 4.0);
+    let w: Vec<T> = random_nonzero(r, width, 0.5, 1.5);
+    let mut dres = DeviceTensor::from_host(s, &res, &[tokens, width]).unwrap();
+    let dw = DeviceTensor::from_host(s, &w, &[width]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    quant::dequant_add_rms_norm_quant(s, a.deq(), &mut dres, &dw, 1e-6, &mut out.q, &mut out.s)
+        .unwrap();
+    let (gq, gs) = out.host(gpu);
+    let (wres, wq, ws) = rq::dequant_add_rms_norm_quant(&a.acc, &a.sa, &a.sw, &res, &w, 1e-6);
+    let what = format!("dequant_add_rms_norm_quant {tokens}x{width} <{}>", T::NAME);
+    assert_eq!(
+        to_f64(&dres.to_host(s).unwrap()),
+        to_f64(&wres),
+        "{what}: residual not bit-exact"
+    );
+    assert_quant(&what, (&gq, &gs), (&wq, &ws), false);
+}
+
+fn check_deq_silu(gpu: &Gpu, tokens: usize, inter: usize, r: &mut impl Rng) {
+    let a = Acc::new(gpu, r, tokens, 2 * inter);
+    let mut out = QOut::new(gpu, tokens, inter);
+    quant::dequant_silu_mul_quant(gpu.stream(), a.deq(), &mut out.q, &mut out.s).unwrap();
+    let (gq, gs) = out.host(gpu);
+    let (wq, ws) = rq::dequant_silu_mul_quant(&a.acc, &a.sa, &a.sw);
+    let what = format!("dequant_silu_mul_quant {tokens}x{inter}");
+    assert_quant(&what, (&gq, &gs), (&wq, &ws), false);
+}
+
+fn check_deq_add<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut impl Rng) {
+    let s = gpu.stream();
+    let a = Acc::new(gpu, r, tokens, width);
+    let res: Vec<T> = random_nonzero(r, tokens * width, 1e-3, 4.0);
+    let mut dres = DeviceTensor::from_host(s, &res, &[tokens, width]).unwrap();
+    quant::dequant_add(s, a.deq(), &mut dres).unwrap();
+    let want = rq::dequant_add(&a.acc, &a.sa, &a.sw, &res);
+    assert_eq!(
+        to_f64(&dres.to_host(s).unwrap()),
+        to_f64(&want),
+        "dequant_add {tokens}x{width} <{}>: not bit-exact",
+        T::NAME
+    );
+}
+
+fn check_deq_rope<T: HalfDType>(
+    gpu: &Gpu,
+    tokens: usize,
+    heads: QkvHeads,
+    rope: &RopeParams,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let width = heads.width(rope.head_dim).unwrap();
+    let a = Acc::new(gpu, r, tokens, width);
+    let pos: Vec<i32> = (0..tokens).map(|_| r.random_range(0..131_072)).collect();
+    let dpos = DeviceTensor::from_host(s, &pos, &[tokens]).unwrap();
+    let mut out = DeviceTensor::<T>::filled(s, &[tokens, width], T::from_f32(f32::NAN)).unwrap();
+    quant::dequant_rope(s, a.deq(), &dpos, heads, rope, &mut out).unwrap();
+    let got = out.to_host(s).unwrap();
+    let want = rq::dequant_rope(&a.acc, &a.sa, &a.sw, &pos, heads, rope);
+    let e = rel_l2(&got, &want);
+    assert!(
+        e < tol::<T>(),
+        "dequant_rope {tokens} tokens {heads:?} d={} rot={} <{}>: rel L2 {e:e}",
+        rope.head_dim,
+        rope.rotary_dim,
+        T::NAME
+    );
+}
+
+fn all_sizes(gpu: &Gpu, f: &mut dyn FnMut(&Gpu, usize, usize)) {
+    for &w in WIDTHS {
+        for &rows in ROWS {
+            f(gpu, rows, w);
+        }
+    }
+    // Many rows: 256-thread blocks, more chunks per thread.
+    f(gpu, 1030, 4096);
+    f(gpu, 1027, 11008);
+    f(gpu, 2049, 1000);
+}
+
+#[test]
+fn quantize_per_token_is_bit_exact() {
+    let Some(gpu) = gpu_or_skip("quantize_per_token_is_bit_exact") else {
+        return;
+    };
+    let mut r = rng("quantize_per_token");
+    all_sizes(&gpu, &mut |g, rows, w| {
+        check_quantize::<f16>(g, rows, w, &mut r);
+        check_quantize::<bf16>(g, rows, w, &mut r);
+    });
+}
+
+#[test]
+fn rms_norm_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("rms_norm_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("rms_norm_quant");
+    all_sizes(&gpu, &mut |g, rows, w| {
+        check_rms_quant::<f16>(g, rows, w, &mut r);
+        check_rms_quant::<bf16>(g, rows, w, &mut r);
+    });
+}
+
+#[test]
+fn dequant_add_rms_norm_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dequant_add_rms_norm_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("dequant_add_rms_norm_quant");
+    all_sizes(&gpu, &mut |g, rows, w| {
+        check_deq_add_rms::<f16>(g, rows, w, &mut r);
+        check_deq_add_rms::<bf16>(g, rows, w, &mut r);
+    });
+}
+
+#[test]
+fn dequant_silu_mul_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dequant_silu_mul_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("dequant_silu_mul_quant");
+    for &inter in &[1, 7, 129, 1000, 4095, 4096, 11008, 14336, 28672, 32776] {
+        for &rows in ROWS {
+            check_deq_silu(&gpu, rows, inter, &mut r);
+        }
+    }
+    check_deq_silu(&gpu, 1030, 11008, &mut r);
+}
+
+#[test]
+fn dequant_add_is_bit_exact() {
+    let Some(gpu) = gpu_or_skip("dequant_add_is_bit_exact") else {
+        return;
+    };
+    let mut r = rng("dequant_add");
+    all_sizes(&gpu, &mut |g, rows, w| {
+        check_deq_add::<f16>(g, rows, w, &mut r);
+        check_deq_add::<bf16>(g, rows, w, &mut r);
+    });
+}
+
+/// (q_heads, kv_heads, head_dim, rotary_dim): GQA, MHA, MQA, partial rotary; vector path
+/// (rotary_dim / 2 and head_dim multiples of 4) and scalar path.
+const ROPE_CASES: &[(usize, usize, usize, usize)] = &[
+    (32, 8, 128, 128),
+    (8, 8, 64, 64),
+    (8, 1, 128, 128),
+    (6, 2, 128, 64),
+    (3, 1, 72, 72),
+    (2, 1, 66, 66),
+    (2, 1, 10, 6),
+    (1, 0, 2, 2),
+];
+
+#[test]
+fn dequant_rope_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dequant_rope_matches_reference") else {
+        return;
+    };
+    let mut r = rng("dequant_rope");
+    for &(hq, hkv, d, rot) in ROPE_CASES {
+        let heads = QkvHeads {
+            q_heads: hq,
+            kv_heads: hkv,
+        };
+        for theta in [10_000.0, 500_000.0] {
+            let rope = RopeParams::new(d, theta).with_rotary_dim(rot);
+            for tokens in [1, 5, 67] {
+                check_deq_rope::<f16>(&gpu, tokens, heads, &rope, &mut r);
+                check_deq_rope::<bf16>(&gpu, tokens, heads, &rope, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let x = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    let w = DeviceTensor::<f16>::zeros(s, &[8]).unwrap();
+    let mut q = DeviceTensor::<i8>::zeros(s, &[2, 8]).unwrap();
+    let mut sc = DeviceTensor::<f32>::zeros(s, &[2]).unwrap();
+    let mut q_bad = DeviceTensor::<i8>::zeros(s, &[2, 9]).unwrap();
+    let mut sc_bad = DeviceTensor::<f32>::zeros(s, &[3]).unwrap();
+    let arg = |e: Error| match e {
+        Error::Shape { arg, .. } | Error::InvalidArgument { arg, .. } => arg,
+        other => panic!("expected an argument error, got {other}"),
+    };
+    let x1 = DeviceTensor::<f16>::zeros(s, &[16]).unwrap();
+    assert_eq!(
+        arg(quant::quantize_per_token(s, &x1, &mut q, &mut sc).unwrap_err()),
+        "x"
+    );
+    assert_eq!(
+        arg(quant::quantize_per_token(s, &x, &mut q_bad, &mut sc).unwrap_err()),
+        "q"
+    );
+    assert_eq!(
+        arg(quant::quantize_per_token(s, &x, &mut q, &mut sc_bad).unwrap_err()),
+        "scale"
+    );
+    let w_bad = DeviceTensor::<f16>::zeros(s, &[7]).unwrap();
+    assert_eq!(
+        arg(quant::rms_norm_quant(s, &x, &w_bad, 1e-5, &mut q, &mut sc).unwrap_err()),
+        "weight"
+    );
+    assert_eq!(
+        arg(quant::rms_norm_quant(s, &x, &w, 0.0, &mut q, &mut sc).unwrap_err()),
+        "eps"
+    );
+    let acc = DeviceTensor::<i32>::zeros(s, &[2, 8]).unwrap();
+    let sa = DeviceTensor::<f32>::zeros(s, &[2]).unwrap();
+    let sw = DeviceTensor::<f32>::zeros(s, &[8]).unwrap();
+    let sa_bad = DeviceTensor::<f32>::zeros(s, &[1]).unwrap();
+    let sw_bad = DeviceTensor::<f32>::zeros(s, &[4]).unwrap();
+    let good = Dequant {
+        acc: &acc,
+        act_scale: &sa,
+        weight_scale: &sw,
+    };
+    let mut res = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    let bad_sa = Dequant {
+        act_scale: &sa_bad,
+        ..good
+    };
+    let bad_sw = Dequant {
+        weight_scale: &sw_bad,
+        ..good
+    };
+    assert_eq!(
+        arg(quant::dequant_add(s, bad_sa, &mut res).unwrap_err()),
+        "act_scale"
+    );
+    assert_eq!(
+        arg(quant::dequant_add(s, bad_sw, &mut res).unwrap_err()),
+        "weight_scale"
+    );
+    let mut res_bad = DeviceTensor::<f16>::zeros(s, &[2, 4]).unwrap();
+    assert_eq!(
+        arg(quant::dequant_add(s, good, &mut res_bad).unwrap_err()),
+        "residual"
+    );
+    assert_eq!(
+        arg(
+            quant::dequant_add_rms_norm_quant(s, good, &mut res, &w, 1e-5, &mut q_bad, &mut sc)
+                .unwrap_err()
+        ),
+        "q"
+    );
+    // SwiGLU: odd gate|up width; q must be [tokens, inter].
+    let acc_odd = DeviceTensor::<i32>::zeros(s, &[2, 7]).unwrap();
+    let sw7 = DeviceTensor::<f32>::zeros(s, &[7]).unwrap();
+    let odd = Dequant {
+        acc: &acc_odd,
+        act_scale: &sa,
+        weight_scale: &sw7,
+    };
+    assert_eq!(
+        arg(quant::dequant_silu_mul_quant(s, odd, &mut q, &mut sc).unwrap_err()),
+        "acc"
+    );
+    assert_eq!(
+        arg(quant::dequant_silu_mul_quant(s, good, &mut q, &mut sc).unwrap_err()),
+        "q"
+    );
+    // RoPE: rotate-half only, at least one head, width = (hq + 2 hkv) * d.
+    let pos = DeviceTensor::<i32>::zeros(s, &[2]).unwrap();
+    let mut out = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    let heads = QkvHeads {
+        q_heads: 2,
+        kv_heads: 1,
+    };
+    let rope2 = RopeParams::new(2, 10_000.0);
+    let inter = rope2.with_style(RopeStyle::Interleaved);
+    assert_eq!(
+        arg(quant::dequant_rope(s, good, &pos, heads, &inter, &mut out).unwrap_err()),
+        "rope"
+    );
+    let none = QkvHeads {
+        q_heads: 0,
+        kv_heads: 0,
+    };
+    assert_eq!(
+        arg(quant::dequant_rope(s, good, &pos, none, &rope2, &mut out).unwrap_err()),
+        "heads"
+    );
+    // (3 + 2) * 2 = 10 columns, but acc has 8.
+    let heads10 = QkvHeads {
+        q_heads: 3,
+        kv_heads: 1,
+    };
+    assert_eq!(
+        arg(quant::dequant_rope(s, good, &pos, heads10, &rope2, &mut out).unwrap_err()),
+        "acc"
+    );
+    let pos_bad = DeviceTensor::<i32>::zeros(s, &[3]).unwrap();
+    let heads_ok = QkvHeads {
+        q_heads: 2,
+        kv_heads: 1,
+    };
+    let rope_ok = RopeParams::new(2, 10_000.0);
+    // (2 + 2) * 2 = 8 columns: valid geometry, bad positions / out.
+    assert_eq!(
+        arg(quant::dequant_rope(s, good, &pos_bad, heads_ok, &rope_ok, &mut out).unwrap_err()),
+        "positions"
+    );
+    let mut out_bad = DeviceTensor::<f16>::zeros(s, &[2, 9]).unwrap();
+    assert_eq!(
+        arg(quant::dequant_rope(s, good, &pos, heads_ok, &rope_ok, &mut out_bad).unwrap_err()),
+        "out"
+    );
+    // Empty token counts launch nothing.
+    let e = DeviceTensor::<f16>::zeros(s, &[0, 8]).unwrap();
+    let mut eq = DeviceTensor::<i8>::zeros(s, &[0, 8]).unwrap();
+    let mut es = DeviceTensor::<f32>::zeros(s, &[0]).unwrap();
+    quant::quantize_per_token(s, &e, &mut eq, &mut es).unwrap();
+}
+
+#[test]
+fn quant_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("quant_gpu_proptest") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(strategies::matrix(40, 20_000), any::<u64>()),
+            |((rows, w), seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                check_quantize::<bf16>(&gpu, rows, w, &mut r);
+                check_rms_quant::<f16>(&gpu, rows, w, &mut r);
+                check_deq_add_rms::<bf16>(&gpu, rows, w, &mut r);
+                check_deq_add::<f16>(&gpu, rows, w, &mut r);
+                check_deq_silu(&gpu, rows, w, &mut r);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+// ---- reference properties (CPU only, run in CI) ----
+proptest! {
+    #[test]
+    fn quantize_row_error_is_at_most_half_a_step(v in proptest::collection::vec(-100f32..100.0, 1..300)) {
+        let (q, s) = rq::quantize_row(&v);
+        let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        prop_assert_eq!(s, amax / 127.0);
+        for (&x, &qi) in v.iter().zip(&q) {
+            prop_assert!((-127..=127).contains(&qi));
+            let err = (x as f64 - qi as f64 * s as f64).abs();
+            // Half a step, plus the f32 roundings of inv and x * inv (a few 2^-24 of 127 steps).
+            prop_assert!(err <= s as f64 * (0.5 + 127.0 * 4e-7) + 1e-30, "x {x} q {qi} s {s}");
+        }
+        if amax > 0.0 {
+            let i = v.iter().position(|x| x.abs() == amax).unwrap();
+            prop_assert_eq!(q[i] as i32, if v[i] > 0.0 { 127 } else { -127 });
+        } else {
+            prop_assert!(q.iter().all(|&x| x == 0));
+        }
+    }
+
+    #[test]
+    fn quantize_row_is_odd_and_scale_invariant(v in strategies::values(64)) {
+        // q(-v) = -q(v); q(2v) = q(v) (scaling by 2 is exact in f32).
+        let (q, s) = rq::quantize_row(&v);
+        let neg: Vec<f32> = v.iter().map(|x| -x).collect();
+        let (qn, sn) = rq::quantize_row(&neg);
+        prop_assert_eq!(s, sn);
+        prop_assert_eq!(qn, q.iter().map(|x| -x).collect::<Vec<i8>>());
+        let dbl: Vec<f32> = v.iter().map(|x| 2.0 * x).collect();
+        let (qd, sd) = rq::quantize_row(&dbl);
+        prop_assert_eq!(qd, q);
+        prop_assert_eq!(sd, 2.0 * s);
+    }
+
+    #[test]
+    fn weight_quantisation_is_the_row_rule((n, k) in strategies::matrix(16, 300), seed in any::<u64>()) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let w: Vec<f32> = random_nonzero(&mut r, n * k, 1e-4, 0.1);
+        let (q, s) = quant::quantize_weights_per_channel(&w, n, k).unwrap();
+        let (wq, ws) = rq::quantize_rows(&w, k);
+        prop_assert_eq!(q, wq);
+        prop_assert_eq!(s, ws);
+    }
+
+    #[test]
+    fn reference_gemm_i8_is_the_integer_product((m, n) in strategies::matrix(9, 9), k in 1usize..70, seed in any::<u64>()) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let a: Vec<i8> = (0..m * k).map(|_| r.random_range(-127..=127)).collect();
+        let b: Vec<i8> = (0..n * k).map(|_| r.random_range(-127..=127)).collect();
+        let c = rq::gemm_i8(&a, &b, m, n, k);
+        for i in 0..m {
+            for j in 0..n {
+                let f: f64 = (0..k).map(|l| a[i * k + l] as f64 * b[j * k + l] as f64).sum();
+                prop_assert_eq!(c[i * n + j] as f64, f);
+            }
+        }
+    }
+
+    #[test]
+    fn dequantised_int8_gemm_approximates_the_float_product(seed in any::<u64>()) {
+        // W8A8 of one linear: |deq(gemm_i8(q(x), q(w))) - x·wᵀ| / |x·wᵀ| is a few percent at most.
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let (m, n, k) = (4, 16, 256);
+        let x: Vec<f32> = random_nonzero(&mut r, m * k, 1e-3, 1.0);
+        let w: Vec<f32> = random_nonzero(&mut r, n * k, 1e-3, 0.05);
+        let (xq, xs) = rq::quantize_rows(&x, k);
+        let (wq, ws) = quant::quantize_weights_per_channel(&w, n, k).unwrap();
+        let y = rq::dequantize(&rq::gemm_i8(&xq, &wq, m, n, k), &xs, &ws);
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| (0..k).map(|l| x[ij / n * k + l] as f64 * w[ij % n * k + l] as f64).sum())
+            .collect();
+        let e = rel_l2(&y, &want);
+        prop_assert!(e < 0.03, "rel err {e}");
+    }
+}
+
+// ---- W8A8 accuracy of a whole decoder layer (CPU) ----
+
+/// ‖a − b‖ / ‖b‖ of f64 vectors.
+fn rel_l2_f64(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+/// N(0, std²) by Box-Muller.
+fn normal(r: &mut impl Rng, n: usize, std: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = r.random_range(1e-12..1.0);
+            let u2: f64 = r.random_range(0.0..1.0);
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+        })
+        .collect()
+}
+
+fn layer_accuracy<T: HalfDType>(hidden: usize, hq: usize, hkv: usize, inter: usize, tokens: usize) {
+    use rq::layer::{float_layer, w8a8_layer, Config, QWeights, Weights};
+    let mut r = rng("w8a8_layer_accuracy");
+    let d = hidden / hq;
+    let c = Config {
+        hidden,
+        heads: QkvHeads {
+            q_heads: hq,
+            kv_heads: hkv,
+        },
+        head_dim: d,
+        inter,
+        eps: 1e-5,
+        rope: RopeParams::new(d, 10_000.0),
+    };
+    let w = Weights {
+        wqkv: normal(&mut r, c.qkv_width() * hidden, 0.02),
+        wo: normal(&mut r, hidden * c.attn_width(), 0.02),
+        w_gate_up: normal(&mut r, 2 * inter * hidden, 0.02),
+        w_down: normal(&mut r, hidden * inter, 0.02),
+        attn_norm: normal(&mut r, hidden, 0.1)
+            .iter()
+            .map(|v| 1.0 + v)
+            .collect(),
+        ffn_norm: normal(&mut r, hidden, 0.1)
+            .iter()
+            .map(|v| 1.0 + v)
+            .collect(),
+    };
+    let x: Vec<T> = normal(&mut r, tokens * hidden, 1.0)
+        .into_iter()
+        .map(T::from_f32)
+        .collect();
+    let pos: Vec<i32> = (0..tokens as i32).map(|p| p + 3).collect();
+    let xf = to_f64(&x);
+    let want = float_layer(&c, &w, &xf, &pos);
+    let qw = QWeights::<T>::new(&c, &w);
+    let got = w8a8_layer(&c, &qw, &x, &pos);
+    let e_out = rel_l2(&got, &want);
+    // The layer's update (attention + MLP) without the residual it is added to.
+    let upd_want: Vec<f64> = want.iter().zip(&xf).map(|(a, b)| a - b).collect();
+    let upd_got: Vec<f64> = got.iter().zip(&xf).map(|(a, b)| a.to_f64() - b).collect();
+    let e_upd = rel_l2_f64(&upd_got, &upd_want);
+    eprintln!(
+        "W8A8 layer vs float layer <{}> hidden {hidden}, heads {hq}/{hkv}, inter {inter}, \
+         {tokens} tokens: rel L2 of the output {e_out:.2e}, of the update (out - x) {e_upd:.2e}",
+        T::NAME
+    );
+    assert!(e_upd < 0.05, "W8A8 update rel error {e_upd}");
+    assert!(e_out < 0.01, "W8A8 output rel error {e_out}");
+}
+
+#[test]
+fn w8a8_layer_accuracy_f16() {
+    layer_accuracy::<f16>(256, 8, 2, 688, 16);
+}
+
+#[test]
+fn w8a8_layer_accuracy_bf16() {
+    layer_accuracy::<bf16>(512, 8, 2, 1376, 12);
+}
