@@ -200,6 +200,9 @@ impl<T: RunDType> Engine<T> {
             * tsize
             + 32;
         let bufs = per_token * (total + batch) as u64 + 2 * (batch * cfg.vocab_size) as u64 * 4;
+        // Memory freed by an earlier run goes back to the driver at a synchronisation; wait
+        // so the free figure is the real one.
+        self.gpu.synchronize()?;
         let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
         let need = kv + bufs + (64 << 20);
         if need > free as u64 {
