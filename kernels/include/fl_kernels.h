@@ -72,6 +72,7 @@ fl_status fl_cast(fl_dtype src_dtype, const void *src, fl_dtype dst_dtype, void 
 #include "fl_attention.h"
 #include "fl_attention_prefill.h"
 #include "fl_gemv.h"
+#include "fl_gemv_dense.h"
 #include "fl_quant.h"
 
 #endif /* FL_KERNELS_H */

@@ -13,6 +13,7 @@ pub mod attention_prefill;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemv;
+pub mod gemv_dense;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;
@@ -55,6 +56,7 @@ pub fn all() -> Vec<Case> {
     v.extend(attention::cases());
     v.extend(attention_prefill::cases());
     v.extend(gemv::cases());
+    v.extend(gemv_dense::cases());
     v.extend(quant::cases());
     v.extend(norm::cases());
     v.extend(softmax::cases());

@@ -10,6 +10,7 @@ pub mod attention_prefill;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemv;
+pub mod gemv_dense;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;

@@ -1,0 +1,269 @@
+//! Dense (f16 / bf16) GEMV / small GEMM for decode, with fused epilogues: [`linear`]
+//! (`y = x · Wᵀ (+ bias)`), [`linear_swiglu`] (`out = silu(x · W_gateᵀ) ⊙ (x · W_upᵀ)`, the
+//! gate/up half of a LLaMA MLP in one pass over the stacked weight) and [`linear_add`]
+//! (`residual += x · Wᵀ`, in place).
+//!
+//! For `m` = 1..=[`MAX_M`] tokens (decode); above that a GEMM (cuBLASLt) is the right tool.
+//! `W [n, k]` is row-major (output-major, like `nn.Linear.weight`); `x`, `W`, bias and the
+//! output share one dtype, f16 or bf16. Products are accumulated in f32 (on the tensor
+//! cores) and every output is rounded once to `T` after its epilogue. Memory-bound: one pass
+//! over the weight bytes, shared by all `m` tokens.
+//!
+//! `k` must be a positive multiple of 8 (16-byte rows: the kernel has no scalar path); any
+//! `n` works. CPU references: [`crate::reference::gemv_dense`](mod@crate::reference::gemv_dense).
+//!
+//! ```no_run
+//! use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu};
+//! let gpu = Gpu::new(0)?;
+//! let s = gpu.stream();
+//! let (n, k) = (4096, 4096);
+//! let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); n * k], &[n, k])?;
+//! let x = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+//! let mut y = DeviceTensor::<f16>::zeros(s, &[1, n])?;
+//! gemv_dense::linear(s, &x, &w, None, &mut y)?;
+//! # Ok::<(), fl_kernels::Error>(())
+//! ```
+
+use cudarc::driver::CudaStream;
+use fl_kernels_sys::fl_gemv_dense_epilogue as Epi;
+
+use crate::dtype::HalfDType;
+use crate::error::check;
+use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::{DeviceTensor, Error, Result};
+
+/// The largest number of tokens (`m`, rows of `x`) one call takes.
+pub const MAX_M: usize = fl_kernels_sys::FL_GEMV_DENSE_MAX_M as usize;
+
+/// The multiple `k` (the row length of `x` and `W`) must be of.
+pub const K_MULTIPLE: usize = 8;
+
+/// Checks `x` (`[m, k]`, `m <= MAX_M`, `k` a positive multiple of 8) and returns `(m, k)`.
+fn check_x<T: HalfDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
+    if x.shape().len() != 2 {
+        return Err(Error::Shape {
+            arg: "x",
+            expected: "[m, k]".into(),
+            got: x.shape().to_vec(),
+        });
+    }
+    let (m, k) = (x.shape()[0], x.shape()[1]);
+    if m > MAX_M {
+        return Err(Error::TooLarge {
+            arg: "x",
+            value: m,
+            limit: MAX_M,
+        });
+    }
+    if k == 0 || k % K_MULTIPLE != 0 {
+        return Err(Error::invalid(
+            "x",
+            format!("k = {k} must be a positive multiple of {K_MULTIPLE} (16-byte rows)"),
+        ));
+    }
+    Ok((m, k))
+}
+
+/// Checks a weight `[rows, k]` (rows a multiple of `row_multiple`) and returns `rows`.
+fn check_w<T: HalfDType>(
+    arg: &'static str,
+    w: &DeviceTensor<T>,
+    k: usize,
+    row_multiple: usize,
+) -> Result<usize> {
+    let s = w.shape();
+    if s.len() != 2 || s[1] != k || s[0] % row_multiple != 0 {
+        let expected = if row_multiple == 2 {
+            format!("[2 * I, {k}] (k of x; gate rows then up rows)")
+        } else {
+            format!("[n, {k}] (k of x)")
+        };
+        return Err(Error::Shape {
+            arg,
+            expected,
+            got: s.to_vec(),
+        });
+    }
+    Ok(s[0])
+}
+
+/// Launches one epilogue; shapes already checked (`y` is `[m, n]`).
+#[allow(clippy::too_many_arguments)]
+fn launch<T: HalfDType>(
+    stream: &CudaStream,
+    op: &'static str,
+    epi: Epi,
+    x: &DeviceTensor<T>,
+    w: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    y: &mut DeviceTensor<T>,
+    (m, n, k): (usize, usize, usize),
+) -> Result<()> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let (mi, ni, ki) = (as_i64("x", m)?, as_i64("w", n)?, as_i64("x", k)?);
+    let (px, _gx) = x.ptr(stream);
+    let (pw, _gw) = w.ptr(stream);
+    let (pb, _gb) = match bias {
+        Some(b) => {
+            let (p, g) = b.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (py, _gy) = y.ptr_mut(stream);
+    // SAFETY: x holds m·k, w n·k (2n·k for SwiGLU), bias n and y m·n elements of T (shapes
+    // checked by the caller); every buffer lives until its guard drops, after the launch is
+    // queued on `stream`. y is borrowed mutably, so it is a distinct allocation from x, w and
+    // bias (no overlap).
+    let status = unsafe {
+        fl_kernels_sys::fl_gemv_dense(
+            T::ID,
+            epi,
+            px as _,
+            pw as _,
+            pb as _,
+            py as _,
+            mi,
+            ni,
+            ki,
+            raw_stream(stream),
+        )
+    };
+    check(op, status)
+}
+
+/// `y[t, r] = Σ_j x[t, j] · w[r, j] (+ bias[r])`: the linear layer `y = x · wᵀ (+ b)`.
+///
+/// Shapes: `x [m, k]` with `m` in 0..=[`MAX_M`] (`m = 0` does nothing) and `k` a positive
+/// multiple of [`K_MULTIPLE`]; `w [n, k]`; `bias [n]`; `y [m, n]`. Dtypes: all f16 or all
+/// bf16. f32 accumulation; the bias is added in f32 and `y` rounded once.
+///
+/// Errors: [`Error::TooLarge`] naming `x` when `m > MAX_M`; [`Error::InvalidArgument`]
+/// naming `x` when `k` is 0 or not a multiple of 8; [`Error::Shape`] naming `x` (not 2-D),
+/// `w` (not `[n, k]`), `bias` (not `[n]`) or `y` (not `[m, n]`).
+///
+/// ```no_run
+/// use fl_kernels::{bf16, gemv_dense, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (m, n, k) = (4, 4096, 4096);
+/// let w = DeviceTensor::from_host(s, &vec![bf16::from_f32(0.01); n * k], &[n, k])?;
+/// let b = DeviceTensor::from_host(s, &vec![bf16::from_f32(1.0); n], &[n])?;
+/// let x = DeviceTensor::from_host(s, &vec![bf16::from_f32(0.5); m * k], &[m, k])?;
+/// let mut y = DeviceTensor::<bf16>::zeros(s, &[m, n])?;
+/// gemv_dense::linear(s, &x, &w, Some(&b), &mut y)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn linear<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    w: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    y: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (m, k) = check_x(x)?;
+    let n = check_w("w", w, k, 1)?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[n])?;
+    }
+    expect_shape("y", y, &[m, n])?;
+    launch(
+        stream,
+        "gemv_dense::linear",
+        Epi::FL_GEMV_DENSE_LINEAR,
+        x,
+        w,
+        bias,
+        y,
+        (m, n, k),
+    )
+}
+
+/// `out[t, r] = silu(Σ_j x[t, j] · w[r, j]) · Σ_j x[t, j] · w[I + r, j]`: the gate and up
+/// projections of a LLaMA MLP and its SiLU-gated product, in one pass over the weight.
+///
+/// `w_gate_up [2I, k]` stacks the gate weight (rows `0..I`) over the up weight (rows
+/// `I..2I`), as the engine stores them; gate row `r` and up row `r` are reduced together, so
+/// the `[m, 2I]` product is never written. `silu(g) = g / (1 + e^(−g))`, all in f32, `out`
+/// rounded once.
+///
+/// Shapes: `x [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
+/// `w_gate_up [2I, k]`, `out [m, I]`. Dtypes: all f16 or all bf16.
+///
+/// Errors: as [`linear`] for `x`; [`Error::Shape`] naming `w_gate_up` (not 2-D, an odd
+/// number of rows, or `k` differs) or `out` (not `[m, I]`).
+///
+/// ```no_run
+/// use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (i, k) = (11008, 4096);
+/// let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); 2 * i * k], &[2 * i, k])?;
+/// let x = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+/// let mut act = DeviceTensor::<f16>::zeros(s, &[1, i])?;
+/// gemv_dense::linear_swiglu(s, &x, &w, &mut act)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn linear_swiglu<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    w_gate_up: &DeviceTensor<T>,
+    out: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (m, k) = check_x(x)?;
+    let i = check_w("w_gate_up", w_gate_up, k, 2)? / 2;
+    expect_shape("out", out, &[m, i])?;
+    launch(
+        stream,
+        "gemv_dense::linear_swiglu",
+        Epi::FL_GEMV_DENSE_SWIGLU,
+        x,
+        w_gate_up,
+        None,
+        out,
+        (m, i, k),
+    )
+}
+
+/// `residual[t, r] += Σ_j x[t, j] · w[r, j]` in place: an output projection fused with the
+/// residual add. Each element is read once, `f32(residual) + acc` computed in f32 and
+/// rounded once to `T`.
+///
+/// Shapes: `x [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
+/// `w [n, k]`, `residual [m, n]`. Dtypes: all f16 or all bf16.
+///
+/// Errors: as [`linear`] for `x` and `w`; [`Error::Shape`] naming `residual` (not `[m, n]`).
+///
+/// ```no_run
+/// use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (n, k) = (4096, 11008);
+/// let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); n * k], &[n, k])?;
+/// let act = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+/// let mut hidden = DeviceTensor::from_host(s, &vec![f16::ONE; n], &[1, n])?;
+/// gemv_dense::linear_add(s, &act, &w, &mut hidden)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn linear_add<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    w: &DeviceTensor<T>,
+    residual: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (m, k) = check_x(x)?;
+    let n = check_w("w", w, k, 1)?;
+    expect_shape("residual", residual, &[m, n])?;
+    launch(
+        stream,
+        "gemv_dense::linear_add",
+        Epi::FL_GEMV_DENSE_ADD,
+        x,
+        w,
+        None,
+        residual,
+        (m, n, k),
+    )
+}

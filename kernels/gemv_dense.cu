@@ -1,0 +1,288 @@
+// Dense f16/bf16 GEMV / small GEMM for decode (m = 1..16 tokens) with fused epilogues:
+// y = x . W^T (+ bias), out = silu(x . Wg^T) * (x . Wu^T), residual += x . W^T.
+//
+// The work is memory-bound (each weight byte is read once, m <= 16 FMAs per weight value),
+// so everything is organised around streaming W at copy bandwidth:
+//
+// - The products run on the tensor cores: mma.sync m16n8k16 (f32 accumulation) with the
+//   16 tokens as the M side (A = x, rows of tokens >= m are zero) and 8 weight rows as the N
+//   side (B = W^T, "col" layout = W row-major). One instruction does 16 x 8 x 16 FMAs, so
+//   m = 16 costs no more issue slots than m = 1 (CUDA-core FMAs at m = 16 would need ~70%
+//   of the FP32 peak just to keep up with HBM).
+// - The k order inside a 32-wide chunk is permuted (a dot product does not care, as long as
+//   A and B agree): lane (g = lane / 4, t = lane % 4) loads the 16 bytes k = 8t..8t+7 of
+//   weight row g, and the 16 bytes k = 8t..8t+7 of token rows g and g + 8 of x. Those are
+//   exactly the B fragments (words 0,1 / 2,3) and A fragments (words 0,1 / 2,3) of two
+//   m16n8k16 mmas: fragment k-slots {2t, 2t+1, 2t+8, 2t+9} map to k = 8t + {0,1,2,3} in the
+//   first mma and to 8t + {4,5,6,7} in the second. So every load is a plain 16-byte vector
+//   load, with no shuffles or shared memory on the main path.
+// - Weights are streamed with ld.global.nc.L1::no_allocate and an L2 evict-first policy
+//   (used once per decode step; x and activations keep the L2). x is read through L1
+//   (__ldg): it is small and shared by every CTA.
+// - A CTA owns NT tiles of 8 weight rows (for SwiGLU: the 8 gate rows j0.. and their 8 up
+//   rows I + j0.., so the product is formed in registers) and its W warps split k: warp w
+//   takes U consecutive 32-wide chunks out of every W * U. Each lane issues U * NT 16-byte
+//   weight loads back to back (U * NT = 8: 4 KB in flight per warp). The warps' partial
+//   tiles are summed through shared memory (fixed order: deterministic), then the epilogue
+//   writes each output once, rounded once from f32.
+// - The host picks NT (2 when there are enough rows for 2 CTAs per SM, else 1) and W (16, 8
+//   or 4 warps, fewer for short k) so that the grid fills whole waves of resident CTAs
+//   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight).
+#include "common/common.cuh"
+
+namespace fl {
+namespace gemv_dense {
+
+constexpr int kMaxWarps = 16;
+enum Epi : int { LINEAR = FL_GEMV_DENSE_LINEAR, SWIGLU = FL_GEMV_DENSE_SWIGLU, ADD = FL_GEMV_DENSE_ADD };
+
+// Chunks (32 k-values) per warp per batch: 8 weight loads of 16 bytes per lane in flight.
+template <int NT> __host__ __device__ constexpr int unroll() { return 8 / NT; }
+
+// ---------------------------------------------------------------- device helpers
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// 16 bytes of the weight stream: read-only, not kept in L1, evicted first from L2.
+__device__ __forceinline__ uint4 ld_stream(const void *p, uint64_t policy) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+}
+
+// d += A (16 x 16, row) . B (16 x 8, col), f32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                   uint32_t a2, uint32_t a3, uint32_t b0,
+                                                   uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// ---------------------------------------------------------------- the kernel
+// grid.x = ceil(n / (8 * NT)) (SWIGLU: ceil(n / 8)), block = 32 * W (W <= kMaxWarps).
+// M16: some token >= 8 (loads x rows g + 8).
+template <typename T, int EPI, int NT, bool M16>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ bias,
+                  T *__restrict__ y, int m, int64_t n, int64_t k) {
+    static_assert(EPI != SWIGLU || NT == 2, "SwiGLU pairs a gate tile with an up tile");
+    constexpr int U = unroll<NT>();
+    __shared__ float red[kMaxWarps * NT * 128];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    // Output columns of this CTA: [base, base + 8 * NT) (SWIGLU: [base, base + 8)).
+    const int64_t base = (int64_t)blockIdx.x * (EPI == SWIGLU ? 8 : 8 * NT);
+
+    // This lane's weight row in each tile, and whether it exists.
+    const T *wrow[NT];
+    bool vrow[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int64_t col = base + (EPI == SWIGLU ? 0 : 8 * j) + g;  // output column
+        vrow[j] = col < n;
+        const int64_t row = (EPI == SWIGLU && j == 1) ? n + col : col;
+        wrow[j] = w + (vrow[j] ? row : 0) * k;
+    }
+    const T *xr0 = x + (int64_t)(g < m ? g : 0) * k;
+    const T *xr1 = x + (int64_t)(g + 8 < m ? g + 8 : 0) * k;
+    const bool vx0 = g < m, vx1 = M16 && g + 8 < m;
+    const uint64_t policy = evict_first_policy();
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+
+    const int64_t chunks = (k + 31) >> 5;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int64_t c0 = (int64_t)warp * U; c0 < chunks; c0 += (int64_t)nwarps * U) {
+        uint4 wv[U][NT], xa[U], xb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t kk = (c0 + u) * 32 + 8 * t;  // k is a multiple of 8: all in or out
+            const bool kin = kk < k;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) wv[u][j] = (kin && vrow[j]) ? ld_stream(wrow[j] + kk, policy) : zero;
+            xa[u] = (kin && vx0) ? __ldg(reinterpret_cast<const uint4 *>(xr0 + kk)) : zero;
+            xb[u] = zero;
+            if (M16) xb[u] = (kin && vx1) ? __ldg(reinterpret_cast<const uint4 *>(xr1 + kk)) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mma<T>(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
+                mma<T>(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
+            }
+        }
+    }
+
+    // acc[j][c] is (token g + 8 * (c >= 2), column 8j + 2t + (c & 1)) of this warp's partial
+    // tile. Stored at red[warp][e] with e = (4j + c) * 32 + lane; summed over the warps.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) red[warp * NT * 128 + (4 * j + c) * 32 + lane] = acc[j][c];
+    __syncthreads();
+
+    constexpr int OUTS = (EPI == SWIGLU ? 1 : NT) * 128;
+    for (int e = threadIdx.x; e < OUTS; e += blockDim.x) {
+        const int ln = e & 31, c = (e >> 5) & 3, j = e >> 7;
+        const int tok = (ln >> 2) + (c >= 2 ? 8 : 0);
+        const int64_t col = base + 8 * j + 2 * (ln & 3) + (c & 1);
+        if (tok >= m || col >= n) continue;
+        float s = 0.f;
+        for (int v = 0; v < nwarps; ++v) s += red[v * NT * 128 + e];
+        T *out = y + (int64_t)tok * n + col;
+        if constexpr (EPI == SWIGLU) {
+            float up = 0.f;
+            for (int v = 0; v < nwarps; ++v) up += red[v * NT * 128 + 128 + e];
+            *out = from_f32<T>(silu(s) * up);
+        } else if constexpr (EPI == ADD) {
+            *out = from_f32<T>(to_f32<T>(*out) + s);
+        } else {
+            if (bias) s += to_f32<T>(bias[col]);
+            *out = from_f32<T>(s);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- host side
+inline int sm_count() {
+    static int cached[64] = {0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+    if (dev >= 0 && dev < 64 && cached[dev] > 0) return cached[dev];
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+        sms = 132;
+    if (dev >= 0 && dev < 64) cached[dev] = sms;
+    return sms;
+}
+
+// Warps per CTA (16, 8 or 4; fewer when k has fewer batches of chunks than that): the one
+// whose grid fills the resident CTA slots best (ctas / (waves * slots), ties to more warps).
+// Every CTA has the same work, so a last wave that is mostly empty is time lost: e.g. 768
+// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA.
+template <typename T, int EPI, int NT, bool M16>
+int pick_warps(int64_t ctas, int64_t batches) {
+    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 16, 8, 4 warps
+    const int64_t sms = sm_count();
+    int best = 4;
+    double best_eff = -1.0;
+    for (int i = 0, w = kMaxWarps; i < 3; ++i, w /= 2) {
+        if (w > batches && w > 4) continue;
+        int occ = occupancy[i];
+        if (occ <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16>,
+                                                              32 * w, 0) != cudaSuccess || occ <= 0) {
+                (void)cudaGetLastError();  // not sticky; leave no error for launch_status
+                occ = 1;
+            }
+            occupancy[i] = occ;
+        }
+        const int64_t slots = sms * occ;
+        const double eff = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
+        if (eff > best_eff + 1e-3) {
+            best_eff = eff;
+            best = w;
+        }
+    }
+    while (best > 1 && best > batches) best /= 2;
+    return best;
+}
+
+template <typename T, int EPI, int NT, bool M16>
+fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
+                    cudaStream_t s) {
+    const int64_t ctas = ceil_div(n, EPI == SWIGLU ? 8 : 8 * NT);
+    if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    const int warps = pick_warps<T, EPI, NT, M16>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
+    gemv_dense_kernel<T, EPI, NT, M16><<<(unsigned)ctas, 32 * warps, 0, s>>>(x, w, bias, y, m, n, k);
+    return launch_status();
+}
+
+template <typename T, int EPI, bool M16>
+fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
+                   cudaStream_t s) {
+    if constexpr (EPI == SWIGLU) {
+        return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
+    } else {
+        // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
+        // per SM; one (twice the CTAs) for small n.
+        if (ceil_div(n, 16) >= 2LL * sm_count()) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
+        return launch_nt<T, EPI, 1, M16>(x, w, bias, y, m, n, k, s);
+    }
+}
+
+template <typename T, int EPI>
+fl_status launch(const void *x, const void *w, const void *bias, void *y, int m, int64_t n,
+                 int64_t k, cudaStream_t s) {
+    const T *xt = static_cast<const T *>(x), *wt = static_cast<const T *>(w),
+            *bt = static_cast<const T *>(bias);
+    T *yt = static_cast<T *>(y);
+    if (m > 8) return launch_m<T, EPI, true>(xt, wt, bt, yt, m, n, k, s);
+    return launch_m<T, EPI, false>(xt, wt, bt, yt, m, n, k, s);
+}
+
+template <typename T>
+fl_status dispatch_epilogue(fl_gemv_dense_epilogue epi, const void *x, const void *w,
+                            const void *bias, void *y, int m, int64_t n, int64_t k,
+                            cudaStream_t s) {
+    switch (epi) {
+    case FL_GEMV_DENSE_LINEAR: return launch<T, LINEAR>(x, w, bias, y, m, n, k, s);
+    case FL_GEMV_DENSE_SWIGLU: return launch<T, SWIGLU>(x, w, bias, y, m, n, k, s);
+    case FL_GEMV_DENSE_ADD: return launch<T, ADD>(x, w, bias, y, m, n, k, s);
+    }
+    return FL_ERR_INVALID_ARGUMENT;
+}
+
+}  // namespace gemv_dense
+}  // namespace fl
+
+extern "C" fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilogue,
+                                   const void *x, const void *w, const void *bias, void *y,
+                                   int64_t m, int64_t n, int64_t k, fl_stream stream) {
+    using namespace fl;
+    if (m < 0 || m > FL_GEMV_DENSE_MAX_M || n < 0 || k <= 0 || k % 8 != 0)
+        return FL_ERR_INVALID_ARGUMENT;
+    if (epilogue != FL_GEMV_DENSE_LINEAR && epilogue != FL_GEMV_DENSE_SWIGLU &&
+        epilogue != FL_GEMV_DENSE_ADD)
+        return FL_ERR_INVALID_ARGUMENT;
+    if (epilogue != FL_GEMV_DENSE_LINEAR && bias != nullptr) return FL_ERR_INVALID_ARGUMENT;
+    const int64_t rows = epilogue == FL_GEMV_DENSE_SWIGLU ? 2 : 1;
+    if (n > INT64_MAX / rows / k) return FL_ERR_INVALID_ARGUMENT;
+    if (dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16) return FL_ERR_UNSUPPORTED_DTYPE;
+    if (m == 0 || n == 0) return FL_OK;
+    if (!x || !w || !y) return FL_ERR_INVALID_ARGUMENT;
+    if (!aligned16(x) || !aligned16(w)) return FL_ERR_MISALIGNED;
+    if ((reinterpret_cast<uintptr_t>(y) & 1u) != 0 || (reinterpret_cast<uintptr_t>(bias) & 1u) != 0)
+        return FL_ERR_MISALIGNED;
+    const cudaStream_t s = as_stream(stream);
+    if (dtype == FL_DTYPE_F16)
+        return gemv_dense::dispatch_epilogue<__half>(epilogue, x, w, bias, y, (int)m, n, k, s);
+    return gemv_dense::dispatch_epilogue<__nv_bfloat16>(epilogue, x, w, bias, y, (int)m, n, k, s);
+}
