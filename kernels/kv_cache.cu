@@ -219,3 +219,366 @@ extern "C" fl_status fl_kv_append_paged(fl_dtype in_dtype, const void *k, const 
     const fl::kv::Dest d{batch, 0, block_table, max_blocks_per_seq, num_blocks, block_size};
     FL_KV_DISPATCH(true)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Fused QKV split + RoPE + KV-cache append (fl_kv_rope_append / fl_kv_rope_append_paged).
+//
+// Input: the fused QKV GEMM output, a row of q_heads q heads, then kv_heads k heads, then
+// kv_heads v heads per token. Output: rotated q to q_out [tokens, q_heads, d]; rotated k and v
+// into the cache; optionally rotated k and v to k_out / v_out [tokens, kv_heads, d].
+//
+// Work split: the heads of one token are cut into "units" (a thread's share):
+//   q/k head, rotate-half: a rotation unit is V elements of the first half plus the V partner
+//     elements of the second half (V pairs); interleaved: V contiguous elements (V / 2 pairs);
+//     then pass units of W elements past rotary_dim (copied);
+//   v head: units of W elements (copied).
+// A token's U units (q heads, then k, then v; consecutive threads on consecutive units, so
+// loads and stores coalesce) are cut into `chunks` CTAs of B threads; a CTA is one (token,
+// chunk) row, grid-stride over rows. Vector path: V = W = 16 / max(sizeof(I), sizeof(C)), so
+// every access is at most 16 bytes and aligned; scalar path: V = 1 (rotate-half) or 2
+// (interleaved, one pair), W = 1.
+//
+// The rotation is rope.cu's computed-angle path, step for step (kept identical on purpose so
+// the fused kernel matches fl_rope_apply + fl_kv_append bit for bit): angle = __fmul_rn((float)
+// pos, inv_freq[i]); sincosf; y0 = fma(x0, c, -(x1 * s)), y1 = fma(x1, c, x0 * s); rounded to
+// the input dtype I (what fl_rope_apply stores), then I -> f32 -> C for the cache (what
+// fl_kv_append does).
+// ---------------------------------------------------------------------------------------------
+namespace fl {
+namespace kv {
+
+// Inverse frequencies, by value (kernel parameter space), as rope.cu passes them.
+struct RopeFreq {
+    float v[FL_ROPE_MAX_PAIRS];
+};
+
+struct RopeGeom {
+    int64_t tokens;
+    int64_t qkv_stride;  // elements between token rows of qkv
+    int32_t nq, nkv;     // q heads, kv heads
+    int32_t head_dim, rotary_dim, half;
+    int32_t rot_units;   // rotation units per q/k head
+    int32_t qk_units;    // units per q/k head (rotation + pass)
+    int32_t v_units;     // units per v head
+    int32_t units;       // units per token: (nq + nkv) * qk_units + nkv * v_units
+    int32_t chunks;      // CTAs per token
+};
+
+// Same as rope.cu's rotate().
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float &y0,
+                                            float &y1) {
+    y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+    y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
+}
+
+template <typename T, int N, bool VEC>
+__device__ __forceinline__ void ld_units(const T *__restrict__ p, T (&x)[N]) {
+    if constexpr (VEC) {
+        const Vec<T, N> w = *reinterpret_cast<const Vec<T, N> *>(p);
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[j] = w.v[j];
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[j] = p[j];
+    }
+}
+
+// Stores x (already of the input dtype Ti) converted to To through f32.
+template <typename Ti, typename To, int N, bool VEC>
+__device__ __forceinline__ void st_units(To *p, const Ti (&x)[N]) {
+    Vec<To, N> w;
+#pragma unroll
+    for (int j = 0; j < N; ++j) w.v[j] = from_f32<To>(to_f32(x[j]));
+    if constexpr (VEC) {
+        *reinterpret_cast<Vec<To, N> *>(p) = w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < N; ++j) p[j] = w.v[j];
+    }
+}
+
+// The slot of (sequence s, position p): element offset of head 0 and the stride between
+// heads, or an FL_KV_ERR_* code. Same rules as append_kernel.
+template <bool PAGED>
+__device__ __forceinline__ int slot_of(const Dest &d, int s, int p, int kv_heads, int head_dim,
+                                       int64_t &base, int64_t &head_stride) {
+    if (s < 0 || s >= d.batch) return FL_KV_ERR_SEQUENCE;
+    if (p < 0) return FL_KV_ERR_POSITION;
+    if constexpr (PAGED) {
+        const int bi = p / d.block_size;
+        if (bi >= d.max_blocks) return FL_KV_ERR_POSITION;
+        const int b = __ldg(d.block_table + (int64_t)s * d.max_blocks + bi);
+        if (b < 0 || b >= d.num_blocks) return FL_KV_ERR_BLOCK;
+        head_stride = (int64_t)d.block_size * head_dim;
+        base = ((int64_t)b * kv_heads * d.block_size + (p - bi * d.block_size)) * head_dim;
+    } else {
+        if (p >= d.max_seq) return FL_KV_ERR_POSITION;
+        head_stride = d.max_seq * head_dim;
+        base = ((int64_t)s * kv_heads * d.max_seq + p) * head_dim;
+    }
+    return 0;
+}
+
+template <typename Ti, typename Tc, int V, int W, bool VEC, bool INTERLEAVED, bool PAGED>
+__global__ void __launch_bounds__(256)
+    rope_append_kernel(const Ti *__restrict__ qkv, const RopeGeom g, const RopeFreq f,
+                       const int32_t *__restrict__ seq_ids, const int32_t *__restrict__ positions,
+                       Ti *__restrict__ q_out, Ti *__restrict__ k_out, Ti *__restrict__ v_out,
+                       Tc *__restrict__ kc, Tc *__restrict__ vc, const Dest d, int32_t *err) {
+    constexpr int NP = INTERLEAVED ? V / 2 : V;  // pairs per rotation unit
+    const int64_t rows = g.tokens * g.chunks;
+    const int hd = g.head_dim;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const int64_t tok = row / g.chunks;
+        const int u = (int)(row - tok * g.chunks) * blockDim.x + threadIdx.x;
+        // Which head (0..nq: q, nq..nq+nkv: k, then v) and which elements.
+        int head = 0, e0 = 0;   // e0: first element of the unit in its head
+        bool rot = false, have = u < g.units;
+        const int qk_total = (g.nq + g.nkv) * g.qk_units;
+        if (have) {
+            if (u < qk_total) {
+                head = u / g.qk_units;
+                const int r = u - head * g.qk_units;
+                if (r < g.rot_units) {
+                    rot = true;
+                    e0 = r * V;
+                } else {
+                    e0 = g.rotary_dim + (r - g.rot_units) * W;
+                }
+            } else {
+                const int uv = u - qk_total;
+                const int hv = uv / g.v_units;
+                head = g.nq + g.nkv + hv;
+                e0 = (uv - hv * g.v_units) * W;
+            }
+        }
+        const Ti *src = qkv + tok * g.qkv_stride + (int64_t)head * hd + e0;
+        // Loads first (they do not depend on the slot).
+        Ti a[V], b[V];
+        if (have) {
+            if (rot) {
+                ld_units<Ti, V, VEC>(src, a);
+                if constexpr (!INTERLEAVED) ld_units<Ti, V, VEC>(src + g.half, b);
+            } else {
+                // Pass / v unit: W elements into a[0..W).
+                Ti t[W];
+                ld_units<Ti, W, VEC>(src, t);
+#pragma unroll
+                for (int j = 0; j < W && j < V; ++j) a[j] = t[j];
+            }
+        }
+        const int s = __ldg(seq_ids + tok);
+        const int p = __ldg(positions + tok);
+        int64_t base = 0, head_stride = 0;
+        const int code = slot_of<PAGED>(d, s, p, g.nkv, hd, base, head_stride);
+        if (code) {
+            if (err && u == 0) atomicOr(err, code);
+            continue;
+        }
+        if (!have) continue;
+        if (rot) {
+            const float pf = (float)p;
+            if constexpr (INTERLEAVED) {
+                const int i0 = e0 / 2;
+#pragma unroll
+                for (int m = 0; m < NP; ++m) {
+                    float sn, cs, y0, y1;
+                    sincosf(__fmul_rn(pf, f.v[i0 + m]), &sn, &cs);
+                    rope_rotate(to_f32(a[2 * m]), to_f32(a[2 * m + 1]), cs, sn, y0, y1);
+                    a[2 * m] = from_f32<Ti>(y0);
+                    a[2 * m + 1] = from_f32<Ti>(y1);
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < NP; ++m) {
+                    float sn, cs, y0, y1;
+                    sincosf(__fmul_rn(pf, f.v[e0 + m]), &sn, &cs);
+                    rope_rotate(to_f32(a[m]), to_f32(b[m]), cs, sn, y0, y1);
+                    a[m] = from_f32<Ti>(y0);
+                    b[m] = from_f32<Ti>(y1);
+                }
+            }
+        }
+        // Stores: rot units write a (and b at + half for rotate-half); others W elements of a.
+        if (head < g.nq) {
+            Ti *dst = q_out + (tok * g.nq + head) * hd + e0;
+            if (rot) {
+                st_units<Ti, Ti, V, VEC>(dst, a);
+                if constexpr (!INTERLEAVED) st_units<Ti, Ti, V, VEC>(dst + g.half, b);
+            } else {
+                Ti t[W];
+#pragma unroll
+                for (int j = 0; j < W && j < V; ++j) t[j] = a[j];
+                st_units<Ti, Ti, W, VEC>(dst, t);
+            }
+        } else {
+            const bool is_k = head < g.nq + g.nkv;
+            const int kh = is_k ? head - g.nq : head - g.nq - g.nkv;
+            Tc *cdst = (is_k ? kc : vc) + base + kh * head_stride + e0;
+            Ti *odst = is_k ? k_out : v_out;
+            if (odst) odst += (tok * g.nkv + kh) * hd + e0;
+            if (rot) {
+                st_units<Ti, Tc, V, VEC>(cdst, a);
+                if (odst) st_units<Ti, Ti, V, VEC>(odst, a);
+                if constexpr (!INTERLEAVED) {
+                    st_units<Ti, Tc, V, VEC>(cdst + g.half, b);
+                    if (odst) st_units<Ti, Ti, V, VEC>(odst + g.half, b);
+                }
+            } else {
+                Ti t[W];
+#pragma unroll
+                for (int j = 0; j < W && j < V; ++j) t[j] = a[j];
+                st_units<Ti, Tc, W, VEC>(cdst, t);
+                if (odst) st_units<Ti, Ti, W, VEC>(odst, t);
+            }
+        }
+    }
+}
+
+// Threads per CTA for U units per token: the fewest idle threads, among small CTAs when there
+// are few tokens (spreading one decode step over several SMs) and large ones otherwise.
+inline int rope_append_block(int64_t tokens, int units) {
+    static const int small[] = {64, 96, 128};
+    static const int large[] = {256, 224, 192, 160, 128};
+    const bool few = tokens < 128;
+    const int *cand = few ? small : large;
+    const int n = few ? 3 : 5;
+    int best = 0;
+    int64_t best_waste = INT64_MAX;
+    for (int i = 0; i < n; ++i) {
+        const int64_t waste = ceil_div(units, cand[i]) * cand[i] - units;
+        if (waste < best_waste) {  // ties keep the earlier (smaller when few, larger otherwise)
+            best = cand[i];
+            best_waste = waste;
+        }
+    }
+    if (units <= 32) return 32;
+    return best;
+}
+
+template <typename Ti, typename Tc, int V, int W, bool VEC, bool INTERLEAVED>
+fl_status rope_append_launch(const Ti *qkv, RopeGeom g, const RopeFreq &f,
+                             const int32_t *seq_ids, const int32_t *positions, Ti *q_out,
+                             Ti *k_out, Ti *v_out, Tc *kc, Tc *vc, const Dest &d, int32_t *err,
+                             cudaStream_t s) {
+    g.rot_units = INTERLEAVED ? g.rotary_dim / V : g.half / V;
+    g.qk_units = g.rot_units + (g.head_dim - g.rotary_dim) / W;
+    g.v_units = g.head_dim / W;
+    const int64_t units = (int64_t)(g.nq + g.nkv) * g.qk_units + (int64_t)g.nkv * g.v_units;
+    g.units = (int32_t)units;
+    const int block = rope_append_block(g.tokens, g.units);
+    g.chunks = (int32_t)ceil_div(units, block);
+    const unsigned grid = (unsigned)std::min<int64_t>(g.tokens * g.chunks, 1 << 30);
+    if (d.block_table) {
+        rope_append_kernel<Ti, Tc, V, W, VEC, INTERLEAVED, true><<<grid, block, 0, s>>>(
+            qkv, g, f, seq_ids, positions, q_out, k_out, v_out, kc, vc, d, err);
+    } else {
+        rope_append_kernel<Ti, Tc, V, W, VEC, INTERLEAVED, false><<<grid, block, 0, s>>>(
+            qkv, g, f, seq_ids, positions, q_out, k_out, v_out, kc, vc, d, err);
+    }
+    return launch_status();
+}
+
+template <typename Ti, typename Tc>
+fl_status rope_append(const Ti *qkv, const RopeGeom &g, bool interleaved, const RopeFreq &f,
+                      const int32_t *seq_ids, const int32_t *positions, Ti *q_out, Ti *k_out,
+                      Ti *v_out, Tc *kc, Tc *vc, const Dest &d, int32_t *err, cudaStream_t s) {
+    constexpr int V = sizeof(Ti) >= sizeof(Tc) ? vec16<Ti>() : vec16<Tc>();
+    const auto ok = [](const void *p) { return p == nullptr || aligned16(p); };
+    const bool vec = aligned16(qkv) && (g.nq == 0 || ok(q_out)) && ok(k_out) && ok(v_out) &&
+                     aligned16(kc) && aligned16(vc) && g.qkv_stride % V == 0 && g.head_dim % V == 0 &&
+                     (interleaved ? g.rotary_dim % V == 0 : g.half % V == 0);
+    if (interleaved) {
+        return vec ? rope_append_launch<Ti, Tc, V, V, true, true>(qkv, g, f, seq_ids, positions,
+                                                                  q_out, k_out, v_out, kc, vc,
+                                                                  d, err, s)
+                   : rope_append_launch<Ti, Tc, 2, 1, false, true>(qkv, g, f, seq_ids, positions,
+                                                                   q_out, k_out, v_out, kc, vc,
+                                                                   d, err, s);
+    }
+    return vec ? rope_append_launch<Ti, Tc, V, V, true, false>(qkv, g, f, seq_ids, positions,
+                                                               q_out, k_out, v_out, kc, vc, d,
+                                                               err, s)
+               : rope_append_launch<Ti, Tc, 1, 1, false, false>(qkv, g, f, seq_ids, positions,
+                                                                q_out, k_out, v_out, kc, vc, d,
+                                                                err, s);
+}
+
+// Checks shared by both fused launchers; fills g (all but the unit counts) and f.
+inline bool rope_append_check(const void *qkv, int64_t qkv_stride, int64_t tokens,
+                              int32_t q_heads, int32_t kv_heads, const fl_rope_params *p,
+                              const int32_t *seq_ids, const int32_t *positions,
+                              const void *q_out, const void *kc, const void *vc, int32_t batch,
+                              RopeGeom *g, RopeFreq *f) {
+    if (!p || p->head_dim <= 0 || p->rotary_dim < 2 || p->rotary_dim % 2 != 0 ||
+        p->rotary_dim > p->head_dim || p->rotary_dim / 2 > FL_ROPE_MAX_PAIRS ||
+        (p->interleaved != 0 && p->interleaved != 1))
+        return false;
+    if (tokens < 0 || q_heads < 0 || kv_heads < 1 || batch < 1) return false;
+    const int64_t width = ((int64_t)q_heads + 2 * (int64_t)kv_heads) * p->head_dim;
+    if (width > INT32_MAX || qkv_stride < width) return false;
+    if (tokens > 0 && (!qkv || !seq_ids || !positions || !kc || !vc || (q_heads > 0 && !q_out)))
+        return false;
+    g->tokens = tokens;
+    g->qkv_stride = qkv_stride;
+    g->nq = q_heads;
+    g->nkv = kv_heads;
+    g->head_dim = p->head_dim;
+    g->rotary_dim = p->rotary_dim;
+    g->half = p->rotary_dim / 2;
+    for (int i = 0; i < FL_ROPE_MAX_PAIRS; ++i) f->v[i] = i < g->half ? p->inv_freq[i] : 0.f;
+    return true;
+}
+
+}  // namespace kv
+}  // namespace fl
+
+#define FL_KV_ROPE_DISPATCH(INTERLEAVED)                                                        \
+    FL_DISPATCH_FLOAT(in_dtype, {                                                               \
+        using in_t = scalar_t;                                                                  \
+        FL_DISPATCH_FLOAT(cache_dtype,                                                          \
+                          return fl::kv::rope_append<in_t, scalar_t>(                           \
+                              static_cast<const in_t *>(qkv), g, INTERLEAVED, f, seq_ids,       \
+                              positions, static_cast<in_t *>(q_out),                            \
+                              static_cast<in_t *>(k_out), static_cast<in_t *>(v_out),           \
+                              static_cast<scalar_t *>(k_cache),                                 \
+                              static_cast<scalar_t *>(v_cache), d, err_flag,                    \
+                              fl::as_stream(stream)));                                          \
+    });                                                                                         \
+    return FL_ERR_UNSUPPORTED_DTYPE;
+
+extern "C" fl_status fl_kv_rope_append(fl_dtype in_dtype, const void *qkv, int64_t qkv_stride,
+                                       int64_t tokens, int32_t q_heads, int32_t kv_heads,
+                                       const fl_rope_params *params, const int32_t *seq_ids,
+                                       const int32_t *positions, void *q_out, void *k_out,
+                                       void *v_out, fl_dtype cache_dtype, void *k_cache,
+                                       void *v_cache, int32_t batch, int64_t max_seq,
+                                       int32_t *err_flag, fl_stream stream) {
+    fl::kv::RopeGeom g{};
+    fl::kv::RopeFreq f;
+    if (!fl::kv::rope_append_check(qkv, qkv_stride, tokens, q_heads, kv_heads, params, seq_ids,
+                                   positions, q_out, k_cache, v_cache, batch, &g, &f) ||
+        max_seq < 1)
+        return FL_ERR_INVALID_ARGUMENT;
+    if (tokens == 0) return FL_OK;
+    const fl::kv::Dest d{batch, max_seq, nullptr, 0, 0, 0};
+    FL_KV_ROPE_DISPATCH(params->interleaved != 0)
+}
+
+extern "C" fl_status fl_kv_rope_append_paged(
+    fl_dtype in_dtype, const void *qkv, int64_t qkv_stride, int64_t tokens, int32_t q_heads,
+    int32_t kv_heads, const fl_rope_params *params, const int32_t *seq_ids,
+    const int32_t *positions, void *q_out, void *k_out, void *v_out, const int32_t *block_table,
+    int32_t batch, int32_t max_blocks_per_seq, fl_dtype cache_dtype, void *k_cache,
+    void *v_cache, int64_t num_blocks, int32_t block_size, int32_t *err_flag, fl_stream stream) {
+    fl::kv::RopeGeom g{};
+    fl::kv::RopeFreq f;
+    if (!fl::kv::rope_append_check(qkv, qkv_stride, tokens, q_heads, kv_heads, params, seq_ids,
+                                   positions, q_out, k_cache, v_cache, batch, &g, &f) ||
+        max_blocks_per_seq < 1 || num_blocks < 1 || block_size < 1 ||
+        (tokens > 0 && !block_table))
+        return FL_ERR_INVALID_ARGUMENT;
+    if (tokens == 0) return FL_OK;
+    const fl::kv::Dest d{batch, 0, block_table, max_blocks_per_seq, num_blocks, block_size};
+    FL_KV_ROPE_DISPATCH(params->interleaved != 0)
+}

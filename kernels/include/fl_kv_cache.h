@@ -2,6 +2,7 @@
 #ifndef FL_KV_CACHE_H
 #define FL_KV_CACHE_H
 #include "fl_kernels.h"
+#include "fl_rope.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -47,6 +48,54 @@ fl_status fl_kv_append_paged(fl_dtype in_dtype, const void *k, const void *v, in
                              int32_t max_blocks_per_seq, fl_dtype cache_dtype, void *k_cache,
                              void *v_cache, int64_t num_blocks, int32_t block_size,
                              int32_t *err_flag, fl_stream stream);
+
+/* Fused QKV split + rotary embedding + KV-cache append (contiguous cache), one launch.
+ *
+ * qkv: in_dtype, token t's row at qkv + t * qkv_stride (elements, qkv_stride >=
+ * (q_heads + 2 kv_heads) * head_dim): q_heads q heads, then kv_heads k heads, then kv_heads v
+ * heads, head_dim = params->head_dim each (the layout of one GEMM with the stacked
+ * [q; k; v] weight). With s = seq_ids[t], p = positions[t] (int32 [tokens] each, on the device)
+ * and R(x) = x rotated as fl_rope_apply does with params at position p (computed angles:
+ * a = (float)p * params->inv_freq[i], accurate sincosf, y0 = fma(x0, cos, -(x1 * sin)),
+ * y1 = fma(x1, cos, x0 * sin), rounded to in_dtype; elements past rotary_dim copied):
+ *     q_out[t, h, :]        = R(q[t, h, :])                        h < q_heads
+ *     k_cache[s, h, p, :]   = cache_dtype(R(k[t, h, :]))           h < kv_heads
+ *     v_cache[s, h, p, :]   = cache_dtype(v[t, h, :])
+ *     k_out[t, h, :] = R(k[t, h, :]),  v_out[t, h, :] = v[t, h, :]   (when not NULL)
+ * bit for bit what fl_rope_apply on q and k followed by fl_kv_append gives.
+ * q_out: in_dtype [tokens, q_heads, head_dim] (may be NULL when q_heads == 0); k_out, v_out:
+ * in_dtype [tokens, kv_heads, head_dim] or NULL (each independently); k_cache, v_cache:
+ * cache_dtype [batch, kv_heads, max_seq, head_dim]. in_dtype, cache_dtype: f32, f16 or bf16,
+ * any pair. No output may overlap qkv or another output.
+ * params: as fl_rope_apply (head_dim >= 1; rotary_dim even, 2..head_dim, <= 2 *
+ * FL_ROPE_MAX_PAIRS; interleaved 0 or 1). q_heads >= 0, kv_heads >= 1,
+ * (q_heads + 2 kv_heads) * head_dim <= INT32_MAX.
+ * Errors: FL_ERR_INVALID_ARGUMENT for bad sizes, params or NULL pointers. On the device a token
+ * whose slot is invalid (as fl_kv_append: FL_KV_ERR_SEQUENCE, FL_KV_ERR_POSITION, which
+ * includes a negative position) writes nothing at all (not q_out, k_out, v_out nor the cache)
+ * and ORs the bit into *err_flag (may be NULL; never cleared here).
+ * One CTA per (token, group of heads); 16-byte vector accesses (of the wider dtype) when the
+ * pointers, qkv_stride, head_dim and the rotary split allow, a scalar path otherwise. */
+fl_status fl_kv_rope_append(fl_dtype in_dtype, const void *qkv, int64_t qkv_stride,
+                            int64_t tokens, int32_t q_heads, int32_t kv_heads,
+                            const fl_rope_params *params, const int32_t *seq_ids,
+                            const int32_t *positions, void *q_out, void *k_out, void *v_out,
+                            fl_dtype cache_dtype, void *k_cache, void *v_cache, int32_t batch,
+                            int64_t max_seq, int32_t *err_flag, fl_stream stream);
+
+/* fl_kv_rope_append into a paged cache [num_blocks, kv_heads, block_size, head_dim] through
+ * block_table (int32 [batch, max_blocks_per_seq], on the device), slot rules and error bits as
+ * fl_kv_append_paged:
+ *     k_cache[b, h, p % block_size, :] = cache_dtype(R(k[t, h, :])),  b = block_table[s, p / block_size]
+ * (same for v, unrotated). A token with an invalid slot writes nothing anywhere. */
+fl_status fl_kv_rope_append_paged(fl_dtype in_dtype, const void *qkv, int64_t qkv_stride,
+                                  int64_t tokens, int32_t q_heads, int32_t kv_heads,
+                                  const fl_rope_params *params, const int32_t *seq_ids,
+                                  const int32_t *positions, void *q_out, void *k_out,
+                                  void *v_out, const int32_t *block_table, int32_t batch,
+                                  int32_t max_blocks_per_seq, fl_dtype cache_dtype,
+                                  void *k_cache, void *v_cache, int64_t num_blocks,
+                                  int32_t block_size, int32_t *err_flag, fl_stream stream);
 
 #ifdef __cplusplus
 }

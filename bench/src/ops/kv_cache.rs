@@ -4,8 +4,13 @@
 //! one with 16-slot blocks (`kv_append_paged`). Where the tokens go ([`layout`], mirrored by
 //! the torch script): up to 64 tokens are a decode step (one token per sequence, positions
 //! spread out); more are prefills of 4096-token sequences.
+//!
+//! `kv_rope_append`: the fused QKV split + RoPE + append ([`kv_cache::rope_append`]) from a
+//! `[tokens, (32 + 2 kv) * 128]` f16 QKV row (7B: 32 kv heads; Llama-3-8B: 8) into a contiguous
+//! cache, q written out; decode at 1, 16, 64 tokens and a 4096-token prefill.
 
-use fl_kernels::kv_cache::{self, KvCache, TokenSlots};
+use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
+use fl_kernels::rope::RopeParams;
 use fl_kernels::{f16, DeviceTensor};
 
 use super::{bench_tensor, Case, Launch};
@@ -109,12 +114,56 @@ fn case(tokens: usize, paged: bool) -> Case {
     }
 }
 
-/// Contiguous and paged append at 1, 64 (decode), 4096 and 65536 (prefill) tokens.
+/// rope_theta of the fused cases.
+const THETA: f64 = 500_000.0;
+
+fn rope_append_case(tokens: usize, q_heads: usize, kv_heads: usize) -> Case {
+    let width = (q_heads + 2 * kv_heads) * HEAD_DIM;
+    // qkv read; q, k, v written; slot indices read.
+    let bytes = 2 * tokens * width * 2 + 8 * tokens;
+    Case {
+        op: "kv_rope_append",
+        dtype: "f16",
+        shape: format!("t{tokens}_q{q_heads}_kv{kv_heads}_d{HEAD_DIM}"),
+        bytes: bytes as u64,
+        make: Box::new(move |gpu| {
+            let l = layout(tokens, BLOCK);
+            let s = gpu.stream().clone();
+            let qkv = bench_tensor::<f16>(gpu, &[tokens, width], 3)?;
+            let seq = DeviceTensor::from_host(&s, &l.seq, &[tokens])?;
+            let pos = DeviceTensor::from_host(&s, &l.pos, &[tokens])?;
+            let mut q = DeviceTensor::<f16>::zeros(&s, &[tokens, q_heads, HEAD_DIM])?;
+            let mut cache = KvCache::<f16>::zeros(&s, [l.batch, kv_heads, MAX_SEQ, HEAD_DIM])?;
+            let rope = RopeParams::new(HEAD_DIM, THETA);
+            Ok(Box::new(move || {
+                let args = RopeAppend {
+                    qkv: &qkv,
+                    heads: QkvSplit { q_heads, kv_heads },
+                    slots: TokenSlots {
+                        seq_ids: &seq,
+                        positions: &pos,
+                    },
+                    rope: &rope,
+                    layout: CacheLayout::Contiguous,
+                };
+                kv_cache::rope_append(&s, &args, &mut q, None, &mut cache, None)
+            }) as Launch)
+        }),
+    }
+}
+
+/// Contiguous and paged append at 1, 64 (decode), 4096 and 65536 (prefill) tokens; the fused
+/// rope + append at 1, 16, 64 and 4096 tokens for the 7B and Llama-3-8B head counts.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for t in [1usize, 64, 4096, 65_536] {
         v.push(case(t, false));
         v.push(case(t, true));
+    }
+    for (hq, hkv) in [(32usize, 32usize), (32, 8)] {
+        for t in [1usize, 16, 64, 4096] {
+            v.push(rope_append_case(t, hq, hkv));
+        }
     }
     v
 }

@@ -12,6 +12,9 @@
 //! [`ERR_BLOCK`]) in an optional error flag, an `i32 [1]` device tensor (see
 //! [`check_error_flag`]). Everything the host knows (shapes, sizes) is checked before launch.
 //!
+//! [`rope_append`] fuses the step before: it takes the fused QKV GEMM output, applies rotary
+//! embedding to q and k, writes q out and k, v into the cache, in one launch.
+//!
 //! CPU references: [`crate::reference::kv_cache`](mod@crate::reference::kv_cache).
 
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
+use crate::rope::{RopeParams, RopeStyle, MAX_PAIRS};
 use crate::tensor::{as_i64, check_flag_bits, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
@@ -367,4 +371,299 @@ pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) 
         ],
         "those tokens were not written",
     )
+}
+
+/// Head counts of a fused QKV row for [`rope_append`]: per token `q_heads` q heads, then
+/// `kv_heads` k heads, then `kv_heads` v heads (the layout of one GEMM with the stacked
+/// `[q; k; v]` weight; the same type as [`quant::QkvHeads`](crate::quant::QkvHeads)).
+pub type QkvSplit = crate::quant::QkvHeads;
+
+/// Which cache layout [`rope_append`] writes.
+#[derive(Clone, Copy, Debug)]
+pub enum CacheLayout<'a> {
+    /// `[batch, kv_heads, max_seq, head_dim]`, as [`append`].
+    Contiguous,
+    /// `[num_blocks, kv_heads, block_size, head_dim]` through `block_table [batch,
+    /// max_blocks_per_seq]` (i32), as [`append_paged`].
+    Paged {
+        /// Block ids of each sequence, row-major `[batch, max_blocks_per_seq]`.
+        block_table: &'a DeviceTensor<i32>,
+    },
+}
+
+/// The inputs of [`rope_append`]: the fused QKV GEMM output, how it splits, where each token
+/// goes, the rotary configuration and the cache layout.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeAppend<'a, I: FloatDType> {
+    /// `[tokens, (q_heads + 2 kv_heads) * head_dim]` or `[tokens, q_heads + 2 kv_heads,
+    /// head_dim]`: per token the q heads, then the k heads, then the v heads.
+    pub qkv: &'a DeviceTensor<I>,
+    /// Head counts.
+    pub heads: QkvSplit,
+    /// Sequence and position of each token (the positions also give the rotary angles).
+    pub slots: TokenSlots<'a>,
+    /// Rotary embedding (`rope.head_dim` is the head size).
+    pub rope: &'a RopeParams,
+    /// Cache layout (and block table).
+    pub layout: CacheLayout<'a>,
+}
+
+/// Fused QKV split + rotary embedding + KV-cache append, one launch (in place of
+/// [`rope::apply`](crate::rope::apply) on q and k followed by [`append`] /
+/// [`append_paged`]).
+///
+/// With `q, k, v` the three parts of token `t`'s `qkv` row, `s = seq_ids[t]`,
+/// `p = positions[t]` and `R` the rotation of [`rope::apply`](crate::rope::apply) at position
+/// `p` (f32 angle `p · inv_freq[i]`, accurate sincos, `x0' = x0·cos − x1·sin`,
+/// `x1' = x1·cos + x0·sin` with one fma each, rounded to `I`; elements past `rotary_dim`
+/// copied):
+///
+/// ```text
+/// q_out[t, h, :]           = R(q[t, h, :])                  h < q_heads
+/// cache.k[slot(s, p), h, :] = C(R(k[t, h, :]))               h < kv_heads
+/// cache.v[slot(s, p), h, :] = C(v[t, h, :])
+/// k_out[t, h, :] = R(k[t, h, :]),  v_out[t, h, :] = v[t, h, :]   (when k_v_out is given)
+/// ```
+///
+/// where `slot` is `[s, h, p]` (contiguous) or `[block_table[s, p / block_size], h,
+/// p % block_size]` (paged), and `C(x)` converts `I → f32 → C`. The result is bit for bit that
+/// of the unfused pair. Prefill passes `k_v_out` (the prefill attention reads this pass's packed
+/// k and v); decode passes `None`.
+///
+/// Shapes: `qkv` as [`RopeAppend::qkv`]; `slots` `[tokens]` each; `q_out [tokens, q_heads,
+/// head_dim]`; `k_out, v_out [tokens, kv_heads, head_dim]`; `cache` as [`CacheLayout`] with
+/// the same `kv_heads` and `head_dim`; `err_flag [1]`. Dtypes: `I`, `C` any of `f32`, `f16`,
+/// `bf16`. Each (sequence, position) at most once per call.
+///
+/// Errors: those of [`RopeParams::validate`]; [`Error::InvalidArgument`] naming `heads` (no kv
+/// head, or the row width overflows) or `cache` (empty while there are tokens);
+/// [`Error::Shape`] naming `qkv`, `seq_ids`, `positions`, `q_out`, `k_out`, `v_out`, `cache`
+/// (kv_heads or head_dim differ), `block_table` or `err_flag`; [`Error::TooLarge`] for sizes
+/// past `i32`. On the device a token whose slot does not exist (sequence outside `0..batch`, a
+/// negative position, one past the cache or the block table, a block id outside the pool)
+/// writes nothing at all (neither `q_out`, `k_out`, `v_out` nor the cache) and sets
+/// [`ERR_SEQUENCE`], [`ERR_POSITION`] or [`ERR_BLOCK`] in `err_flag` when given (see
+/// [`check_error_flag`]).
+///
+/// ```no_run
+/// use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
+/// use fl_kernels::{rope::RopeParams, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// // Llama-3-8B decode step: two sequences, one token each, at positions 17 and 5
+/// let (heads, d) = (QkvSplit { q_heads: 32, kv_heads: 8 }, 128);
+/// let qkv = DeviceTensor::<f16>::zeros(s, &[2, (32 + 2 * 8) * d])?; // the QKV GEMM output
+/// let seq_ids = DeviceTensor::from_host(s, &[0i32, 1], &[2])?;
+/// let positions = DeviceTensor::from_host(s, &[17i32, 5], &[2])?;
+/// let rope = RopeParams::new(d, 500_000.0);
+/// let mut q = DeviceTensor::<f16>::zeros(s, &[2, 32, d])?;
+/// let mut cache = KvCache::<f16>::zeros(s, [2, 8, 4096, d])?;
+/// let mut flag = DeviceTensor::<i32>::zeros(s, &[1])?;
+/// let args = RopeAppend {
+///     qkv: &qkv,
+///     heads,
+///     slots: TokenSlots { seq_ids: &seq_ids, positions: &positions },
+///     rope: &rope,
+///     layout: CacheLayout::Contiguous,
+/// };
+/// kv_cache::rope_append(s, &args, &mut q, None, &mut cache, Some(&mut flag))?;
+/// kv_cache::check_error_flag(s, &flag)?; // waits; Err if a slot did not exist
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn rope_append<I: FloatDType, C: FloatDType>(
+    stream: &CudaStream,
+    args: &RopeAppend<'_, I>,
+    q_out: &mut DeviceTensor<I>,
+    k_v_out: Option<(&mut DeviceTensor<I>, &mut DeviceTensor<I>)>,
+    cache: &mut KvCache<C>,
+    err_flag: Option<&mut DeviceTensor<i32>>,
+) -> Result<()> {
+    let rope = args.rope;
+    let inv = rope.inv_freq()?;
+    let d = rope.head_dim;
+    let QkvSplit { q_heads, kv_heads } = args.heads;
+    if kv_heads == 0 {
+        return Err(Error::invalid(
+            "heads",
+            format!("{:?}: need at least one kv head", args.heads),
+        ));
+    }
+    let row_heads = kv_heads
+        .checked_mul(2)
+        .and_then(|h| h.checked_add(q_heads))
+        .filter(|&h| h.checked_mul(d).is_some_and(|w| w <= i32::MAX as usize))
+        .ok_or_else(|| {
+            Error::invalid(
+                "heads",
+                format!(
+                    "{:?}: (q_heads + 2 kv_heads) * head_dim must be <= i32::MAX",
+                    args.heads
+                ),
+            )
+        })?;
+    let width = row_heads * d;
+    let tokens = match *args.qkv.shape() {
+        [t, w] if w == width => t,
+        [t, h, e] if h == row_heads && e == d => t,
+        _ => {
+            return Err(Error::Shape {
+                arg: "qkv",
+                expected: format!(
+                    "[tokens, {width}] or [tokens, {row_heads}, {d}] ((q_heads + 2 kv_heads) \
+                     heads of head_dim)"
+                ),
+                got: args.qkv.shape().to_vec(),
+            })
+        }
+    };
+    expect_shape("seq_ids", args.slots.seq_ids, &[tokens])?;
+    expect_shape("positions", args.slots.positions, &[tokens])?;
+    expect_shape("q_out", q_out, &[tokens, q_heads, d])?;
+    let kv_shape = [tokens, kv_heads, d];
+    let k_v_out = match k_v_out {
+        None => None,
+        Some((ko, vo)) => {
+            expect_shape("k_out", ko, &kv_shape)?;
+            expect_shape("v_out", vo, &kv_shape)?;
+            Some((ko, vo))
+        }
+    };
+    let [c0, c_heads, c_slots, c_dim] = cache.shape();
+    if c_heads != kv_heads || c_dim != d {
+        return Err(Error::Shape {
+            arg: "cache",
+            expected: format!(
+                "[batch or num_blocks, {kv_heads}, max_seq or block_size, {d}] (kv_heads of \
+                 heads, head_dim of rope)"
+            ),
+            got: cache.shape().to_vec(),
+        });
+    }
+    // (batch, max_seq, block_table, max_blocks)
+    let paged = match args.layout {
+        CacheLayout::Contiguous => None,
+        CacheLayout::Paged { block_table } => match block_table.shape() {
+            &[b, m] if m > 0 => Some((block_table, b, m)),
+            _ => {
+                return Err(Error::Shape {
+                    arg: "block_table",
+                    expected: "[batch, max_blocks_per_seq] with max_blocks_per_seq >= 1".into(),
+                    got: block_table.shape().to_vec(),
+                })
+            }
+        },
+    };
+    let batch = paged.map_or(c0, |(_, b, _)| b);
+    let batch_i = to_i32("batch", batch)?;
+    let max_blocks_i = to_i32("block_table", paged.map_or(0, |(_, _, m)| m))?;
+    let block_size_i = match paged {
+        Some(_) => to_i32("block_size", c_slots)?,
+        None => 0,
+    };
+    let (pf, _gf) = flag_ptr(stream, err_flag)?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    if cache.k.is_empty() {
+        return Err(Error::invalid(
+            "cache",
+            format!("shape {:?} holds no slot", cache.shape()),
+        ));
+    }
+    if batch == 0 {
+        return Err(Error::Shape {
+            arg: "block_table",
+            expected: "[batch, max_blocks_per_seq] with batch >= 1 (there are tokens)".into(),
+            got: paged.map_or(vec![], |(t, _, _)| t.shape().to_vec()),
+        });
+    }
+    let t = as_i64("qkv", tokens)?;
+    let mut p = fl_kernels_sys::fl_rope_params {
+        head_dim: d as i32,
+        rotary_dim: rope.rotary_dim as i32,
+        interleaved: i32::from(rope.style == RopeStyle::Interleaved),
+        reserved: 0,
+        inv_freq: [0.0; MAX_PAIRS],
+    };
+    p.inv_freq[..inv.len()].copy_from_slice(&inv);
+    let (pqkv, _g1) = args.qkv.ptr(stream);
+    let (ps, _g2) = args.slots.seq_ids.ptr(stream);
+    let (pp, _g3) = args.slots.positions.ptr(stream);
+    let (pq, _g4) = q_out.ptr_mut(stream);
+    let (pko, _g5, pvo, _g6) = match k_v_out {
+        None => (0, None, 0, None),
+        Some((ko, vo)) => {
+            let (a, ga) = ko.ptr_mut(stream);
+            let (b, gb) = vo.ptr_mut(stream);
+            (a, Some(ga), b, Some(gb))
+        }
+    };
+    let (pkc, _g7) = cache.k.ptr_mut(stream);
+    let (pvc, _g8) = cache.v.ptr_mut(stream);
+    let status = match paged {
+        None => {
+            // SAFETY: qkv holds tokens * width elements of I, q_out tokens * q_heads * head_dim,
+            // k_out / v_out (or null) tokens * kv_heads * head_dim, seq_ids and positions
+            // `tokens` i32, the caches batch * kv_heads * max_seq * head_dim elements of C (all
+            // checked above); the kernel writes only slots with s < batch and p < max_seq. `p`
+            // lives across the call (the launcher copies the frequencies). The flag is one i32
+            // or null. The guards keep every buffer alive until the launch is queued.
+            unsafe {
+                fl_kernels_sys::fl_kv_rope_append(
+                    I::ID,
+                    pqkv as _,
+                    width as i64,
+                    t,
+                    q_heads as i32,
+                    kv_heads as i32,
+                    &p,
+                    ps as _,
+                    pp as _,
+                    pq as _,
+                    pko as _,
+                    pvo as _,
+                    C::ID,
+                    pkc as _,
+                    pvc as _,
+                    batch_i,
+                    c_slots as i64,
+                    pf as _,
+                    raw_stream(stream),
+                )
+            }
+        }
+        Some((table, _, _)) => {
+            let (pt, _gt) = table.ptr(stream);
+            // SAFETY: as above; the block table holds batch * max_blocks i32 and the kernel
+            // reads entry (s, p / block_size) only for s < batch and p / block_size <
+            // max_blocks, and writes only blocks < num_blocks of the cache.
+            unsafe {
+                fl_kernels_sys::fl_kv_rope_append_paged(
+                    I::ID,
+                    pqkv as _,
+                    width as i64,
+                    t,
+                    q_heads as i32,
+                    kv_heads as i32,
+                    &p,
+                    ps as _,
+                    pp as _,
+                    pq as _,
+                    pko as _,
+                    pvo as _,
+                    pt as _,
+                    batch_i,
+                    max_blocks_i,
+                    C::ID,
+                    pkc as _,
+                    pvc as _,
+                    c0 as i64,
+                    block_size_i,
+                    pf as _,
+                    raw_stream(stream),
+                )
+            }
+        }
+    };
+    check("kv_cache::rope_append", status)
 }

@@ -642,3 +642,713 @@ proptest! {
         prop_assert_eq!(p, expect_p);
     }
 }
+
+// ---- rope_append: fused QKV split + RoPE + append ----
+
+use fl_kernels::kv_cache::{CacheLayout, QkvSplit, RopeAppend};
+use fl_kernels::rope::{self, RopeParams, RopeStyle, Scaling};
+use fl_kernels::testing::{rel_l2, tolerance};
+
+/// The rotary configurations every fused case runs: full rotate-half; partial interleaved;
+/// LLaMA-3 scaling; linear scaling with partial rotate-half.
+fn ropes(d: usize) -> Vec<RopeParams> {
+    let part = (d / 2) & !1;
+    vec![
+        RopeParams::new(d, 10_000.0),
+        RopeParams::new(d, 10_000.0)
+            .with_rotary_dim(part.max(2))
+            .with_style(RopeStyle::Interleaved),
+        RopeParams::new(d, 500_000.0).with_scaling(Scaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192,
+        }),
+        RopeParams::new(d, 1_000_000.0)
+            .with_rotary_dim(part.max(2))
+            .with_scaling(Scaling::Linear { factor: 4.0 }),
+    ]
+}
+
+/// `t` distinct (sequence, position) pairs of `batch` sequences, positions below `max_pos`,
+/// in random order.
+fn distinct_slots(r: &mut impl Rng, t: usize, batch: usize, max_pos: usize) -> Batch {
+    let mut seen = std::collections::HashSet::new();
+    let (mut seq, mut pos) = (vec![], vec![]);
+    while seq.len() < t {
+        let s = r.random_range(0..batch as i32);
+        let p = r.random_range(0..max_pos as i32);
+        if seen.insert((s, p)) {
+            seq.push(s);
+            pos.push(p);
+        }
+    }
+    Batch { seq, pos }
+}
+
+/// A paged layout holding exactly the blocks the tokens need (distinct random ids), other
+/// table entries -1: `(table, max_blocks, num_blocks)`.
+fn sparse_table(
+    r: &mut impl Rng,
+    b: &Batch,
+    batch: usize,
+    max_pos: usize,
+    block: usize,
+) -> (Vec<i32>, usize, usize) {
+    let max_blocks = max_pos.div_ceil(block);
+    let mut table = vec![-1i32; batch * max_blocks];
+    let mut need: Vec<usize> = b
+        .seq
+        .iter()
+        .zip(&b.pos)
+        .filter(|(s, p)| **s >= 0 && (0..batch as i32).contains(s) && **p >= 0)
+        .map(|(&s, &p)| s as usize * max_blocks + (p as usize / block).min(max_blocks - 1))
+        .collect();
+    need.sort_unstable();
+    need.dedup();
+    let num_blocks = need.len() + 2;
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    ids.shuffle(r);
+    for (i, e) in need.into_iter().enumerate() {
+        table[e] = ids[i];
+    }
+    (table, max_blocks, num_blocks)
+}
+
+struct Fused<'a> {
+    q_heads: usize,
+    kv_heads: usize,
+    rope: RopeParams,
+    cache_shape: [usize; 4],
+    layout: Layout<'a>,
+    kv_out: bool,
+}
+
+/// One fused launch against (a) the unfused rope::apply + append on the GPU, bit for bit (caches
+/// whole; q_out / k_out / v_out on the tokens whose slot exists), and (b) the CPU reference
+/// (flag exact; q, k under tolerance; v exact; rows of invalid tokens still NaN; untouched
+/// cache slots exact). Returns the flag.
+fn check_rope_append<I: FloatDType, C: FloatDType>(
+    gpu: &Gpu,
+    f: &Fused<'_>,
+    b: &Batch,
+    r: &mut impl Rng,
+) -> i32 {
+    let s = gpu.stream();
+    let (hq, hkv, d) = (f.q_heads, f.kv_heads, f.rope.head_dim);
+    let t = b.seq.len();
+    let row = (hq + 2 * hkv) * d;
+    let qkv: Vec<I> = random(r, t * row);
+    let n: usize = f.cache_shape.iter().product();
+    let kc0: Vec<C> = random_nonzero(r, n, 2.0, 3.0);
+    let vc0: Vec<C> = random_nonzero(r, n, 2.0, 3.0);
+    let nan = I::from_f32(f32::NAN);
+    let dqkv = DeviceTensor::from_host(s, &qkv, &[t, row]).unwrap();
+    let seq = DeviceTensor::from_host(s, &b.seq, &[t]).unwrap();
+    let pos = DeviceTensor::from_host(s, &b.pos, &[t]).unwrap();
+    let slots = TokenSlots {
+        seq_ids: &seq,
+        positions: &pos,
+    };
+    let new_cache = || {
+        KvCache::new(
+            DeviceTensor::from_host(s, &kc0, &f.cache_shape).unwrap(),
+            DeviceTensor::from_host(s, &vc0, &f.cache_shape).unwrap(),
+        )
+        .unwrap()
+    };
+    let (dtable, ref_layout) = match f.layout {
+        Layout::Contiguous => (None, reference::kv_cache::Layout::Contiguous),
+        Layout::Paged { table, max_blocks } => (
+            Some(
+                DeviceTensor::from_host(s, table, &[table.len() / max_blocks, max_blocks]).unwrap(),
+            ),
+            reference::kv_cache::Layout::Paged {
+                block_table: table,
+                max_blocks,
+            },
+        ),
+    };
+    let layout = match &dtable {
+        None => CacheLayout::Contiguous,
+        Some(t) => CacheLayout::Paged { block_table: t },
+    };
+    // fused
+    let mut cache = new_cache();
+    let mut q_out = DeviceTensor::filled(s, &[t, hq, d], nan).unwrap();
+    let mut k_out = DeviceTensor::filled(s, &[t, hkv, d], nan).unwrap();
+    let mut v_out = DeviceTensor::filled(s, &[t, hkv, d], nan).unwrap();
+    let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+    let args = RopeAppend {
+        qkv: &dqkv,
+        heads: QkvSplit {
+            q_heads: hq,
+            kv_heads: hkv,
+        },
+        slots,
+        rope: &f.rope,
+        layout,
+    };
+    let kv_out = f.kv_out.then_some((&mut k_out, &mut v_out));
+    kv_cache::rope_append(s, &args, &mut q_out, kv_out, &mut cache, Some(&mut flag)).unwrap();
+    let got_flag = flag.to_host(s).unwrap()[0];
+    let gq = q_out.to_host(s).unwrap();
+    let gk = k_out.to_host(s).unwrap();
+    let gv = v_out.to_host(s).unwrap();
+    let (gkc, gvc) = (cache.k().to_host(s).unwrap(), cache.v().to_host(s).unwrap());
+    // unfused on the GPU
+    let part = |from: usize, heads: usize| -> Vec<I> {
+        (0..t)
+            .flat_map(|i| qkv[i * row + from * d..][..heads * d].to_vec())
+            .collect()
+    };
+    let mut uq = DeviceTensor::from_host(s, &part(0, hq), &[t, hq, d]).unwrap();
+    let mut uk = DeviceTensor::from_host(s, &part(hq, hkv), &[t, hkv, d]).unwrap();
+    let uv = DeviceTensor::from_host(s, &part(hq + hkv, hkv), &[t, hkv, d]).unwrap();
+    rope::apply(s, &mut uq, &mut uk, &pos, &f.rope, None).unwrap();
+    let mut ucache = new_cache();
+    match &dtable {
+        None => kv_cache::append(s, &uk, &uv, &slots, &mut ucache, None).unwrap(),
+        Some(tb) => kv_cache::append_paged(s, &uk, &uv, &slots, tb, &mut ucache, None).unwrap(),
+    }
+    let (uq, uk, uv) = (
+        uq.to_host(s).unwrap(),
+        uk.to_host(s).unwrap(),
+        uv.to_host(s).unwrap(),
+    );
+    // reference
+    let (mut wk, mut wv) = (kc0.clone(), vc0.clone());
+    let want = reference::kv_cache::rope_append(
+        &qkv,
+        hq,
+        hkv,
+        &f.rope,
+        &b.seq,
+        &b.pos,
+        &mut wk,
+        &mut wv,
+        f.cache_shape,
+        ref_layout,
+    );
+    // which cache elements the reference wrote
+    let mut mask = vec![f32::NAN; n];
+    let ones = vec![1f32; t * hkv * d];
+    match ref_layout {
+        reference::kv_cache::Layout::Contiguous => {
+            reference::kv_cache::append(&mut mask, f.cache_shape, &ones, &b.seq, &b.pos);
+        }
+        reference::kv_cache::Layout::Paged {
+            block_table,
+            max_blocks,
+        } => {
+            reference::kv_cache::append_paged(
+                &mut mask,
+                f.cache_shape,
+                &ones,
+                &b.seq,
+                &b.pos,
+                block_table,
+                max_blocks,
+            );
+        }
+    }
+    let what = format!(
+        "{}->{} heads {hq}/{hkv} d {d} rotary {} {:?} {:?} cache {:?} {} tokens kv_out {}",
+        I::NAME,
+        C::NAME,
+        f.rope.rotary_dim,
+        f.rope.style,
+        f.rope.scaling,
+        f.cache_shape,
+        t,
+        f.kv_out
+    );
+    assert_eq!(got_flag, want.flag, "{what}: error flag");
+    // (a) unfused, bit for bit
+    assert!(
+        to_f64(&gkc) == to_f64(&to_vec(ucache.k(), s)),
+        "{what}: K cache differs from rope::apply + append"
+    );
+    assert!(
+        to_f64(&gvc) == to_f64(&to_vec(ucache.v(), s)),
+        "{what}: V cache differs from append"
+    );
+    let rows_match = |got: &[I], unfused: &[I], want: &[f64], name: &str| {
+        for (i, ((g, u), w)) in got.iter().zip(unfused).zip(want).enumerate() {
+            if w.is_nan() {
+                assert!(
+                    g.to_f64().is_nan(),
+                    "{what}: {name}[{i}] written for an invalid slot"
+                );
+            } else {
+                assert_eq!(
+                    g.to_f64().to_bits(),
+                    u.to_f64().to_bits(),
+                    "{what}: {name}[{i}] differs from the unfused path"
+                );
+            }
+        }
+    };
+    rows_match(&gq, &uq, &want.q, "q_out");
+    if f.kv_out {
+        rows_match(&gk, &uk, &want.k, "k_out");
+        rows_match(&gv, &uv, &want.v, "v_out");
+    } else {
+        assert!(
+            gk.iter().chain(&gv).all(|x| x.to_f64().is_nan()),
+            "{what}: k_out / v_out written though not passed"
+        );
+    }
+    // (b) reference
+    let valid = |got: &[I], want: &[f64]| -> (Vec<I>, Vec<f64>) {
+        got.iter()
+            .zip(want)
+            .filter(|(_, w)| !w.is_nan())
+            .map(|(g, w)| (*g, *w))
+            .unzip()
+    };
+    let (g, w) = valid(&gq, &want.q);
+    let e = rel_l2(&g, &w);
+    assert!(e < tolerance::<I>(), "{what}: q_out rel L2 {e}");
+    if f.kv_out {
+        let (g, w) = valid(&gk, &want.k);
+        let e = rel_l2(&g, &w);
+        assert!(e < tolerance::<I>(), "{what}: k_out rel L2 {e}");
+        let (g, w) = valid(&gv, &want.v);
+        assert!(to_f64(&g) == w, "{what}: v_out differs from v");
+    }
+    assert!(
+        to_f64(&gvc) == to_f64(&wv),
+        "{what}: V cache differs from the reference"
+    );
+    let (mut gw, mut ww) = (vec![], vec![]);
+    for i in 0..n {
+        if mask[i].is_nan() {
+            assert_eq!(
+                gkc[i].to_f64().to_bits(),
+                kc0[i].to_f64().to_bits(),
+                "{what}: K cache element {i} written though no token names it"
+            );
+        } else {
+            gw.push(gkc[i]);
+            ww.push(wk[i].to_f64());
+        }
+    }
+    let tol = tolerance::<I>().max(tolerance::<C>());
+    let e = rel_l2(&gw, &ww);
+    assert!(e < tol, "{what}: K cache rel L2 {e}");
+    if want.flag == 0 && t > 0 {
+        assert!(!gw.is_empty(), "{what}: nothing written");
+    }
+    got_flag
+}
+
+fn to_vec<C: FloatDType>(
+    x: &DeviceTensor<C>,
+    s: &std::sync::Arc<fl_kernels::cudarc::driver::CudaStream>,
+) -> Vec<C> {
+    x.to_host(s).unwrap()
+}
+
+fn rope_append_dtypes(gpu: &Gpu, f: &Fused<'_>, b: &Batch, r: &mut impl Rng) {
+    check_rope_append::<f16, f16>(gpu, f, b, r);
+    check_rope_append::<bf16, bf16>(gpu, f, b, r);
+    check_rope_append::<f32, f32>(gpu, f, b, r);
+    check_rope_append::<f32, f16>(gpu, f, b, r);
+    check_rope_append::<f32, bf16>(gpu, f, b, r);
+    check_rope_append::<f16, f32>(gpu, f, b, r);
+}
+
+/// (q_heads, kv_heads, head_dim): GQA, MHA, MQA, head_dim 80, and sizes of the scalar path.
+const FUSED_HEADS: &[(usize, usize, usize)] = &[
+    (32, 8, 128),
+    (4, 4, 64),
+    (8, 1, 128),
+    (3, 1, 80),
+    (2, 1, 6),
+    (3, 2, 10),
+];
+
+#[test]
+fn rope_append_contiguous_matches_unfused_and_reference() {
+    let Some(gpu) = gpu_or_skip("rope_append_contiguous_matches_unfused_and_reference") else {
+        return;
+    };
+    let mut r = rng("rope_append_contiguous");
+    let (batch, max_seq) = (3usize, 67usize);
+    for &(hq, hkv, d) in FUSED_HEADS {
+        for rope in ropes(d) {
+            for (i, t) in [1usize, 7, 129].into_iter().enumerate() {
+                let b = distinct_slots(&mut r, t, batch, max_seq);
+                let f = Fused {
+                    q_heads: hq,
+                    kv_heads: hkv,
+                    rope,
+                    cache_shape: [batch, hkv, max_seq, d],
+                    layout: Layout::Contiguous,
+                    kv_out: i != 0,
+                };
+                rope_append_dtypes(&gpu, &f, &b, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_append_paged_matches_unfused_and_reference() {
+    let Some(gpu) = gpu_or_skip("rope_append_paged_matches_unfused_and_reference") else {
+        return;
+    };
+    let mut r = rng("rope_append_paged");
+    // positions up to 131072 (angles far from zero: sincos's slow path), few blocks used
+    let (batch, max_pos) = (4usize, 131_072usize);
+    for &(hq, hkv, d) in FUSED_HEADS {
+        for rope in ropes(d) {
+            for (i, t) in [1usize, 7, 129].into_iter().enumerate() {
+                for block in [16usize, 5] {
+                    let b = distinct_slots(&mut r, t, batch, max_pos);
+                    let (table, max_blocks, num_blocks) =
+                        sparse_table(&mut r, &b, batch, max_pos, block);
+                    let f = Fused {
+                        q_heads: hq,
+                        kv_heads: hkv,
+                        rope,
+                        cache_shape: [num_blocks, hkv, block, d],
+                        layout: Layout::Paged {
+                            table: &table,
+                            max_blocks,
+                        },
+                        kv_out: i != 1,
+                    };
+                    rope_append_dtypes(&gpu, &f, &b, &mut r);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rope_append_invalid_slots_write_nothing_and_flag() {
+    let Some(gpu) = gpu_or_skip("rope_append_invalid_slots_write_nothing_and_flag") else {
+        return;
+    };
+    let mut r = rng("rope_append_invalid");
+    let rope = RopeParams::new(64, 10_000.0);
+    let contiguous = Fused {
+        q_heads: 4,
+        kv_heads: 2,
+        rope,
+        cache_shape: [3, 2, 10, 64],
+        layout: Layout::Contiguous,
+        kv_out: true,
+    };
+    let cases = [
+        (vec![0, -1, 1], vec![0, 0, 9], ERR_SEQUENCE),
+        (vec![0, 3, 1], vec![0, 0, 9], ERR_SEQUENCE),
+        (vec![0, 1, 2], vec![-1, 0, 9], ERR_POSITION),
+        (vec![0, 1, 2], vec![10, 0, 9], ERR_POSITION),
+        (vec![0, 7, 2], vec![3, 0, 10], ERR_SEQUENCE | ERR_POSITION),
+    ];
+    for (seq, pos, bits) in cases {
+        let b = Batch { seq, pos };
+        assert_eq!(
+            check_rope_append::<f16, f16>(&gpu, &contiguous, &b, &mut r),
+            bits
+        );
+        assert_eq!(
+            check_rope_append::<f32, bf16>(&gpu, &contiguous, &b, &mut r),
+            bits
+        );
+    }
+    let table = [0, 5, 99, 1, -1, 2];
+    let paged = Fused {
+        q_heads: 4,
+        kv_heads: 2,
+        rope: rope.with_style(RopeStyle::Interleaved),
+        cache_shape: [6, 2, 4, 64],
+        layout: Layout::Paged {
+            table: &table,
+            max_blocks: 3,
+        },
+        kv_out: true,
+    };
+    let cases = [
+        (vec![0, 1, 0], vec![0, 1, 11], ERR_BLOCK),
+        (vec![0, 1], vec![3, 12], ERR_POSITION),
+        (vec![0, 1], vec![8, 0], ERR_BLOCK),
+        (vec![1, 1], vec![4, 0], ERR_BLOCK),
+        (vec![2, 0], vec![0, 0], ERR_SEQUENCE),
+        (vec![0, 0], vec![-5, 0], ERR_POSITION),
+    ];
+    for (seq, pos, bits) in cases {
+        let b = Batch { seq, pos };
+        assert_eq!(
+            check_rope_append::<bf16, bf16>(&gpu, &paged, &b, &mut r),
+            bits
+        );
+    }
+}
+
+#[test]
+fn rope_append_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("rope_append_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let z = |shape: &[usize]| DeviceTensor::<f16>::zeros(s, shape).unwrap();
+    let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(s, shape).unwrap();
+    let (t, hq, hkv, d) = (3usize, 4usize, 2usize, 64usize);
+    let rope = RopeParams::new(d, 10_000.0);
+    let (seq, pos) = (zi(&[t]), zi(&[t]));
+    let qkv = z(&[t, (hq + 2 * hkv) * d]);
+    let heads = QkvSplit {
+        q_heads: hq,
+        kv_heads: hkv,
+    };
+    fn mk<'a>(
+        qkv: &'a DeviceTensor<f16>,
+        heads: QkvSplit,
+        seq_ids: &'a DeviceTensor<i32>,
+        positions: &'a DeviceTensor<i32>,
+        rope: &'a RopeParams,
+        layout: CacheLayout<'a>,
+    ) -> RopeAppend<'a, f16> {
+        RopeAppend {
+            qkv,
+            heads,
+            slots: TokenSlots { seq_ids, positions },
+            rope,
+            layout,
+        }
+    }
+    let mut cache = KvCache::<f16>::zeros(s, [2, hkv, 16, d]).unwrap();
+    let mut q = z(&[t, hq, d]);
+    let run = |a: &RopeAppend<'_, f16>,
+               q: &mut DeviceTensor<f16>,
+               kv: Option<(&mut DeviceTensor<f16>, &mut DeviceTensor<f16>)>,
+               cache: &mut KvCache<f16>,
+               flag: Option<&mut DeviceTensor<i32>>| {
+        match kv_cache::rope_append(s, a, q, kv, cache, flag) {
+            Err(Error::Shape { arg, .. }) | Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("expected a shape or argument error, got {other:?}"),
+        }
+    };
+    let good = mk(&qkv, heads, &seq, &pos, &rope, CacheLayout::Contiguous);
+    // the good call works
+    kv_cache::rope_append(s, &good, &mut q, None, &mut cache, None).unwrap();
+    let bad_qkv = z(&[t, (hq + 2 * hkv) * d + 1]);
+    let a = mk(&bad_qkv, heads, &seq, &pos, &rope, CacheLayout::Contiguous);
+    assert_eq!(run(&a, &mut q, None, &mut cache, None), "qkv");
+    let qkv3 = z(&[t, hq + 2 * hkv, d]);
+    let a = mk(&qkv3, heads, &seq, &pos, &rope, CacheLayout::Contiguous);
+    kv_cache::rope_append(s, &a, &mut q, None, &mut cache, None).unwrap();
+    let short = zi(&[t - 1]);
+    let a = mk(&qkv, heads, &short, &pos, &rope, CacheLayout::Contiguous);
+    assert_eq!(run(&a, &mut q, None, &mut cache, None), "seq_ids");
+    let a = mk(&qkv, heads, &seq, &short, &rope, CacheLayout::Contiguous);
+    assert_eq!(run(&a, &mut q, None, &mut cache, None), "positions");
+    assert_eq!(
+        run(&good, &mut z(&[t, hq + 1, d]), None, &mut cache, None),
+        "q_out"
+    );
+    let (mut ko, mut vo) = (z(&[t, hkv, d]), z(&[t, hkv, d]));
+    kv_cache::rope_append(s, &good, &mut q, Some((&mut ko, &mut vo)), &mut cache, None).unwrap();
+    assert_eq!(
+        run(
+            &good,
+            &mut q,
+            Some((&mut z(&[t, hkv, d + 1]), &mut vo)),
+            &mut cache,
+            None
+        ),
+        "k_out"
+    );
+    assert_eq!(
+        run(
+            &good,
+            &mut q,
+            Some((&mut ko, &mut z(&[t + 1, hkv, d]))),
+            &mut cache,
+            None
+        ),
+        "v_out"
+    );
+    let mut wrong_cache = KvCache::<f16>::zeros(s, [2, hkv + 1, 16, d]).unwrap();
+    assert_eq!(run(&good, &mut q, None, &mut wrong_cache, None), "cache");
+    let mut empty = KvCache::<f16>::zeros(s, [2, hkv, 0, d]).unwrap();
+    assert_eq!(run(&good, &mut q, None, &mut empty, None), "cache");
+    let mut flag2 = zi(&[2]);
+    assert_eq!(
+        run(&good, &mut q, None, &mut cache, Some(&mut flag2)),
+        "err_flag"
+    );
+    let no_kv = QkvSplit {
+        q_heads: hq + 2 * hkv,
+        kv_heads: 0,
+    };
+    let a = mk(&qkv, no_kv, &seq, &pos, &rope, CacheLayout::Contiguous);
+    assert_eq!(run(&a, &mut q, None, &mut cache, None), "heads");
+    let bad_rope = rope.with_rotary_dim(3);
+    let a = mk(&qkv, heads, &seq, &pos, &bad_rope, CacheLayout::Contiguous);
+    assert_eq!(run(&a, &mut q, None, &mut cache, None), "rotary_dim");
+    for shape in [&[4usize][..], &[2, 0]] {
+        let tb = zi(shape);
+        let a = mk(
+            &qkv,
+            heads,
+            &seq,
+            &pos,
+            &rope,
+            CacheLayout::Paged { block_table: &tb },
+        );
+        assert_eq!(run(&a, &mut q, None, &mut cache, None), "block_table");
+    }
+    // no tokens: nothing to do
+    let (s0, p0, qkv0) = (zi(&[0]), zi(&[0]), z(&[0, (hq + 2 * hkv) * d]));
+    let a = mk(&qkv0, heads, &s0, &p0, &rope, CacheLayout::Contiguous);
+    kv_cache::rope_append(s, &a, &mut z(&[0, hq, d]), None, &mut cache, None).unwrap();
+}
+
+#[test]
+fn rope_append_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("rope_append_gpu_proptest") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    let strategy = (
+        0usize..6,
+        1usize..5,
+        1usize..=80,
+        1usize..40,
+        1usize..20,
+        any::<bool>(),
+        any::<u64>(),
+    );
+    runner
+        .run(
+            &strategy,
+            |(hq, hkv, half, t, block_size, interleaved, seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let rotary = 2 * half;
+                let d = rotary + r.random_range(0..8usize);
+                let style = if interleaved {
+                    RopeStyle::Interleaved
+                } else {
+                    RopeStyle::NeoX
+                };
+                let rope = RopeParams::new(d, 10_000.0)
+                    .with_rotary_dim(rotary)
+                    .with_style(style);
+                let (batch, max_seq) = (3usize, 50usize);
+                let b = distinct_slots(&mut r, t, batch, max_seq);
+                let f = Fused {
+                    q_heads: hq,
+                    kv_heads: hkv,
+                    rope,
+                    cache_shape: [batch, hkv, max_seq, d],
+                    layout: Layout::Contiguous,
+                    kv_out: seed % 2 == 0,
+                };
+                check_rope_append::<bf16, bf16>(&gpu, &f, &b, &mut r);
+                check_rope_append::<f32, f16>(&gpu, &f, &b, &mut r);
+                let (table, max_blocks, num_blocks) =
+                    sparse_table(&mut r, &b, batch, max_seq, block_size);
+                let f = Fused {
+                    cache_shape: [num_blocks, hkv, block_size, d],
+                    layout: Layout::Paged {
+                        table: &table,
+                        max_blocks,
+                    },
+                    ..f
+                };
+                check_rope_append::<f16, f16>(&gpu, &f, &b, &mut r);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+proptest! {
+    #[test]
+    fn reference_rope_append_is_rope_then_append(
+        hq in 0usize..4, hkv in 1usize..3, half in 1usize..6, extra in 0usize..3,
+        interleaved in any::<bool>(), seed in any::<u64>()
+    ) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let d = 2 * half + extra;
+        let style = if interleaved { RopeStyle::Interleaved } else { RopeStyle::NeoX };
+        let rope = RopeParams::new(d, 10_000.0).with_rotary_dim(2 * half).with_style(style);
+        let (batch, max_seq) = (3usize, 9usize);
+        let t = r.random_range(1..12usize);
+        let mut b = distinct_slots(&mut r, t, batch, max_seq);
+        // one token with an invalid slot, sometimes
+        let bad = seed % 3 == 0;
+        if bad {
+            b.seq[0] = batch as i32;
+        }
+        let row = (hq + 2 * hkv) * d;
+        let qkv: Vec<f32> = random(&mut r, t * row);
+        let shape = [batch, hkv, max_seq, d];
+        let n = batch * hkv * max_seq * d;
+        let (mut kc, mut vc) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+        let out = reference::kv_cache::rope_append(
+            &qkv, hq, hkv, &rope, &b.seq, &b.pos, &mut kc, &mut vc, shape,
+            reference::kv_cache::Layout::Contiguous,
+        );
+        prop_assert_eq!(out.flag, if bad { ERR_SEQUENCE } else { 0 });
+        let inv = rope.inv_freq().unwrap();
+        for tk in 0..t {
+            let valid = !(bad && tk == 0);
+            for h in 0..hq + 2 * hkv {
+                let x = &qkv[tk * row + h * d..][..d];
+                let (got, cache): (&[f64], Option<&[f32]>) = if h < hq {
+                    (&out.q[(tk * hq + h) * d..][..d], None)
+                } else {
+                    let (kh, is_k) = if h < hq + hkv { (h - hq, true) } else { (h - hq - hkv, false) };
+                    let src = if is_k { &out.k } else { &out.v };
+                    let c = if is_k { &kc } else { &vc };
+                    let dst = ((b.seq[tk].max(0) as usize % batch * hkv + kh) * max_seq
+                        + b.pos[tk] as usize) * d;
+                    (&src[(tk * hkv + kh) * d..][..d], valid.then(|| &c[dst..][..d]))
+                };
+                if !valid {
+                    prop_assert!(got.iter().all(|g| g.is_nan()));
+                    continue;
+                }
+                let rotates = h < hq + hkv;
+                // pairs rotate by the f32 angle; the norm of each pair is kept; the rest copied
+                let mut done = vec![false; d];
+                if rotates {
+                    for (i, &f) in inv.iter().enumerate() {
+                        let (i0, i1) = reference::rope::pair(style, 2 * half, i);
+                        let a = (b.pos[tk] as f32 * f) as f64;
+                        let (x0, x1) = (x[i0] as f64, x[i1] as f64);
+                        prop_assert!((got[i0] - (x0 * a.cos() - x1 * a.sin())).abs() < 1e-12);
+                        prop_assert!((got[i1] - (x1 * a.cos() + x0 * a.sin())).abs() < 1e-12);
+                        done[i0] = true;
+                        done[i1] = true;
+                    }
+                }
+                for e in 0..d {
+                    if !done[e] {
+                        prop_assert_eq!(got[e], x[e] as f64);
+                    }
+                }
+                if let Some(c) = cache {
+                    for e in 0..d {
+                        prop_assert_eq!(c[e], got[e] as f32);
+                    }
+                }
+            }
+        }
+        // the invalid token wrote nothing: exactly (t - bad) * hkv * d cache elements each
+        let written = kc.iter().filter(|x| !x.is_nan()).count();
+        prop_assert_eq!(written, (t - usize::from(bad)) * hkv * d);
+        prop_assert_eq!(vc.iter().filter(|x| !x.is_nan()).count(), written);
+    }
+}

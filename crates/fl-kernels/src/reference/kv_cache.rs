@@ -6,6 +6,8 @@
 
 use crate::dtype::FloatDType;
 use crate::kv_cache::{ERR_BLOCK, ERR_POSITION, ERR_SEQUENCE};
+use crate::reference::rope;
+use crate::rope::RopeParams;
 
 /// The element offset of `(seq, pos)`'s head-0 row in a contiguous cache
 /// `[batch, kv_heads, max_seq, head_dim]`, or the error bit.
@@ -130,4 +132,140 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
         positions,
         |s, p| paged_slot(cache_shape, block_table, max_blocks, s, p),
     )
+}
+
+/// The cache layout for [`rope_append`].
+#[derive(Clone, Copy, Debug)]
+pub enum Layout<'a> {
+    /// `cache_shape = [batch, kv_heads, max_seq, head_dim]`.
+    Contiguous,
+    /// `cache_shape = [num_blocks, kv_heads, block_size, head_dim]` through `block_table
+    /// [batch, max_blocks]` (row-major).
+    Paged {
+        /// Block ids of each sequence.
+        block_table: &'a [i32],
+        /// Columns of the table.
+        max_blocks: usize,
+    },
+}
+
+/// What [`rope_append`] gives besides the caches: `q [tokens, q_heads, head_dim]`,
+/// `k, v [tokens, kv_heads, head_dim]` in f64 (q and k rotated, unrounded), with every row of
+/// a token whose slot is invalid set to NaN (the kernel does not write those), and the error
+/// bits.
+#[derive(Clone, Debug)]
+pub struct RopeAppendOut {
+    /// Rotated q, f64.
+    pub q: Vec<f64>,
+    /// Rotated k, f64.
+    pub k: Vec<f64>,
+    /// v as given, f64.
+    pub v: Vec<f64>,
+    /// Error-flag bits ([`ERR_SEQUENCE`], [`ERR_POSITION`], [`ERR_BLOCK`]).
+    pub flag: i32,
+}
+
+/// Reference of [`kv_cache::rope_append`](crate::kv_cache::rope_append), composed of the
+/// existing references: split `qkv [tokens, (q_heads + 2 kv_heads) * head_dim]` into q, k, v;
+/// [`rope::apply`] (f64) on q and k; k rounded to `I` (what the
+/// unfused `rope::apply` stores) and, with v, appended by [`append`] / [`append_paged`] into
+/// `k_cache` / `v_cache` (converted to `C`). Rows of tokens whose slot is invalid are NaN in the
+/// returned q, k, v, and nothing of theirs reaches the caches.
+///
+/// The cache values of k differ from the kernel's by the f32-vs-f64 rotation (at most one
+/// rounding of `I` apart); v and untouched slots are exact. Panics on inconsistent lengths or
+/// invalid params (a test bug).
+#[allow(clippy::too_many_arguments)]
+pub fn rope_append<I: FloatDType, C: FloatDType>(
+    qkv: &[I],
+    q_heads: usize,
+    kv_heads: usize,
+    rope: &RopeParams,
+    seq_ids: &[i32],
+    positions: &[i32],
+    k_cache: &mut [C],
+    v_cache: &mut [C],
+    cache_shape: [usize; 4],
+    layout: Layout<'_>,
+) -> RopeAppendOut {
+    let d = rope.head_dim;
+    let tokens = positions.len();
+    let row = (q_heads + 2 * kv_heads) * d;
+    assert_eq!(
+        qkv.len(),
+        tokens * row,
+        "reference::kv_cache::rope_append: qkv is not [tokens, (q_heads + 2 kv_heads) * head_dim]"
+    );
+    assert_eq!(
+        seq_ids.len(),
+        tokens,
+        "reference::kv_cache::rope_append: seq_ids"
+    );
+    assert_eq!(
+        cache_shape[1], kv_heads,
+        "reference::kv_cache::rope_append: cache kv_heads"
+    );
+    assert_eq!(
+        cache_shape[3], d,
+        "reference::kv_cache::rope_append: cache head_dim"
+    );
+    let part = |from: usize, heads: usize| -> Vec<I> {
+        (0..tokens)
+            .flat_map(|t| qkv[t * row + from * d..][..heads * d].iter().copied())
+            .collect()
+    };
+    let (q, k, v) = (
+        part(0, q_heads),
+        part(q_heads, kv_heads),
+        part(q_heads + kv_heads, kv_heads),
+    );
+    let (mut q, _) = rope::apply(&q, q_heads, positions, rope, None);
+    let (mut k, _) = rope::apply(&k, kv_heads, positions, rope, None);
+    let mut v: Vec<f64> = v.iter().map(|x| x.to_f64()).collect();
+    // k as the unfused rope::apply stores it (rounded to I), then appended.
+    let k_i: Vec<I> = k.iter().map(|&x| I::from_f32(x as f32)).collect();
+    let v_i: Vec<I> = v.iter().map(|&x| I::from_f32(x as f32)).collect();
+    let flag = match layout {
+        Layout::Contiguous => {
+            append(k_cache, cache_shape, &k_i, seq_ids, positions)
+                | append(v_cache, cache_shape, &v_i, seq_ids, positions)
+        }
+        Layout::Paged {
+            block_table,
+            max_blocks,
+        } => {
+            append_paged(
+                k_cache,
+                cache_shape,
+                &k_i,
+                seq_ids,
+                positions,
+                block_table,
+                max_blocks,
+            ) | append_paged(
+                v_cache,
+                cache_shape,
+                &v_i,
+                seq_ids,
+                positions,
+                block_table,
+                max_blocks,
+            )
+        }
+    };
+    for (t, (&s, &p)) in seq_ids.iter().zip(positions).enumerate() {
+        let bad = match layout {
+            Layout::Contiguous => contiguous_slot(cache_shape, s, p).is_err(),
+            Layout::Paged {
+                block_table,
+                max_blocks,
+            } => paged_slot(cache_shape, block_table, max_blocks, s, p).is_err(),
+        };
+        if bad {
+            q[t * q_heads * d..][..q_heads * d].fill(f64::NAN);
+            k[t * kv_heads * d..][..kv_heads * d].fill(f64::NAN);
+            v[t * kv_heads * d..][..kv_heads * d].fill(f64::NAN);
+        }
+    }
+    RopeAppendOut { q, k, v, flag }
 }
