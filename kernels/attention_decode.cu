@@ -1,12 +1,32 @@
 // Decode attention (one query token per sequence) over a contiguous or paged KV cache,
 // with grouped-query heads and a flash-decoding split of the sequence.
 //
-// One CTA handles (sequence split, kv head, chunk of G query heads of that kv head, batch
-// row): K/V rows are read once for all G heads. Inside the CTA, "workers" of LPK lanes each
-// own one key row at a time (LPK * 8 >= head_dim; each lane holds 8 dims in registers) and
-// keep their own online-softmax state; workers merge through shared memory at the end.
-// With more than one split, each split writes its normalised partial output and its
-// log-sum-exp (base 2) to the workspace, and a second kernel combines them.
+// One CTA handles (batch row, kv head, chunk of G query heads of that kv head, sequence
+// split): K/V rows are read once for all G heads. Inside the CTA, "workers" of LPK lanes each
+// own one key row at a time (LPK * 8 >= head_dim; each lane holds 8 dims) and keep their own
+// online-softmax state; workers merge through shared memory at the end. With more than one
+// split, each split writes its normalised partial output and its log-sum-exp (base 2) to the
+// workspace, and a second kernel combines them.
+//
+// Memory pipeline (why): a GQA key row feeds G query heads, so the per-key math (G dot
+// products with shuffle reductions, online softmax, G x 8 FMAs into the accumulators) is
+// several times longer than for MHA. When a warp loads a tile into registers and then does
+// that math, its loads are idle for the whole math phase: the first version reached only
+// 51-87% of copy bandwidth for 32/8 heads (and at 141-167 registers only 3 CTAs fitted per
+// SM, so the 4-per-SM split target ran 1.33 waves). Here every lane streams its own 16-byte
+// slices of K and V into a per-thread ring of S stages in shared memory with cp.async
+// (16 B x 2 x U keys per stage), S - 1 stages ahead of the math. A lane only ever reads the
+// slots it copied itself, so cp.async.wait_group alone orders the copy before the read: no
+// block barrier in the key loop, and warps run freely. Bytes in flight per SM while the math
+// runs: 4 CTAs x 128 threads x (S - 1) x U x 32 B = 160 KB (G = 4, D = 128), against the
+// ~23-45 KB that ~3 TB/s x ~1-2 us of loaded HBM latency / 132 SMs needs, so HBM stays busy.
+// Registers are bounded by __launch_bounds__ so that 4 CTAs fit per SM (2 for G = 8), and
+// the split count fills whole waves of that many CTAs (see choose_splits).
+//
+// Tensor cores (mma for S = Q K^T and P V) were not needed: with the copies decoupled, the
+// CUDA-core math costs about 15 issue cycles per key per SM for G = 4 (~47 warp instructions
+// per key over 4 schedulers), against the ~39 cycles per 512-byte key row that 3 TB/s
+// allows per SM at 1.75 GHz.
 #include "common/common.cuh"
 
 namespace fl {
@@ -31,20 +51,56 @@ struct Params {
 __host__ __device__ constexpr int lanes_per_key(int d) {
     return d / 8 <= 8 ? 8 : (d / 8 <= 16 ? 16 : 32);
 }
+// Keys per worker per stage, and stages: S x U x 4 KB = 48 KB of shared memory per CTA
+// (the static limit), 4 CTAs per SM on sm_90 (228 KB).
+__host__ __device__ constexpr int keys_per_stage(int g) { return g >= 4 ? 2 : 4; }
+__host__ __device__ constexpr int stages(int g) { return g >= 4 ? 6 : 3; }
+// CTAs per SM that the register bound guarantees (G = 8 holds 128 floats of q and acc).
+__host__ __device__ constexpr int ctas_per_sm(int g) { return g >= 8 ? 2 : 4; }
 
-template <typename T, int D, int G, int UNROLL, bool PAGED>
-__global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing. The "memory" clobbers
+// keep the compiler from moving shared-memory reads across the copy and the wait (there is
+// no __syncthreads in the key loop to do it).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <typename T, int D, int G, bool PAGED>
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params p) {
     constexpr int LPK = lanes_per_key(D);
     constexpr int WPW = 32 / LPK;          // workers per warp
     constexpr int NW = kWarps * WPW;       // workers per CTA
+    constexpr int U = keys_per_stage(G);   // keys per worker per stage
+    constexpr int S = stages(G);
+    constexpr int TK = NW * U;             // keys per stage (tile) of the CTA
+    constexpr int kPipe = S * U * 2 * kThreads;  // 16-byte slots
+    static_assert(kPipe * 16 <= 48 * 1024, "static shared memory limit");
+    static_assert((NW * G * D + 2 * NW * G) * 4 <= kPipe * 16, "merge buffers fit the ring");
+    static_assert(S * U <= 32, "validity bits fit a word");
     using V8 = Vec<T, 8>;
+    // Slot (stage st, key u, K or V, thread) = ((st * U + u) * 2 + kv) * kThreads + tid: a
+    // warp touches 512 contiguous bytes per access (no bank conflicts). After the key loop
+    // the same memory holds the merge buffers.
+    __shared__ __align__(16) uint4 ring[kPipe];
 
     const int split = blockIdx.z;
     const int chunks = (p.q_heads / p.kv_heads) / G;
     const int kvh = blockIdx.y / chunks;
     const int h0 = kvh * (p.q_heads / p.kv_heads) + (blockIdx.y % chunks) * G;
     const int b = blockIdx.x;  // x: up to 2^31-1 sequences (z would cap it at 65535)
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
     const int sub = lane % LPK;
     const int worker = warp * WPW + lane / LPK;
     const bool active = sub * 8 < D;
@@ -57,6 +113,49 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
     const int chunk = (n + p.num_splits - 1) / p.num_splits;
     const int s_lo = lo + split * chunk;
     const int s_hi = min(len, s_lo + chunk);
+    // Same for every thread of the CTA, so every lane runs the same trip count (the
+    // shuffles below use the full mask); keys past s_hi are masked.
+    const int ntiles = s_hi > s_lo ? (s_hi - s_lo + TK - 1) / TK : 0;
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    const int64_t tbl = (int64_t)b * p.max_blocks;
+    const int64_t head_row0 = ((int64_t)b * p.kv_heads + kvh) * p.capacity;  // contiguous
+    const int key0 = s_lo + worker;  // key of (tile 0, u 0) for this worker
+    const uint32_t ring0 = smem_u32(ring) + (uint32_t)tid * 16u;
+
+    // Paged: block id of key u of tile `tile` (-1 past the end).
+    auto block_of = [&](int tile, int u) -> int {
+        const int j = key0 + tile * TK + u * NW;
+        return j < s_hi ? __ldg(p.block_table + tbl + j / p.block_size) : -1;
+    };
+    // Starts the copies of tile `tile` into stage st and returns its validity bits.
+    auto issue = [&](int tile, int st, const int (&blk)[U]) -> uint32_t {
+        uint32_t bits = 0;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = key0 + tile * TK + u * NW;
+            int64_t row = -1;
+            if (j < s_hi) {
+                if (PAGED) {
+                    if (blk[u] >= 0 && blk[u] < p.num_blocks)
+                        row = ((int64_t)blk[u] * p.kv_heads + kvh) * p.block_size +
+                              j % p.block_size;
+                } else {
+                    row = head_row0 + j;
+                }
+            }
+            if (row >= 0) bits |= 1u << u;
+            if (active && tile < ntiles) {  // tiles past the end are never read
+                const uint32_t dk = ring0 + (uint32_t)(((st * U + u) * 2) * kThreads) * 16u;
+                const int64_t off = row >= 0 ? row * D + sub * 8 : 0;
+                const int nb = row >= 0 ? 16 : 0;  // invalid key: zeros (V * 0 stays 0)
+                cp_async16(dk, kbase + off, nb);
+                cp_async16(dk + kThreads * 16u, vbase + off, nb);
+            }
+        }
+        return bits << (st * U);
+    };
 
     // Query rows, pre-scaled by scale * log2(e) so that exp2 gives the softmax weights.
     float q[G][8];
@@ -71,6 +170,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
         for (int e = 0; e < 8; ++e) q[g][e] = active ? to_f32(qv.v[e]) * p.scale_log2 : 0.f;
     }
 
+    // Prologue: stages 0 .. S-2 in flight (block ids fetched together, then the copies).
+    uint32_t okm = 0;  // bit st * U + u: key u of the tile in stage st is valid
+    int nblk[U];       // paged: block ids of the next tile to issue, fetched a tile early
+    {
+        int pb[S - 1][U];
+#pragma unroll
+        for (int t = 0; t < S - 1; ++t)
+#pragma unroll
+            for (int u = 0; u < U; ++u) pb[t][u] = PAGED ? block_of(t, u) : 0;
+#pragma unroll
+        for (int t = 0; t < S - 1; ++t) {
+            okm |= issue(t, t, pb[t]);
+            cp_async_commit();
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) nblk[u] = PAGED ? block_of(S - 1, u) : 0;
+    }
+
     float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -80,40 +197,39 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
         for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
     }
 
-    const T *kbase = static_cast<const T *>(p.k);
-    const T *vbase = static_cast<const T *>(p.v);
-    // The trip count must be the same for every lane of a warp (the shuffles below use the
-    // full mask), so the loop runs over warp-uniform bases and masks keys past the end.
-    const int wbase = warp * WPW;
-    for (int jb = s_lo + wbase; jb < s_hi; jb += NW * UNROLL) {
-        const int j0 = jb + (worker - wbase);
-        V8 kv[UNROLL], vv[UNROLL];
-        bool ok[UNROLL];
+    int st_c = 0, st_i = S - 1;  // stage computed / issued this iteration
+    for (int t = 0; t < ntiles; ++t) {
+        cp_async_wait<S - 2>();  // this thread's copies of tile t have landed
+        // Stage st_i was read by this thread in iteration t - 1 (its values were consumed,
+        // so those shared loads completed before this in-order issue).
+        const uint32_t keep = ~(((1u << U) - 1u) << (st_i * U));
+        okm = (okm & keep) | issue(t + S - 1, st_i, nblk);
+        cp_async_commit();
+        if (PAGED) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int j = j0 + u * NW;
-            int64_t row = -1;
-            if (j < s_hi) {
-                if (PAGED) {
-                    const int blk = p.block_table[(int64_t)b * p.max_blocks + j / p.block_size];
-                    if (blk >= 0 && blk < p.num_blocks)
-                        row = ((int64_t)blk * p.kv_heads + kvh) * p.block_size + j % p.block_size;
-                } else {
-                    row = ((int64_t)b * p.kv_heads + kvh) * p.capacity + j;
-                }
-            }
-            ok[u] = row >= 0;
-            if (ok[u] && active) {
-                kv[u] = reinterpret_cast<const V8 *>(kbase + row * D)[sub];
-                vv[u] = reinterpret_cast<const V8 *>(vbase + row * D)[sub];
+            for (int u = 0; u < U; ++u) nblk[u] = block_of(t + S, u);  // used next iteration
+        }
+
+        V8 kv[U], vv[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            ok[u] = (okm >> (st_c * U + u)) & 1u;
+            if (active) {
+                const int slot = ((st_c * U + u) * 2) * kThreads + tid;
+                kv[u] = *reinterpret_cast<const V8 *>(&ring[slot]);
+                vv[u] = *reinterpret_cast<const V8 *>(&ring[slot + kThreads]);
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kv[u].v[e] = vv[u].v[e] = from_f32<T>(0.f);
             }
         }
-        float s[UNROLL][G];
+        st_c = st_c + 1 == S ? 0 : st_c + 1;
+        st_i = st_i + 1 == S ? 0 : st_i + 1;
+
+        float s[U][G];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             float kf[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) kf[e] = to_f32(kv[u].v[e]);
@@ -127,56 +243,65 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(Params p) {
                 s[u][g] = ok[u] ? d : -INFINITY;
             }
         }
+        float vf[U][8];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vf[u][e] = to_f32(vv[u].v[e]);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
             float mx = m[g];
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) mx = fmaxf(mx, s[u][g]);
+            for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
             if (mx == -INFINITY) continue;  // nothing valid yet for this worker
             const float corr = exp2f(m[g] - mx);  // m == -inf -> 0
             l[g] *= corr;
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
+            for (int u = 0; u < U; ++u) {
                 const float w = exp2f(s[u][g] - mx);  // invalid key: exp2(-inf) = 0
                 l[g] += w;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(w, to_f32(vv[u].v[e]), acc[g][e]);
+                for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(w, vf[u][e], acc[g][e]);
             }
             m[g] = mx;
         }
     }
 
-    // Merge the NW workers.
-    __shared__ float sm_m[NW][G], sm_l[NW][G];
-    __shared__ float sm_acc[NW][G][D];
+    // Merge the NW workers, in the ring's memory once every warp is done with it (no copy
+    // is pending: tiles past the end issue none, but wait anyway).
+    cp_async_wait<0>();
+    __syncthreads();
+    float *sm_acc = reinterpret_cast<float *>(ring);  // [NW][G][D]
+    float *sm_m = sm_acc + NW * G * D;                 // [NW][G]
+    float *sm_l = sm_m + NW * G;                       // [NW][G]
     if (sub == 0) {
 #pragma unroll
         for (int g = 0; g < G; ++g) {
-            sm_m[worker][g] = m[g];
-            sm_l[worker][g] = l[g];
+            sm_m[worker * G + g] = m[g];
+            sm_l[worker * G + g] = l[g];
         }
     }
     if (active) {
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) sm_acc[worker][g][sub * 8 + e] = acc[g][e];
+            for (int e = 0; e < 8; ++e) sm_acc[(worker * G + g) * D + sub * 8 + e] = acc[g][e];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
         const int g = idx / D, d = idx % D;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w][g]);
+        for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w * G + g]);
         float L = 0.f, O = 0.f;
         if (M != -INFINITY) {
 #pragma unroll
             for (int w = 0; w < NW; ++w) {
-                const float c = exp2f(sm_m[w][g] - M);
-                L = fmaf(sm_l[w][g], c, L);
-                O = fmaf(sm_acc[w][g][d], c, O);
+                const float c = exp2f(sm_m[w * G + g] - M);
+                L = fmaf(sm_l[w * G + g], c, L);
+                O = fmaf(sm_acc[(w * G + g) * D + d], c, O);
             }
         }
         const int h = h0 + g;
@@ -240,28 +365,45 @@ inline bool valid(const fl_decode_attention_args *a) {
     return true;
 }
 
+// Splits: fill whole waves of CTAs. A wave is sms x ctas_per_sm(G) CTAs; with `units`
+// (batch x kv heads x head chunks) CTAs per split, s splits take ceil(units s / wave) waves of
+// 1/s of the work each, so the time goes as cost(s) = ceil(units s / wave) / s. Take the
+// smallest s within 5% of the best cost (fewer splits: less workspace traffic, no combine
+// when s = 1), with >= 256 keys per split and at most 256 splits. (The first version aimed
+// at 4 x sms CTAs with ceil, which ran 1.03-1.33 waves at several issue shapes.)
 inline int choose_splits(const fl_decode_attention_args *a) {
     if (a->num_splits > 0) return a->num_splits;
     const int group = a->q_heads / a->kv_heads;
-    const int64_t units = (int64_t)a->batch * a->kv_heads * (group / group_tile(group));
-    const int sms = a->sm_count > 0 ? a->sm_count : 132;
-    const int64_t target = 4LL * sms;  // CTAs to aim for
-    int64_t s = units > 0 ? (target + units - 1) / units : 1;
-    const int64_t by_len = (a->max_seq_len + 255) / 256;  // >= 256 keys per split
-    if (s > by_len) s = by_len;
-    if (s > 256) s = 256;
-    return (int)(s < 1 ? 1 : s);
+    const int gt = group_tile(group);
+    const int64_t units = (int64_t)a->batch * a->kv_heads * (group / gt);
+    if (units < 1) return 1;
+    const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
+    const int64_t wave = sms * ctas_per_sm(gt);
+    if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
+    int64_t smax = (a->max_seq_len + 255) / 256;  // >= 256 keys per split
+    if (smax > 256) smax = 256;
+    if (smax < 1) smax = 1;
+    // cost(s) = waves(s) / s, compared as fractions: waves(s) * best_s < best_waves * s.
+    int64_t best_s = 1, best_w = (units + wave - 1) / wave;
+    for (int64_t s = 2; s <= smax; ++s) {
+        const int64_t w = (units * s + wave - 1) / wave;
+        if (w * best_s < best_w * s) { best_s = s; best_w = w; }
+    }
+    for (int64_t s = 1; s <= smax; ++s) {  // smallest s with cost <= 1.05 x best
+        const int64_t w = (units * s + wave - 1) / wave;
+        if (w * best_s * 100 <= best_w * s * 105) return (int)s;
+    }
+    return (int)best_s;
 }
 
 template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
-    constexpr int UNROLL = G >= 8 ? 2 : 4;
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
     if (a->layout == FL_KV_PAGED)
-        decode_kernel<T, D, G, UNROLL, true><<<grid, kThreads, 0, st>>>(p);
+        decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
     else
-        decode_kernel<T, D, G, UNROLL, false><<<grid, kThreads, 0, st>>>(p);
+        decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
     fl_status s = launch_status();
     if (s != FL_OK || p.num_splits == 1) return s;
     const size_t smem = sizeof(float) * p.num_splits;

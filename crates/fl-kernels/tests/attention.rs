@@ -191,6 +191,24 @@ fn decode_paged_matches_dense() {
 }
 
 #[test]
+fn decode_gqa_one_split_wraps_the_copy_ring() {
+    // One split over thousands of keys: the per-thread cp.async ring wraps hundreds of
+    // times; paged block sizes that do not divide the 16- or 32-key tile.
+    let Some(gpu) = gpu_or_skip("decode_gqa_one_split_wraps_the_copy_ring") else {
+        return;
+    };
+    let mut r = rng("decode_ring");
+    for &paged in &[None, Some(16usize), Some(24), Some(5)] {
+        for &(hq, hkv) in &[(32usize, 8usize), (8, 8), (16, 2)] {
+            let mut c = case(2, hq, hkv, 128, vec![3001, 250]);
+            c.splits = Some(1);
+            c.paged_block = paged;
+            check::<f16>(&gpu, &c, &mut r);
+        }
+    }
+}
+
+#[test]
 fn decode_long_sequence_many_splits() {
     let Some(gpu) = gpu_or_skip("decode_long_sequence_many_splits") else {
         return;

@@ -94,9 +94,9 @@ enum Cmd {
         runs: Option<String>,
     },
     /// Logits for checks against another implementation: reads
-    /// {"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N} and writes
-    /// {"prefill": [[f32; vocab] per prompt], "steps": [[[f32; vocab] per prompt] per step],
-    /// "tokens": [[ids] per prompt]}.
+    /// `{"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N}` and writes
+    /// `{"prefill": [[f32; vocab] per prompt], "steps": [[[f32; vocab] per prompt] per step],
+    /// "tokens": [[ids] per prompt]}`.
     Logits {
         #[command(flatten)]
         model: ModelArgs,
