@@ -297,7 +297,8 @@ impl<T: RunDType> Engine<T> {
             // The last token of each sequence: a gather of rows of the normed states.
             let last_ids = DeviceTensor::from_host(&stream, &last, &[batch])?;
             embedding::lookup(&stream, &last_ids, &pbuf.x, &mut dbuf.x, &mut dbuf.status)?;
-            self.model.lm_head(&mut self.blas, &dbuf.x, &mut logits)?;
+            self.model
+                .lm_head(&stream, &mut self.blas, &dbuf.x, &mut logits)?;
             pbuf.status.check(&stream)?;
         }
         let mut want_logits = needs.logits;
@@ -354,7 +355,8 @@ impl<T: RunDType> Engine<T> {
                         &mut cache,
                         AttnMode::Decode,
                     )?;
-                    self.model.lm_head(&mut self.blas, &dbuf.x, &mut logits)?;
+                    self.model
+                        .lm_head(&stream, &mut self.blas, &dbuf.x, &mut logits)?;
                 }
             }
             want_logits = needs.logits;
@@ -395,7 +397,7 @@ impl<T: RunDType> Engine<T> {
         let body = self
             .model
             .forward(&stream, &mut self.blas, dbuf, cache, AttnMode::Decode)
-            .and_then(|_| self.model.lm_head(&mut self.blas, &dbuf.x, logits));
+            .and_then(|_| self.model.lm_head(&stream, &mut self.blas, &dbuf.x, logits));
         let g = stream.end_capture(CUgraphInstantiate_flags(0));
         match (body, g) {
             (Ok(()), Ok(Some(g))) => {

@@ -17,9 +17,12 @@
 //! logits = x[last token of each sequence]·Wlmᵀ
 //! ```
 //!
-//! Gate and up projections are concatenated on load (`[2 * intermediate, hidden]`), so the
-//! MLP's first GEMM is one call. Q, K and V stay three GEMMs (their outputs are three
-//! tensors that RoPE and the cache append take separately).
+//! Q, K and V projections are stacked on load (`[q + 2 kv, hidden]`): one GEMM, then one
+//! fused kernel splits its output, rotates q and k and appends k and v to the cache
+//! ([`kv_cache::rope_append`]). Gate and up are stacked too (`[2 * intermediate, hidden]`).
+//! Up to [`Model::gemv_max_m`] tokens (decode), the projections run on the dense GEMV of
+//! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them; past it
+//! (prefill) on cuBLASLt.
 
 use std::sync::Arc;
 
@@ -28,8 +31,9 @@ use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace};
 use fl_kernels::attention_prefill::{self, PrefillParams};
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
-use fl_kernels::kv_cache::{self, KvCache, TokenSlots};
-use fl_kernels::rope::{self, RopeParams, RopeStyle, Scaling};
+use fl_kernels::gemv_dense;
+use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
+use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
 use fl_kernels::{activation, norm, DeviceTensor, HalfDType};
 
 use crate::config::{ModelConfig, RopeScaling};
@@ -46,14 +50,10 @@ impl RunDType for fl_kernels::bf16 {}
 pub struct LayerWeights<T: RunDType> {
     /// `input_layernorm` `[hidden]`.
     pub attn_norm: DeviceTensor<T>,
-    /// `q_proj` `[q_heads * head_dim, hidden]`.
-    pub wq: DeviceTensor<T>,
-    /// `k_proj` `[kv_heads * head_dim, hidden]`.
-    pub wk: DeviceTensor<T>,
-    /// `v_proj` `[kv_heads * head_dim, hidden]`.
-    pub wv: DeviceTensor<T>,
-    /// Q/K/V biases (Qwen2), when the config has them.
-    pub bqkv: Option<[DeviceTensor<T>; 3]>,
+    /// `q_proj`, `k_proj`, `v_proj` stacked: `[(q_heads + 2 kv_heads) * head_dim, hidden]`.
+    pub wqkv: DeviceTensor<T>,
+    /// Their biases stacked (Qwen2), when the config has them.
+    pub bqkv: Option<DeviceTensor<T>>,
     /// `o_proj` `[hidden, q_heads * head_dim]`.
     pub wo: DeviceTensor<T>,
     /// `o_proj` bias.
@@ -89,17 +89,12 @@ impl<T: RunDType> Weights<T> {
         n += self.lm_head.as_ref().map_or(0, |t| t.num_bytes());
         for l in &self.layers {
             n += l.attn_norm.num_bytes()
-                + l.wq.num_bytes()
-                + l.wk.num_bytes()
-                + l.wv.num_bytes()
+                + l.wqkv.num_bytes()
                 + l.wo.num_bytes()
                 + l.ffn_norm.num_bytes()
                 + l.w_gate_up.num_bytes()
                 + l.w_down.num_bytes();
-            n += l
-                .bqkv
-                .as_ref()
-                .map_or(0, |b| b.iter().map(|t| t.num_bytes()).sum());
+            n += l.bqkv.as_ref().map_or(0, |t| t.num_bytes());
             n += l.bo.as_ref().map_or(0, |t| t.num_bytes());
             n += l.b_gate_up.as_ref().map_or(0, |t| t.num_bytes());
             n += l.b_down.as_ref().map_or(0, |t| t.num_bytes());
@@ -187,17 +182,16 @@ impl<'a> Loader<'a, '_> {
         }
     }
 
-    /// Two `[rows, cols]` tensors stacked into `[2 * rows, cols]` (or two `[rows]` biases).
-    fn stacked<T: RunDType>(
-        &mut self,
-        a: &str,
-        b: &str,
-        shape: &[usize],
-    ) -> Result<DeviceTensor<T>> {
-        let mut v = self.host::<T>(a, shape, false)?;
-        v.extend(self.host::<T>(b, shape, false)?);
-        let mut s = shape.to_vec();
-        s[0] *= 2;
+    /// Tensors of shapes `[rows_i, cols...]` stacked along the first dimension.
+    fn stacked<T: RunDType>(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceTensor<T>> {
+        let mut v = Vec::new();
+        let mut rows = 0;
+        for (name, shape) in parts {
+            v.extend(self.host::<T>(name, shape, false)?);
+            rows += shape[0];
+        }
+        let mut s = parts[0].1.clone();
+        s[0] = rows;
         let t = DeviceTensor::from_host(self.stream, &v, &s)?;
         self.tick(t.num_bytes());
         Ok(t)
@@ -258,20 +252,27 @@ impl<T: RunDType> Weights<T> {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
+            let part = |what: &str, rows: usize, weight: bool| {
+                if weight {
+                    (format!("{a}.{what}_proj.weight"), vec![rows, h])
+                } else {
+                    (format!("{a}.{what}_proj.bias"), vec![rows])
+                }
+            };
+            let wqkv =
+                ld.stacked(&[part("q", q, true), part("k", kv, true), part("v", kv, true)])?;
             let bqkv = if cfg.qkv_bias {
-                Some([
-                    ld.tensor(&format!("{a}.q_proj.bias"), &[q], false)?,
-                    ld.tensor(&format!("{a}.k_proj.bias"), &[kv], false)?,
-                    ld.tensor(&format!("{a}.v_proj.bias"), &[kv], false)?,
-                ])
+                Some(ld.stacked(&[
+                    part("q", q, false),
+                    part("k", kv, false),
+                    part("v", kv, false),
+                ])?)
             } else {
                 None
             };
             layers.push(LayerWeights {
                 attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
-                wq: ld.tensor(&format!("{a}.q_proj.weight"), &[q, h], false)?,
-                wk: ld.tensor(&format!("{a}.k_proj.weight"), &[kv, h], false)?,
-                wv: ld.tensor(&format!("{a}.v_proj.weight"), &[kv, h], false)?,
+                wqkv,
                 bqkv,
                 wo: ld.tensor(&format!("{a}.o_proj.weight"), &[h, q], false)?,
                 bo: if cfg.o_bias {
@@ -280,17 +281,15 @@ impl<T: RunDType> Weights<T> {
                     None
                 },
                 ffn_norm: ld.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h], true)?,
-                w_gate_up: ld.stacked(
-                    &format!("{m}.gate_proj.weight"),
-                    &format!("{m}.up_proj.weight"),
-                    &[i, h],
-                )?,
+                w_gate_up: ld.stacked(&[
+                    (format!("{m}.gate_proj.weight"), vec![i, h]),
+                    (format!("{m}.up_proj.weight"), vec![i, h]),
+                ])?,
                 b_gate_up: if cfg.mlp_bias {
-                    Some(ld.stacked(
-                        &format!("{m}.gate_proj.bias"),
-                        &format!("{m}.up_proj.bias"),
-                        &[i],
-                    )?)
+                    Some(ld.stacked(&[
+                        (format!("{m}.gate_proj.bias"), vec![i]),
+                        (format!("{m}.up_proj.bias"), vec![i]),
+                    ])?)
                 } else {
                     None
                 },
@@ -348,6 +347,7 @@ pub struct Buffers<T: RunDType> {
     pub h: DeviceTensor<T>,
     /// Normalised input of the next GEMM `[m, hidden]`.
     pub x: DeviceTensor<T>,
+    qkv: DeviceTensor<T>,
     q: DeviceTensor<T>,
     k: DeviceTensor<T>,
     v: DeviceTensor<T>,
@@ -405,9 +405,10 @@ impl<T: RunDType> Buffers<T> {
             m,
             h: z(&[m, h])?,
             x: z(&[m, h])?,
-            q: z(&[m, q])?,
-            k: z(&[m, kv])?,
-            v: z(&[m, kv])?,
+            qkv: z(&[m, q + 2 * kv])?,
+            q: z(&[m, cfg.num_attention_heads, cfg.head_dim])?,
+            k: z(&[m, cfg.num_key_value_heads, cfg.head_dim])?,
+            v: z(&[m, cfg.num_key_value_heads, cfg.head_dim])?,
             attn: z(&[m, q])?,
             tmp: z(&[m, h])?,
             gate_up: z(&[m, 2 * i])?,
@@ -517,6 +518,10 @@ pub struct Model<T: RunDType> {
     pub weights: Weights<T>,
     rope: RopeParams,
     eps: f32,
+    /// Passes of at most this many tokens run their projections on the dense GEMV
+    /// (`fl_kernels::gemv_dense`, fused SwiGLU and residual add); larger ones on cuBLASLt.
+    /// 0 turns the GEMV off. Default 16 (the kernel's limit); `FL_GEMV_MAX_M` overrides it.
+    pub gemv_max_m: usize,
 }
 
 impl<T: RunDType> Model<T> {
@@ -535,11 +540,17 @@ impl<T: RunDType> Model<T> {
             ));
         }
         let eps = cfg.rms_norm_eps as f32;
+        let gemv_max_m = std::env::var("FL_GEMV_MAX_M")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(gemv_dense::MAX_M)
+            .min(gemv_dense::MAX_M);
         Ok(Model {
             cfg,
             weights,
             rope,
             eps,
+            gemv_max_m,
         })
     }
 
@@ -578,33 +589,32 @@ impl<T: RunDType> Model<T> {
             None => &w.final_norm,
         };
         norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
+        let small = m <= self.gemv_max_m;
         for (l, lw) in w.layers.iter().enumerate() {
-            let (bq, bk, bv) = match &lw.bqkv {
-                Some([a, b, c]) => (Some(a), Some(b), Some(c)),
-                None => (None, None, None),
-            };
-            buf.q.set_shape(&[m, hq * d])?;
-            buf.k.set_shape(&[m, hkv * d])?;
-            blas.linear(&buf.x, &lw.wq, bq, &mut buf.q)?;
-            blas.linear(&buf.x, &lw.wk, bk, &mut buf.k)?;
-            blas.linear(&buf.x, &lw.wv, bv, &mut buf.v)?;
-            buf.q.set_shape(&[m, hq, d])?;
-            buf.k.set_shape(&[m, hkv, d])?;
-            buf.v.set_shape(&[m, hkv, d])?;
-            rope::apply(
-                stream,
-                &mut buf.q,
-                &mut buf.k,
-                &buf.positions,
-                &self.rope,
-                None,
-            )?;
-            let slots = TokenSlots {
-                seq_ids: &buf.seq_ids,
-                positions: &buf.positions,
-            };
+            if small {
+                gemv_dense::linear(stream, &buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
+            } else {
+                blas.linear(&buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
+            }
             let kvc = &mut cache.layers[l];
-            kv_cache::append(stream, &buf.k, &buf.v, &slots, kvc, None)?;
+            let args = RopeAppend {
+                qkv: &buf.qkv,
+                heads: QkvSplit {
+                    q_heads: hq,
+                    kv_heads: hkv,
+                },
+                slots: TokenSlots {
+                    seq_ids: &buf.seq_ids,
+                    positions: &buf.positions,
+                },
+                rope: &self.rope,
+                layout: CacheLayout::Contiguous,
+            };
+            let packed = match mode {
+                AttnMode::Decode => None,
+                AttnMode::Prefill { .. } => Some((&mut buf.k, &mut buf.v)),
+            };
+            kv_cache::rope_append(stream, &args, &mut buf.q, packed, kvc, None)?;
             buf.attn.set_shape(&[m, hq, d])?;
             match mode {
                 AttnMode::Decode => {
@@ -639,30 +649,46 @@ impl<T: RunDType> Model<T> {
                     )?;
                 }
             }
-            buf.v.set_shape(&[m, hkv * d])?;
             buf.attn.set_shape(&[m, hq * d])?;
-            blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
-            norm::add_rms_norm(
-                stream,
-                &buf.tmp,
-                &mut buf.h,
-                &lw.ffn_norm,
-                self.eps,
-                &mut buf.x,
-            )?;
-            blas.linear(
-                &buf.x,
-                &lw.w_gate_up,
-                lw.b_gate_up.as_ref(),
-                &mut buf.gate_up,
-            )?;
-            activation::swiglu_fused(stream, &buf.gate_up, &mut buf.act)?;
-            blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
+            // h += attn·Woᵀ; x = rms_norm(h).
+            if small && lw.bo.is_none() {
+                gemv_dense::linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
+                norm::rms_norm(stream, &buf.h, &lw.ffn_norm, self.eps, &mut buf.x)?;
+            } else {
+                blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
+                norm::add_rms_norm(
+                    stream,
+                    &buf.tmp,
+                    &mut buf.h,
+                    &lw.ffn_norm,
+                    self.eps,
+                    &mut buf.x,
+                )?;
+            }
+            // act = silu(x·Wgᵀ) * (x·Wuᵀ).
+            if small && lw.b_gate_up.is_none() {
+                gemv_dense::linear_swiglu(stream, &buf.x, &lw.w_gate_up, &mut buf.act)?;
+            } else {
+                blas.linear(
+                    &buf.x,
+                    &lw.w_gate_up,
+                    lw.b_gate_up.as_ref(),
+                    &mut buf.gate_up,
+                )?;
+                activation::swiglu_fused(stream, &buf.gate_up, &mut buf.act)?;
+            }
+            // h += act·Wdownᵀ; x = rms_norm(h) with the next layer's (or the final) weight.
             let next = match w.layers.get(l + 1) {
                 Some(n) => &n.attn_norm,
                 None => &w.final_norm,
             };
-            norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
+            if small && lw.b_down.is_none() {
+                gemv_dense::linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
+                norm::rms_norm(stream, &buf.h, next, self.eps, &mut buf.x)?;
+            } else {
+                blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
+                norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
+            }
         }
         Ok(())
     }
@@ -670,12 +696,17 @@ impl<T: RunDType> Model<T> {
     /// `logits[r] = rows[r]·Wlmᵀ` (`rows` `[r, hidden]`, `logits` `[r, vocab]`).
     pub fn lm_head(
         &self,
+        stream: &Arc<CudaStream>,
         blas: &mut Blas,
         rows: &DeviceTensor<T>,
         logits: &mut DeviceTensor<T>,
     ) -> Result<()> {
         let w = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        blas.linear(rows, w, None, logits)?;
+        if rows.shape().first().is_some_and(|&r| r <= self.gemv_max_m) {
+            gemv_dense::linear(stream, rows, w, None, logits)?;
+        } else {
+            blas.linear(rows, w, None, logits)?;
+        }
         Ok(())
     }
 }
