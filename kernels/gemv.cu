@@ -14,9 +14,15 @@
 //
 // Dequantisation uses exact float tricks instead of int->float conversions (which issue at
 // 1/4 rate): a byte b placed in the mantissa of 2^23 (PRMT) is 2^23 + b; a nibble masked in
-// place at bit 4c (c <= 5) is 2^23 + q * 16^c, so one LOP3 + one FADD give (q - z) * 16^c
-// exactly, and the 16^c is taken out once per unit (the products of each c go to their own
-// accumulator). Per int4 value: LOP3 + FADD once, then one FFMA (+ the x conversion) per token.
+// place at bit 4c is 2^23 + q * 16^c as long as the nibble lies inside the 23-bit mantissa,
+// i.e. c <= 4 (bits 0..19; a nibble at bits 20..23 would set bit 23, the exponent's low bit).
+// Nibbles 0..4 of a word are masked in place, nibbles 5..7 from w >> 20 (c = 0..2). So one
+// LOP3 + one FADD give (q - z) * 16^c exactly, and the 16^c is taken out once per unit (the
+// products of each c go to their own accumulator). Per int4 value: LOP3 + FADD once, then one
+// FFMA (+ the x conversion) per token. The unpacking is __host__ __device__ so that a host
+// test runs the very same code (fl_gemv_unpack_unit_host).
+#include <cstring>
+
 #include "common/common.cuh"
 
 namespace fl {
@@ -46,8 +52,11 @@ static_assert(tile_slot_bytes(I8) % 16 == 0 && tile_slot_bytes(I4) % 16 == 0 &&
               "warp slots must keep 16-byte alignment");
 
 // Accumulator class of value e of a unit: nibble formats keep one accumulator per power
-// 16^c (c = 0..5) their values are scaled by; byte formats use 4 (for ILP only).
-__host__ __device__ constexpr int nib_class(int bit_nibble) { return bit_nibble < 6 ? bit_nibble : bit_nibble - 6; }
+// 16^c (c = 0..kNibClasses-1) their values are scaled by; byte formats use 4 (for ILP only).
+// Nibble i of a 32-bit word is read in place for i < 5 (bits 4i..4i+3 <= bit 19, inside the
+// f32 mantissa) and from w >> 20 for i >= 5 (classes 0..2).
+constexpr int kNibClasses = 5;
+__host__ __device__ constexpr int nib_class(int bit_nibble) { return bit_nibble < 5 ? bit_nibble : bit_nibble - 5; }
 template <int F> __host__ __device__ constexpr int value_class(int e) {
     return F == I8 || F == Q80 ? (e & 3)
          : (F == I4 || F == I4Z) ? nib_class(e & 7)
@@ -90,10 +99,63 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 template <int B> __device__ __forceinline__ float byte_magic(uint32_t w) {
     return __uint_as_float(__byte_perm(w, 0x4B000000u, B | (4 << 4) | (5 << 8) | (7 << 12)));
 }
-// 2^23 + q * 16^nib_class(I) for nibble I (bits 4I..4I+3) of w; hi = w >> 24.
-template <int I> __device__ __forceinline__ float nib_magic(uint32_t w, uint32_t hi) {
-    return I < 6 ? __uint_as_float((w & (0xFu << (4 * I))) | 0x4B000000u)
-                 : __uint_as_float((hi & (0xFu << (4 * (I - 6)))) | 0x4B000000u);
+// The f32 with bit pattern u, on the device and on the host.
+__host__ __device__ __forceinline__ float bits_to_f32(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+// 2^23 + q * 16^nib_class(I) for nibble I (bits 4I..4I+3) of w; hi = w >> 20. The masked
+// nibble always lies in bits 0..19, inside the mantissa of 2^23 (exponent bits untouched).
+template <int I> __host__ __device__ __forceinline__ float nib_magic(uint32_t w, uint32_t hi) {
+    static_assert(I >= 0 && I < 8, "nibble index");
+    return I < 5 ? bits_to_f32((w & (0xFu << (4 * I))) | 0x4B000000u)
+                 : bits_to_f32((hi & (0xFu << (4 * (I - 5)))) | 0x4B000000u);
+}
+
+// The 32 values of a nibble unit (4 words: int4 or the quants of a Q4_0 block), in value
+// order, as f[e] = (nib_e - z) * 16^value_class<F>(e), exactly; z = 8 for Q4_0.
+//  int4: word c, nibble i -> value 8c + i (low nibble of a byte first).
+//  Q4_0: word c, byte b: low nibble -> value 4c + b, high nibble -> value 16 + 4c + b.
+template <int F>
+__host__ __device__ __forceinline__ void deq_nibbles(const uint32_t *q, float z, float (&f)[32]) {
+    float o[kNibClasses];
+#pragma unroll
+    for (int c = 0; c < kNibClasses; ++c) o[c] = z * (float)(1 << (4 * c)) + kMagic;  // exact
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        const uint32_t w = q[c], hi = w >> 20;
+        const float n0 = nib_magic<0>(w, hi) - o[nib_class(0)];
+        const float n1 = nib_magic<1>(w, hi) - o[nib_class(1)];
+        const float n2 = nib_magic<2>(w, hi) - o[nib_class(2)];
+        const float n3 = nib_magic<3>(w, hi) - o[nib_class(3)];
+        const float n4 = nib_magic<4>(w, hi) - o[nib_class(4)];
+        const float n5 = nib_magic<5>(w, hi) - o[nib_class(5)];
+        const float n6 = nib_magic<6>(w, hi) - o[nib_class(6)];
+        const float n7 = nib_magic<7>(w, hi) - o[nib_class(7)];
+        if constexpr (F == Q40) {
+            f[4 * c + 0] = n0, f[16 + 4 * c + 0] = n1;
+            f[4 * c + 1] = n2, f[16 + 4 * c + 1] = n3;
+            f[4 * c + 2] = n4, f[16 + 4 * c + 2] = n5;
+            f[4 * c + 3] = n6, f[16 + 4 * c + 3] = n7;
+        } else {
+            f[8 * c + 0] = n0, f[8 * c + 1] = n1, f[8 * c + 2] = n2, f[8 * c + 3] = n3;
+            f[8 * c + 4] = n4, f[8 * c + 5] = n5, f[8 * c + 6] = n6, f[8 * c + 7] = n7;
+        }
+    }
+}
+
+// sum_c a[c] * 16^-c (c < kNibClasses): undoes the per-class scaling of deq_nibbles (the
+// multiplications by 1/16 are exact).
+__host__ __device__ __forceinline__ float combine_classes(const float *a) {
+    float s = a[kNibClasses - 1];
+#pragma unroll
+    for (int c = kNibClasses - 2; c >= 0; --c) s = fmaf(s, 0.0625f, a[c]);
+    return s;
 }
 
 // 16 signed bytes (4 words) -> 16 exact floats.
@@ -122,16 +184,12 @@ __device__ __forceinline__ void dot_tokens(const float (&f)[NV], const T *__rest
             float xf[NV];
 #pragma unroll
             for (int v = 0; v < NV / 8; ++v) load_x8<T>(xr + (int64_t)t * k + 8 * v, xf + 8 * v);
-            float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            float a[kNibClasses] = {};
 #pragma unroll
             for (int e = 0; e < NV; ++e) a[value_class<F>(e)] = fmaf(f[e], xf[e], a[value_class<F>(e)]);
             float s;
             if (is_nibble<F>()) {
-                s = fmaf(a[5], 0.0625f, a[4]);
-                s = fmaf(s, 0.0625f, a[3]);
-                s = fmaf(s, 0.0625f, a[2]);
-                s = fmaf(s, 0.0625f, a[1]);
-                s = fmaf(s, 0.0625f, a[0]);
+                s = combine_classes(a);
             } else {
                 s = (a[0] + a[1]) + (a[2] + a[3]);
             }
@@ -155,22 +213,8 @@ __device__ __forceinline__ void unit(const uint8_t *slot, int off, const float2 
         const uint4 v = *reinterpret_cast<const uint4 *>(slot + off);
         const uint32_t q[4] = {v.x, v.y, v.z, v.w};
         const float2 s = sz[j];  // (scale, zero)
-        float o[6];
-#pragma unroll
-        for (int c = 0; c < 6; ++c) o[c] = fmaf(s.y, (float)(1 << (4 * c)), kMagic);
         float f[32];
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const uint32_t w = q[c], hi = w >> 24;
-            f[8 * c + 0] = nib_magic<0>(w, hi) - o[0];
-            f[8 * c + 1] = nib_magic<1>(w, hi) - o[1];
-            f[8 * c + 2] = nib_magic<2>(w, hi) - o[2];
-            f[8 * c + 3] = nib_magic<3>(w, hi) - o[3];
-            f[8 * c + 4] = nib_magic<4>(w, hi) - o[4];
-            f[8 * c + 5] = nib_magic<5>(w, hi) - o[5];
-            f[8 * c + 6] = nib_magic<6>(w, hi) - o[0];
-            f[8 * c + 7] = nib_magic<7>(w, hi) - o[1];
-        }
+        deq_nibbles<F>(q, s.y, f);
         dot_tokens<F, T, M, 32>(f, xr, k, m, s.x, acc);
     } else {
         // GGUF block at `off` (2-byte aligned): f16 d, then the quants.
@@ -191,21 +235,7 @@ __device__ __forceinline__ void unit(const uint8_t *slot, int off, const float2 
             deq_bytes(q, f, 8);
         } else {
             // Byte i of the quants: value i (low nibble) and value i + 16 (high nibble).
-            constexpr float o0 = kMagic + 8.f, o1 = kMagic + 8.f * 16.f, o2 = kMagic + 8.f * 256.f,
-                            o3 = kMagic + 8.f * 4096.f, o4 = kMagic + 8.f * 65536.f,
-                            o5 = kMagic + 8.f * 1048576.f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const uint32_t w = q[c], hi = w >> 24;
-                f[4 * c + 0] = nib_magic<0>(w, hi) - o0;
-                f[16 + 4 * c + 0] = nib_magic<1>(w, hi) - o1;
-                f[4 * c + 1] = nib_magic<2>(w, hi) - o2;
-                f[16 + 4 * c + 1] = nib_magic<3>(w, hi) - o3;
-                f[4 * c + 2] = nib_magic<4>(w, hi) - o4;
-                f[16 + 4 * c + 2] = nib_magic<5>(w, hi) - o5;
-                f[4 * c + 3] = nib_magic<6>(w, hi) - o0;
-                f[16 + 4 * c + 3] = nib_magic<7>(w, hi) - o1;
-            }
+            deq_nibbles<F>(q, 8.f, f);
         }
         dot_tokens<F, T, M, 32>(f, xr, k, m, d, acc);
     }
@@ -305,6 +335,15 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
     return launch_m<F, T, 16>(xt, wt, scales, zt, yt, m, n, k, group, s);
 }
 
+// Host run of the nibble unpacking of one unit (see fl_gemv_unpack_unit_host).
+template <int F> void unpack_unit_host(const uint8_t *quants, float z, float *out) {
+    uint32_t q[4];
+    std::memcpy(q, quants, 16);  // little-endian words, as the kernel reads them
+    float f[32];
+    deq_nibbles<F>(q, z, f);
+    for (int e = 0; e < 32; ++e) out[e] = f[e] * (1.f / (float)(1 << (4 * value_class<F>(e))));
+}
+
 template <typename T>
 fl_status dispatch_format(fl_gemv_format format, const void *x, const void *w, const void *scales,
                           const void *zeros, void *y, int m, int64_t n, int64_t k, int group,
@@ -363,4 +402,19 @@ extern "C" fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const 
     if (dtype == FL_DTYPE_F16)
         return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
     return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
+}
+
+extern "C" fl_status fl_gemv_unpack_unit_host(fl_gemv_format format, const uint8_t *quants,
+                                              int32_t zero, float *out) {
+    using namespace fl::gemv;
+    if (!quants || !out) return FL_ERR_INVALID_ARGUMENT;
+    switch (format) {
+    case FL_GEMV_INT4: unpack_unit_host<I4>(quants, 8.f, out); return FL_OK;
+    case FL_GEMV_INT4_ZP:
+        if (zero < 0 || zero > 15) return FL_ERR_INVALID_ARGUMENT;
+        unpack_unit_host<I4Z>(quants, (float)zero, out);
+        return FL_OK;
+    case FL_GEMV_Q4_0: unpack_unit_host<Q40>(quants, 8.f, out); return FL_OK;
+    default: return FL_ERR_INVALID_ARGUMENT;
+    }
 }

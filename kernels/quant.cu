@@ -50,7 +50,10 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
     return __fmul_rn(g / (1.f + expf(-g)), u);
 }
 
-__device__ __forceinline__ bool aligned8(const void *p) {
+// Host and device: the launchers call it. (A __device__-only function called from host code
+// in a template compiles without a diagnostic, and cudafe gives its host copy the body
+// `exit(1)`: the process would end silently at the first launch that reached it.)
+__host__ __device__ __forceinline__ bool aligned8(const void *p) {
     return (reinterpret_cast<uintptr_t>(p) & 7u) == 0;
 }
 

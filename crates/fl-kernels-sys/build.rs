@@ -109,6 +109,7 @@ fn main() {
         build.file(s);
     }
     build.compile("fl_kernels");
+    check_no_host_exit(&PathBuf::from(env::var("OUT_DIR").unwrap()).join("libfl_kernels.a"));
 
     // cudart_static lives in lib/ (wheels) or lib64/ / targets/<arch>-linux/lib (toolkits).
     for dir in [
@@ -197,6 +198,55 @@ fn find_nvcc() -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// Fails the build when host code of the kernel library references `exit`. None of our host
+/// code calls it; cudafe gives the host copy of every `__device__`-only function the body
+/// `exit(1)`, and nvcc accepts a call to such a function from host code inside a template
+/// without a diagnostic, so a reference to `exit` means a launcher calls a `__device__`
+/// helper (make it `__host__ __device__`): the process would end silently, with status 1,
+/// when the call is reached. Skipped (with a warning) when `nm` is not available.
+fn check_no_host_exit(lib: &Path) {
+    let out = match Command::new(env::var_os("NM").unwrap_or_else(|| "nm".into()))
+        .arg("--undefined-only")
+        .arg("-A")
+        .arg(lib)
+        .output()
+    {
+        Ok(o) if o.status.success() => o,
+        _ => {
+            println!(
+                "cargo:warning=fl-kernels-sys: `nm` did not run; the check that no host code \
+                 calls exit() (a __device__ function called from host code) was skipped"
+            );
+            return;
+        }
+    };
+    // Lines like `.../libfl_kernels.a:<hash>-quant.o:                 U exit`.
+    let bad: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut t = l.split_whitespace().rev();
+            match (t.next(), t.next(), t.next()) {
+                (Some("exit" | "_exit" | "_Exit"), Some("U"), Some(file)) => Some(
+                    file.trim_end_matches(':')
+                        .rsplit(':')
+                        .next()
+                        .unwrap_or(file)
+                        .to_string(),
+                ),
+                _ => None,
+            }
+        })
+        .collect();
+    if !bad.is_empty() {
+        fail(&format!(
+            "host code in {} references exit(): a launcher calls a __device__-only function, \
+             whose host copy nvcc compiles to `exit(1)` (the process would end silently when \
+             it is reached). Mark the helper __host__ __device__.",
+            bad.join(", ")
+        ));
+    }
 }
 
 fn fail(msg: &str) -> ! {

@@ -56,6 +56,16 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         const void *scales, const void *zeros, int32_t group_size, void *y,
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
+/* Test hook, runs on the HOST (no GPU, no stream): the kernel's own unpacking code for one
+ * 16-byte unit of 4-bit quants (32 values), so that CPU tests check it against the format
+ * definitions above. `quants`: 16 bytes, an int4 unit (values j = 2b, 2b + 1 of byte b) or
+ * the qs[16] of a Q4_0 block (value i = low nibble of qs[i], value i + 16 = high nibble).
+ * out[e] = nib_e - z for e < 32 in value order, where z = 8 (FL_GEMV_INT4, FL_GEMV_Q4_0) or
+ * `zero` (FL_GEMV_INT4_ZP, 0..15). FL_ERR_INVALID_ARGUMENT for another format, a zero outside
+ * 0..15 or a NULL pointer. */
+fl_status fl_gemv_unpack_unit_host(fl_gemv_format format, const uint8_t *quants, int32_t zero,
+                                   float *out);
+
 #ifdef __cplusplus
 }
 #endif

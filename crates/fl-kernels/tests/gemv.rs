@@ -537,3 +537,103 @@ fn quantize_and_new_errors_name_the_argument() {
     )
     .is_ok());
 }
+
+/// The kernel's 4-bit unpacking (exact-float tricks), run on the host through
+/// `fl_gemv_unpack_unit_host`, on one 16-byte unit; `None` when the launcher refuses.
+fn host_unpack(format: QuantFormat, bytes: &[u8; 16], zero: i32) -> Option<Vec<f32>> {
+    use fl_kernels_sys::fl_gemv_format as F;
+    let f = match format {
+        QuantFormat::Int4 {
+            zero_point: false, ..
+        } => F::FL_GEMV_INT4,
+        QuantFormat::Int4 {
+            zero_point: true, ..
+        } => F::FL_GEMV_INT4_ZP,
+        QuantFormat::Q4_0 => F::FL_GEMV_Q4_0,
+        QuantFormat::Int8 => F::FL_GEMV_INT8,
+        QuantFormat::Q8_0 => F::FL_GEMV_Q8_0,
+    };
+    let mut out = vec![f32::NAN; 32];
+    // SAFETY: a host-only function; `bytes` holds 16 bytes and `out` 32 floats.
+    let st = unsafe {
+        fl_kernels_sys::fl_gemv_unpack_unit_host(f, bytes.as_ptr(), zero, out.as_mut_ptr())
+    };
+    (st == fl_kernels_sys::FL_OK as i32).then_some(out)
+}
+
+/// The reference's values (scale 1) of one 32-value row whose 16 quant bytes are `bytes`.
+fn reference_unit(format: QuantFormat, bytes: &[u8; 16], zero: u8) -> Vec<f64> {
+    let q = match format {
+        QuantFormat::Int4 { zero_point, .. } => QuantizedHost::new(
+            QuantFormat::Int4 {
+                group: 32,
+                zero_point,
+            },
+            1,
+            32,
+            bytes.to_vec(),
+            Scales::F16(&[f16::ONE]),
+            if zero_point { vec![zero] } else { vec![] },
+        ),
+        _ => {
+            let mut blk = f16::ONE.to_le_bytes().to_vec();
+            blk.extend_from_slice(bytes);
+            QuantizedHost::new(format, 1, 32, blk, Scales::None, vec![])
+        }
+    }
+    .unwrap();
+    reference::gemv::dequantize(&q)
+}
+
+/// CPU test of the GPU kernel's own 4-bit unpacking code (the exact-float "magic number"
+/// trick, the nibble order, the −8 / zero offsets, the per-power-of-16 accumulator classes):
+/// every byte value at every position of a unit, every zero point, against the format
+/// definitions (reference::gemv::dequantize). Runs without a GPU.
+#[test]
+fn kernel_nibble_unpacking_matches_the_formats_on_every_byte() {
+    let formats = [
+        QuantFormat::Int4 {
+            group: 32,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 32,
+            zero_point: true,
+        },
+        QuantFormat::Q4_0,
+    ];
+    for format in formats {
+        let zeros: Vec<u8> = match format {
+            QuantFormat::Int4 {
+                zero_point: true, ..
+            } => (0..16).collect(),
+            _ => vec![8],
+        };
+        for &z in &zeros {
+            for v in 0..=255u32 {
+                // Byte b = v + 37 b (mod 256): each byte value lands on every position.
+                let bytes: [u8; 16] = std::array::from_fn(|b| (v + 37 * b as u32) as u8);
+                let got = host_unpack(format, &bytes, z as i32).expect("unpack refused");
+                let want = reference_unit(format, &bytes, z);
+                for (e, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g as f64,
+                        w,
+                        "{} zero {z}: value {e} of unit {bytes:02x?}",
+                        format.name()
+                    );
+                }
+            }
+        }
+    }
+    // Byte formats and bad zeros are refused.
+    let b = [0u8; 16];
+    assert!(host_unpack(QuantFormat::Int8, &b, 8).is_none());
+    assert!(host_unpack(QuantFormat::Q8_0, &b, 8).is_none());
+    let zp = QuantFormat::Int4 {
+        group: 32,
+        zero_point: true,
+    };
+    assert!(host_unpack(zp, &b, 16).is_none());
+    assert!(host_unpack(zp, &b, -1).is_none());
+}
