@@ -2,8 +2,9 @@
 # GPU-machine run of the engine checks and benches from a bundle (scripts/bundle.sh):
 #   bash bench/gpu/engine_run.sh BUNDLE_DIR OUT_DIR [tests|check|bench|profile|torch]...
 # Sections (default: tests check bench): engine and new-kernel GPU tests; the transformers
-# check; `fl bench` on llama-2-7b dummy weights; a per-kernel profile of decode steps
-# (nsys when present, else ncu); transformers' generate on the same shapes.
+# check; `fl bench` on llama-2-7b dummy weights; `ab`: the same with the dense GEMV off;
+# `kbench`: criterion benches; a per-kernel profile of decode steps (nsys when present, else
+# ncu); transformers' generate on the same shapes.
 set -uo pipefail
 B="$(cd "$1" && pwd)"; OUT="$2"; shift 2
 mkdir -p "$OUT"
@@ -34,6 +35,18 @@ profile)
       --no-graph > "$OUT/prof.txt" 2>&1; echo "ncu rc=$?"
     grep -E "^\s+[a-z_].*\(|gpu__time_duration|Invocations" "$OUT/prof.txt" | head -80
   fi ;;
+ab)
+  # The same decode with the dense GEMV off (cuBLASLt for every projection).
+  FL_GEMV_MAX_M=0 timeout 300 "$B/bin/fl" bench --model llama-2-7b --runs "${FL_AB_RUNS:-1:128:128,16:1024:64}" 2>&1 | tee "$OUT/fl-bench-cublas.log" ;;
+kbench)
+  # Criterion benches named in FL_KBENCH (default: the kernels new this session).
+  for b in ${FL_KBENCH:-gemv_dense gemv attention attention_prefill kv_cache quant}; do
+    [ -x "$B/benches/$b" ] || continue
+    echo "== bench $b"
+    timeout 400 "$B/benches/$b" --bench 2>&1 | grep -vE '^(Gnuplot|Benchmarking|Found|  [0-9]+ \(|Warning|$)' \
+      | grep -vE "^\s+(time|thrpt|change):|^(Performance|No change|Change within)" > "$OUT/bench-$b.log"
+    tail -60 "$OUT/bench-$b.log"
+  done ;;
 torch)
   timeout 580 python3 "$B/scripts/torch_generate.py" --runs "${FL_TORCH_RUNS:-1:128:128,16:1024:64,1:2048:2,16:512:2}" \
     --modes "${FL_TORCH_MODES:-eager,compile}" 2>&1 | grep -vE "Warning|warn" | tee "$OUT/torch-generate.log" ;;
