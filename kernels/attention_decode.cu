@@ -1,32 +1,24 @@
 // Decode attention (one query token per sequence) over a contiguous or paged KV cache,
 // with grouped-query heads and a flash-decoding split of the sequence.
 //
-// One CTA handles (batch row, kv head, chunk of G query heads of that kv head, sequence
-// split): K/V rows are read once for all G heads. Inside the CTA, "workers" of LPK lanes each
-// own one key row at a time (LPK * 8 >= head_dim; each lane holds 8 dims) and keep their own
-// online-softmax state; workers merge through shared memory at the end. With more than one
-// split, each split writes its normalised partial output and its log-sum-exp (base 2) to the
-// workspace, and a second kernel combines them.
+// Two kernels, both one CTA per (batch row, kv head, chunk of G query heads of that kv head,
+// sequence split), so K/V rows are read once for all G heads; both stream K/V through
+// shared memory with cp.async several tiles ahead of the math. With more than one split,
+// each split writes its normalised partial output and its log-sum-exp (base 2) to the
+// workspace, and a third kernel combines them.
 //
-// Memory pipeline (why): a GQA key row feeds G query heads, so the per-key math (G dot
-// products with shuffle reductions, online softmax, G x 8 FMAs into the accumulators) is
-// several times longer than for MHA. When a warp loads a tile into registers and then does
-// that math, its loads are idle for the whole math phase: the first version reached only
-// 51-87% of copy bandwidth for 32/8 heads (and at 141-167 registers only 3 CTAs fitted per
-// SM, so the 4-per-SM split target ran 1.33 waves). Here every lane streams its own 16-byte
-// slices of K and V into a per-thread ring of S stages in shared memory with cp.async
-// (16 B x 2 x U keys per stage), S - 1 stages ahead of the math. A lane only ever reads the
-// slots it copied itself, so cp.async.wait_group alone orders the copy before the read: no
-// block barrier in the key loop, and warps run freely. Bytes in flight per SM while the math
-// runs: 4 CTAs x 128 threads x (S - 1) x U x 32 B = 160 KB (G = 4, D = 128), against the
-// ~23-45 KB that ~3 TB/s x ~1-2 us of loaded HBM latency / 132 SMs needs, so HBM stays busy.
-// Registers are bounded by __launch_bounds__ so that 4 CTAs fit per SM (2 for G = 8), and
-// the split count fills whole waves of that many CTAs (see choose_splits).
+// - G >= 2 (GQA, MQA): decode_mma_kernel, one warp, tensor cores (see the comment there).
+// - G == 1 (MHA): decode_kernel, 4 warps of CUDA-core "workers" of LPK lanes, each owning one
+//   key row at a time (each lane 8 dims) with its own online-softmax state, merged through
+//   shared memory at the end. One head per K/V row keeps the math light (MHA already ran at
+//   94-101% of copy bandwidth); its copies run ahead through a per-thread ring (below).
 //
-// Tensor cores (mma for S = Q K^T and P V) were not needed: with the copies decoupled, the
-// CUDA-core math costs about 15 issue cycles per key per SM for G = 4 (~47 warp instructions
-// per key over 4 schedulers), against the ~39 cycles per 512-byte key row that 3 TB/s
-// allows per SM at 1.75 GHz.
+// Why (measured on H100 before this change, GQA 32/8, head_dim 128): the CUDA-core kernel
+// reached only 51-87% of copy bandwidth. A warp loaded a tile into registers and then did
+// the G-fold math with its loads idle; at 141-167 registers only 3 CTAs fitted per SM, so the
+// 4-per-SM split target ran 1.33 waves; and for G = 4 the math alone is ~120-150 warp
+// instructions per key (~30-38 issue cycles per key per SM, against the ~40-45 cycles per
+// 512-byte key row that ~3 TB/s leaves each SM), so issue slots, not HBM, set the pace.
 #include "common/common.cuh"
 
 namespace fl {
@@ -51,8 +43,12 @@ struct Params {
 __host__ __device__ constexpr int lanes_per_key(int d) {
     return d / 8 <= 8 ? 8 : (d / 8 <= 16 ? 16 : 32);
 }
-// Keys per worker per stage, and stages: S x U x 4 KB = 48 KB of shared memory per CTA
-// (the static limit), 4 CTAs per SM on sm_90 (228 KB).
+// CUDA-core kernel copy ring: each lane streams its own 16-byte slices of K and V into a
+// per-thread ring of S stages in shared memory (16 B x 2 x U keys per stage), S - 1 stages
+// ahead of the math. A lane only ever reads the slots it copied itself, so
+// cp.async.wait_group alone orders copy and read: no block barrier in the key loop. Bytes in
+// flight per SM: 4 CTAs x 128 threads x (S - 1) x U x 32 B = 128 KB (G = 1, D = 128).
+// S x U x 4 KB = 48 KB of shared memory per CTA (the static limit), 4 CTAs per SM on sm_90.
 __host__ __device__ constexpr int keys_per_stage(int g) { return g >= 4 ? 2 : 4; }
 __host__ __device__ constexpr int stages(int g) { return g >= 4 ? 6 : 3; }
 // CTAs per SM that the register bound guarantees (G = 8 holds 128 floats of q and acc).
@@ -316,13 +312,315 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params
     }
 }
 
-// Combines the splits of one (batch, head): weights 2^(lse_s - max lse).
+// ---------------------------------------------------------------- tensor-core path (G >= 2)
+// Why: with G query heads per K/V row the CUDA-core loop above costs ~120-150 warp
+// instructions per key for G = 4 (8 FMAs + 4 shuffles + 4 adds per head per 16-lane worker
+// for the dot products, 8 FMAs per head for P V, softmax), i.e. ~30-38 issue cycles per key
+// per SM, against the ~40-45 cycles per 512-byte key row that ~3 TB/s leaves each SM: the
+// issue slots, not HBM, set the pace. mma.sync.m16n8k16 does a 16 x 8 x 16 block in one
+// instruction: the G heads (padded to 16 rows) are the A operand, a 16-key tile of K (from
+// shared memory, ldmatrix) is B, so S for 16 keys x G heads at head_dim 128 is 16 mma, and
+// P V another 16 (V with ldmatrix.trans, P straight from the S accumulators, the
+// FlashAttention-2 register trick). About 13 instructions per key in all, copies included.
+//
+// One CTA is ONE warp, for one (batch row, kv head, chunk of G <= 8 heads, split). It streams
+// 16-key tiles of K and V through a private ring of S stages in shared memory with cp.async,
+// S - 1 tiles ahead of the math, so only __syncwarp orders copies and reads; one warp per
+// CTA also means no merge between warps at the end. Rows are padded by 16 bytes so the 8
+// rows an ldmatrix phase reads hit distinct banks. Shared memory per CTA: S x 2 x 16 x
+// (D + 8) x 2 B = 26 KB at D = 128 (S = 3): 8 CTAs per SM on sm_90; bytes in flight per SM
+// while the math runs: 8 warps x 2 tiles x 8 KB = 128 KB, against the ~23-45 KB that
+// ~3 TB/s x ~1-2 us of loaded latency / 132 SMs needs. P is rounded to the input dtype for
+// the P V product (as FlashAttention does); S, the softmax and all sums stay in f32.
+__host__ __device__ constexpr int mma_stages(int d) { return d >= 256 ? 2 : 3; }
+__host__ __device__ constexpr int mma_smem_bytes(int d) {
+    return mma_stages(d) * 2 * 16 * (d + 8) * 2;
+}
+// CTAs per SM on sm_90 (228 KB of shared memory, 1 KB reserved per CTA), at most 16.
+__host__ __device__ constexpr int mma_ctas_per_sm(int d) {
+    return (228 * 1024) / (mma_smem_bytes(d) + 1024) > 16
+               ? 16
+               : (228 * 1024) / (mma_smem_bytes(d) + 1024);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// c += a * b, m16n8k16, row.col, f32 accumulate, for rows 0-7 only: c = (row gid, cols
+// 2 t4, 2 t4 + 1). A's rows 8-15 are zero here, so that half of the accumulator is not kept.
+template <typename T> struct Mma;
+template <> struct Mma<__half> {
+    __device__ __forceinline__ static void run(float (&c)[2], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        // rows 8-15 (always zero here: A rows 8-15 are zero) go to scratch PTX registers
+        asm volatile(
+            "{\n.reg .f32 x2, x3;\n"
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, "
+            "{%6,%7}, {%8,%9,%10,%10};\n}\n"
+            : "=f"(c[0]), "=f"(c[1])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+              "f"(0.f));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+template <> struct Mma<__nv_bfloat16> {
+    __device__ __forceinline__ static void run(float (&c)[2], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        // rows 8-15 (always zero here: A rows 8-15 are zero) go to scratch PTX registers
+        asm volatile(
+            "{\n.reg .f32 x2, x3;\n"
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,x2,x3}, {%2,%3,%4,%5}, "
+            "{%6,%7}, {%8,%9,%10,%10};\n}\n"
+            : "=f"(c[0]), "=f"(c[1])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]),
+              "f"(0.f));
+    }
+    __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+    }
+};
+
+template <typename T, int D, int G, bool PAGED>
+__global__ void __launch_bounds__(32, mma_ctas_per_sm(D)) decode_mma_kernel(Params p) {
+    constexpr int S = mma_stages(D);
+    constexpr int LD = D + 8;             // padded row, elements
+    constexpr int KD = D / 16;            // k-steps of Q K^T
+    constexpr int DT = D / 8;             // 8-wide column tiles of O
+    constexpr int CPR = D / 8;            // 16-byte chunks per row
+    constexpr int STAGE = 2 * 16 * LD;    // elements: K tile [16][LD], then V tile [16][LD]
+    static_assert(G >= 1 && G <= 8, "heads fill rows 0-7 of the m16 tile");
+    static_assert(D % 16 == 0 && DT % 2 == 0 && (16 * CPR) % 32 == 0, "head_dim");
+    static_assert(S * STAGE * 2 <= 48 * 1024, "static shared memory limit");
+    static_assert(S <= 4, "validity bits fit 64 bits");
+    __shared__ __align__(16) uint4 ring[S * STAGE * 2 / 16];
+
+    const int split = blockIdx.z;
+    const int chunks = (p.q_heads / p.kv_heads) / G;
+    const int kvh = blockIdx.y / chunks;
+    const int h0 = kvh * (p.q_heads / p.kv_heads) + (blockIdx.y % chunks) * G;
+    const int b = blockIdx.x;  // x: up to 2^31-1 sequences (z would cap it at 65535)
+    const int lane = threadIdx.x;
+    const int gid = lane >> 2, t4 = lane & 3;  // mma fragment row / column pair
+
+    int len = p.seq_lens[b];
+    const int cap = PAGED ? p.max_blocks * p.block_size : p.capacity;
+    len = len < 0 ? 0 : (len > cap ? cap : len);
+    const int lo = p.window > 0 ? max(0, len - p.window) : 0;
+    const int n = len - lo;
+    const int chunk = (n + p.num_splits - 1) / p.num_splits;
+    const int s_lo = lo + split * chunk;
+    const int s_hi = min(len, s_lo + chunk);
+    const int ntiles = s_hi > s_lo ? (s_hi - s_lo + 15) / 16 : 0;
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    const int64_t tbl = (int64_t)b * p.max_blocks;
+    const int64_t head_row0 = ((int64_t)b * p.kv_heads + kvh) * p.capacity;  // contiguous
+    const uint32_t sbase = smem_u32(ring);
+
+    // Paged: lanes 0-15 fetch the block id of key `lane` of tile `tile` (-1 past the end).
+    auto block_of = [&](int tile) -> int {
+        const int j = s_lo + tile * 16 + lane;
+        return lane < 16 && j < s_hi ? __ldg(p.block_table + tbl + j / p.block_size) : -1;
+    };
+    // Starts the copies of tile `tile` into stage st; returns the tile's 16 validity bits.
+    // Lane k < 16 finds the row of key k; every 16-byte chunk gets it by a shuffle.
+    auto issue = [&](int tile, int st, int blk) -> uint32_t {
+        const int j = s_lo + tile * 16 + lane;
+        int64_t off = -1;  // element offset of the row
+        if (lane < 16 && j < s_hi) {
+            if (PAGED) {
+                if (blk >= 0 && blk < p.num_blocks)
+                    off = (((int64_t)blk * p.kv_heads + kvh) * p.block_size + j % p.block_size) *
+                          D;
+            } else {
+                off = (head_row0 + j) * D;
+            }
+        }
+        const uint32_t bits = __ballot_sync(0xffffffffu, off >= 0) & 0xffffu;
+        if (tile < ntiles) {  // warp-uniform; tiles past the end are never read
+            const uint32_t sk = sbase + (uint32_t)(st * STAGE * 2);
+            const uint32_t sv = sk + (uint32_t)(16 * LD * 2);
+#pragma unroll 4
+            for (int i = 0; i < 16 * CPR / 32; ++i) {  // (4: bounds the addresses kept live)
+                const int c = lane + 32 * i;
+                const int key = c / CPR, part = c % CPR;
+                const int64_t o = __shfl_sync(0xffffffffu, off, key);
+                const uint32_t dst = (uint32_t)((key * LD + part * 8) * 2);
+                const int64_t src = o >= 0 ? o + part * 8 : 0;
+                const int nb = o >= 0 ? 16 : 0;  // invalid key: zeros (masked below)
+                cp_async16(sk + dst, kbase + src, nb);
+                cp_async16(sv + dst, vbase + src, nb);
+            }
+        }
+        return bits;
+    };
+
+    // Prologue: tiles 0 .. S-2 in flight.
+    uint64_t okm = 0;  // bits 16 st .. 16 st + 15: keys of the tile in stage st that are valid
+    int nblk;          // paged: block id (lanes 0-15) for the next tile to issue
+    {
+        int pb[S - 1];
+#pragma unroll
+        for (int t = 0; t < S - 1; ++t) pb[t] = PAGED ? block_of(t) : 0;
+#pragma unroll
+        for (int t = 0; t < S - 1; ++t) {
+            okm |= (uint64_t)issue(t, t, pb[t]) << (16 * t);
+            cp_async_commit();
+        }
+        nblk = PAGED ? block_of(S - 1) : 0;
+    }
+
+    // Q as the A operand: row gid = head h0 + gid (rows >= G and rows 8-15 are zero);
+    // a0 = (row gid, k 2t4..2t4+1), a2 = (row gid, k 8+2t4..); a1 = a3 = 0.
+    uint32_t qa[KD][2];
+    {
+        const bool qok = gid < G;
+        const uint32_t *qrow = reinterpret_cast<const uint32_t *>(
+            static_cast<const T *>(p.q) + ((int64_t)b * p.q_heads + h0 + (qok ? gid : 0)) * D);
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+            qa[kk][0] = qok ? qrow[kk * 8 + t4] : 0u;
+            qa[kk][1] = qok ? qrow[kk * 8 + 4 + t4] : 0u;
+        }
+    }
+
+    float o[DT][2];  // O rows gid, columns j * 8 + 2 t4 + {0, 1}
+#pragma unroll
+    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = 0.f;
+    float m = -INFINITY;  // running max of row gid (base 2, scaled), same in the quad
+    float l = 0.f;        // this lane's part of the row sum (the quad is summed at the end)
+    const float sl2 = p.scale_log2;
+
+    // ldmatrix lane roles. K (non-trans): (keys 0-7, k 0-7), (keys 0-7, k 8-15),
+    // (keys 8-15, k 0-7), (keys 8-15, k 8-15). V (trans): (keys 0-7, d 0-7),
+    // (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+    const int mat = lane >> 3, mr = lane & 7;
+    const uint32_t k_lane = (uint32_t)((((mat >> 1) * 8 + mr) * LD + (mat & 1) * 8) * 2);
+    const uint32_t v_lane = (uint32_t)((((mat & 1) * 8 + mr) * LD + (mat >> 1) * 8) * 2);
+
+    int st_c = 0, st_i = S - 1;  // stage computed / issued this iteration
+    for (int t = 0; t < ntiles; ++t) {
+        cp_async_wait<S - 2>();  // this lane's copies of tile t have landed
+        __syncwarp();            // ... and every lane's; all lanes are done with stage st_i
+        okm = (okm & ~(0xffffull << (16 * st_i))) |
+              ((uint64_t)issue(t + S - 1, st_i, nblk) << (16 * st_i));
+        cp_async_commit();
+        if (PAGED) nblk = block_of(t + S);  // used by the next iteration's issue
+        const uint32_t vbits = (uint32_t)(okm >> (16 * st_c)) & 0xffffu;
+        const uint32_t kb = sbase + (uint32_t)(st_c * STAGE * 2) + k_lane;
+        const uint32_t vb = sbase + (uint32_t)(st_c * STAGE * 2 + 16 * LD * 2) + v_lane;
+        st_c = st_c + 1 == S ? 0 : st_c + 1;
+        st_i = st_i + 1 == S ? 0 : st_i + 1;
+
+        // S = Q K^T for 16 keys: n-tile 0 = keys 0-7, n-tile 1 = keys 8-15.
+        float sc[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) sc[j][0] = sc[j][1] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk) {
+            uint32_t bk[4];
+            ldsm_x4(bk, kb + (uint32_t)(kk * 32));
+            const uint32_t a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
+            Mma<T>::run(sc[0], a, bk[0], bk[1]);
+            Mma<T>::run(sc[1], a, bk[2], bk[3]);
+        }
+
+        // Online softmax (base 2) of row gid over keys j * 8 + 2 t4 + e.
+        float x[2][2];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const bool ok = (vbits >> (j * 8 + 2 * t4 + e)) & 1u;
+                x[j][e] = ok ? sc[j][e] * sl2 : -INFINITY;
+                mx = fmaxf(mx, x[j][e]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m, mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;  // nothing valid yet: no inf - inf
+        const float corr = exp2f(m - mu);              // m == -inf -> 0
+        m = mn;
+        float rs = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                x[j][e] = exp2f(x[j][e] - mu);  // masked: exp2(-inf) = 0
+                rs += x[j][e];
+            }
+        l = fmaf(l, corr, rs);
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+            o[j][0] *= corr;
+            o[j][1] *= corr;
+        }
+
+        // O += P V: P (16 rows x 16 keys) from the S accumulator layout, rows 8-15 zero.
+        const uint32_t a[4] = {Mma<T>::pack(x[0][0], x[0][1]), 0u, Mma<T>::pack(x[1][0], x[1][1]),
+                               0u};
+#pragma unroll
+        for (int j = 0; j < DT; j += 2) {
+            uint32_t bv[4];
+            ldsm_x4_t(bv, vb + (uint32_t)(j * 16));
+            Mma<T>::run(o[j], a, bv[0], bv[1]);
+            Mma<T>::run(o[j + 1], a, bv[2], bv[3]);
+        }
+    }
+    cp_async_wait<0>();
+
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (gid < G) {
+        const int64_t bh = (int64_t)b * p.q_heads + h0 + gid;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (p.num_splits == 1) {
+            T *orow = static_cast<T *>(p.out) + bh * D + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < DT; ++j)
+                *reinterpret_cast<uint32_t *>(orow + j * 8) =
+                    Mma<T>::pack(o[j][0] * inv, o[j][1] * inv);
+        } else {
+            float *w = p.ws_o + (bh * p.num_splits + split) * D + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < DT; ++j)
+                *reinterpret_cast<float2 *>(w + j * 8) = make_float2(o[j][0] * inv, o[j][1] * inv);
+            if (t4 == 0) p.ws_lse[bh * p.num_splits + split] = l > 0.f ? m + log2f(l) : -INFINITY;
+        }
+    }
+}
+
+// Combines the splits of one (batch, head): weights 2^(lse_s - max lse). The tensor-core path
+// uses up to 256 splits, so the splits are spread over the threads too: thread (r, c) sums
+// float4 chunk c of splits r, r + R, ... (R = kCombineThreads / (D / 4) independent loads in
+// flight per chunk), then the R partial sums are added in a fixed order (deterministic).
+constexpr int kCombineThreads = 256;
 template <typename T, int D>
-__global__ void combine_kernel(Params p) {
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
+    constexpr int D4 = D / 4;
+    constexpr int R = kCombineThreads / D4;
+    static_assert(D % 4 == 0 && R >= 1, "head_dim");
     const int64_t bh = blockIdx.x;
     const int S = p.num_splits;
     extern __shared__ float w[];  // S weights
     __shared__ float red[32];
+    __shared__ float4 part[R][D4];
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < S; s += blockDim.x) mx = fmaxf(mx, p.ws_lse[bh * S + s]);
     mx = block_max(mx, red);
@@ -334,10 +632,38 @@ __global__ void combine_kernel(Params p) {
     }
     sum = block_sum(sum, red);  // has a barrier: w[] is visible after it
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float o = 0.f;
-        for (int s = 0; s < S; ++s) o = fmaf(w[s], p.ws_o[(bh * S + s) * D + d], o);
-        static_cast<T *>(p.out)[bh * D + d] = from_f32<T>(o * inv);
+    const int tid = threadIdx.x;
+    if (tid < R * D4) {
+        const int c = tid % D4, r = tid / D4;
+        const float4 *src = reinterpret_cast<const float4 *>(p.ws_o + bh * S * D) + c;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = r; s < S; s += R) {
+            const float4 v = src[(int64_t)s * D4];
+            const float ws = w[s];
+            acc.x = fmaf(ws, v.x, acc.x);
+            acc.y = fmaf(ws, v.y, acc.y);
+            acc.z = fmaf(ws, v.z, acc.z);
+            acc.w = fmaf(ws, v.w, acc.w);
+        }
+        part[r][c] = acc;
+    }
+    __syncthreads();
+    if (tid < D4) {
+        float4 o = part[0][tid];
+#pragma unroll
+        for (int r = 1; r < R; ++r) {
+            o.x += part[r][tid].x;
+            o.y += part[r][tid].y;
+            o.z += part[r][tid].z;
+            o.w += part[r][tid].w;
+        }
+        Vec<T, 4> ov;
+        ov.v[0] = from_f32<T>(o.x * inv);
+        ov.v[1] = from_f32<T>(o.y * inv);
+        ov.v[2] = from_f32<T>(o.z * inv);
+        ov.v[3] = from_f32<T>(o.w * inv);
+        reinterpret_cast<Vec<T, 4> *>(static_cast<T *>(p.out) + bh * D)[tid] = ov;
     }
 }
 
@@ -365,7 +691,7 @@ inline bool valid(const fl_decode_attention_args *a) {
     return true;
 }
 
-// Splits: fill whole waves of CTAs. A wave is sms x ctas_per_sm(G) CTAs; with `units`
+// Splits: fill whole waves of CTAs. A wave is sms x (CTAs per SM of the kernel used) CTAs; with `units`
 // (batch x kv heads x head chunks) CTAs per split, s splits take ceil(units s / wave) waves of
 // 1/s of the work each, so the time goes as cost(s) = ceil(units s / wave) / s. Take the
 // smallest s within 5% of the best cost (fewer splits: less workspace traffic, no combine
@@ -378,7 +704,7 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     const int64_t units = (int64_t)a->batch * a->kv_heads * (group / gt);
     if (units < 1) return 1;
     const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
-    const int64_t wave = sms * ctas_per_sm(gt);
+    const int64_t wave = sms * (gt >= 2 ? mma_ctas_per_sm(a->head_dim) : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
     int64_t smax = (a->max_seq_len + 255) / 256;  // >= 256 keys per split
     if (smax > 256) smax = 256;
@@ -400,14 +726,21 @@ template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    if (a->layout == FL_KV_PAGED)
-        decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
-    else
-        decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
+    if constexpr (G >= 2) {  // grouped heads: tensor cores, one warp per CTA
+        if (a->layout == FL_KV_PAGED)
+            decode_mma_kernel<T, D, G, true><<<grid, 32, 0, st>>>(p);
+        else
+            decode_mma_kernel<T, D, G, false><<<grid, 32, 0, st>>>(p);
+    } else {  // MHA: CUDA cores (one head per K/V row: the math is light)
+        if (a->layout == FL_KV_PAGED)
+            decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
+        else
+            decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
+    }
     fl_status s = launch_status();
     if (s != FL_OK || p.num_splits == 1) return s;
     const size_t smem = sizeof(float) * p.num_splits;
-    combine_kernel<T, D><<<a->batch * a->q_heads, 128, smem, st>>>(p);
+    combine_kernel<T, D><<<a->batch * a->q_heads, kCombineThreads, smem, st>>>(p);
     return launch_status();
 }
 

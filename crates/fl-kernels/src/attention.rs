@@ -255,7 +255,9 @@ pub fn decode_workspace_bytes<T: HalfDType>(
 /// `g = q_heads`). The cache must already hold the current token. A sequence of length 0
 /// gets a zero output. Softmax in f32 with an online max; K/V read once per KV head for all
 /// of its query heads; long sequences are split across CTAs (flash-decoding) and reduced
-/// in a second pass.
+/// in a second pass. When `g >= 2` (an even group) the products run on tensor cores (f32
+/// accumulation; the softmax weights are rounded to the input dtype for `P·V`, as in
+/// FlashAttention).
 ///
 /// Shapes: `q`, `out`: `[batch, q_heads, head_dim]`; `seq_lens`: `[batch]` (device, each
 /// at most `params.max_seq_len`; larger values are clamped to the cache capacity);
