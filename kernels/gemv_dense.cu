@@ -25,9 +25,13 @@
 //   weight loads back to back (U * NT = 8: 4 KB in flight per warp). The warps' partial
 //   tiles are summed through shared memory (fixed order: deterministic), then the epilogue
 //   writes each output once, rounded once from f32.
-// - The host picks NT (2 when there are enough rows for 2 CTAs per SM, else 1) and W (16, 8
-//   or 4 warps, fewer for short k) so that the grid fills whole waves of resident CTAs
-//   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight).
+// - The host picks NT (2 when there are enough rows for 2 CTAs per SM, else 1) and W (4, 8
+//   or 16 warps, fewer for short k) so that the grid fills whole waves of resident CTAs
+//   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight):
+//   on an H100 at m = 1, 4096 x 4096 gets 512 CTAs x 4 warps (one wave), 1024 x 4096 128 x 16,
+//   12288 x 4096 768 x 8 (NT = 2), 32000 x 4096 2000 x 8.
+#include <stdlib.h>
+
 #include "common/common.cuh"
 
 namespace fl {
@@ -171,6 +175,24 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
 }
 
 // ---------------------------------------------------------------- host side
+// Tuning overrides, read once from the environment (for bench sweeps; 0 = automatic):
+// FL_GEMV_DENSE_WARPS = 1, 2, 4, 8 or 16 warps per CTA; FL_GEMV_DENSE_NT = 1 or 2 tiles of 8
+// rows per CTA (linear / add; SwiGLU always pairs 2). Any setting is correct, only speed moves.
+inline int env_override(const char *name, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v) return 0;
+    const int x = atoi(v);
+    return (x >= lo && x <= hi && (x & (x - 1)) == 0) ? x : 0;
+}
+inline int forced_warps() {
+    static const int v = env_override("FL_GEMV_DENSE_WARPS", 1, kMaxWarps);
+    return v;
+}
+inline int forced_nt() {
+    static const int v = env_override("FL_GEMV_DENSE_NT", 1, 2);
+    return v;
+}
+
 inline int sm_count() {
     static int cached[64] = {0};
     int dev = 0;
@@ -183,18 +205,20 @@ inline int sm_count() {
     return sms;
 }
 
-// Warps per CTA (16, 8 or 4; fewer when k has fewer batches of chunks than that): the one
-// whose grid fills the resident CTA slots best (ctas / (waves * slots), ties to more warps).
-// Every CTA has the same work, so a last wave that is mostly empty is time lost: e.g. 768
-// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA.
+// Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): the one
+// whose grid fills the resident CTA slots best, score = ctas / (waves * slots), e.g. 768
+// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size
+// that leaves one CTA per SM over several waves scores 15% less (the SM drains between
+// CTAs); ties (within 0.02) go to smaller CTAs (more of them resident, staggered).
 template <typename T, int EPI, int NT, bool M16>
 int pick_warps(int64_t ctas, int64_t batches) {
-    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 16, 8, 4 warps
+    if (forced_warps() > 0) return forced_warps();
+    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 4, 8, 16 warps
     const int64_t sms = sm_count();
     int best = 4;
-    double best_eff = -1.0;
-    for (int i = 0, w = kMaxWarps; i < 3; ++i, w /= 2) {
-        if (w > batches && w > 4) continue;
+    double best_score = -1.0;
+    for (int i = 0, w = 4; i < 3; ++i, w *= 2) {
+        if (w > 4 && w > batches) break;
         int occ = occupancy[i];
         if (occ <= 0) {
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16>,
@@ -205,9 +229,10 @@ int pick_warps(int64_t ctas, int64_t batches) {
             occupancy[i] = occ;
         }
         const int64_t slots = sms * occ;
-        const double eff = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
-        if (eff > best_eff + 1e-3) {
-            best_eff = eff;
+        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
+        if (occ == 1 && ctas > slots) score *= 0.85;
+        if (score > best_score + 0.02) {
+            best_score = score;
             best = w;
         }
     }
@@ -233,7 +258,8 @@ fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n
     } else {
         // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
         // per SM; one (twice the CTAs) for small n.
-        if (ceil_div(n, 16) >= 2LL * sm_count()) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
+        const int nt = forced_nt() > 0 ? forced_nt() : ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
+        if (nt == 2) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
         return launch_nt<T, EPI, 1, M16>(x, w, bias, y, m, n, k, s);
     }
 }
