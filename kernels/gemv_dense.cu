@@ -25,9 +25,11 @@
 //   weight loads back to back (U * NT = 8: 4 KB in flight per warp). The warps' partial
 //   tiles are summed through shared memory (fixed order: deterministic), then the epilogue
 //   writes each output once, rounded once from f32.
-// - The host picks NT (2 when there are enough rows for 2 CTAs per SM, else 1) and W (16, 8
-//   or 4 warps, fewer for short k) so that the grid fills whole waves of resident CTAs
-//   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight).
+// - The host picks NT (2 when there are enough rows for 2 CTAs per SM, else 1) and W (4, 8
+//   or 16 warps, fewer for short k) so that the grid fills whole waves of resident CTAs
+//   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight):
+//   on an H100 at m = 1, 4096 x 4096 gets 512 CTAs x 4 warps (one wave), 1024 x 4096 128 x 16,
+//   12288 x 4096 768 x 8 (NT = 2), 32000 x 4096 2000 x 8.
 #include "common/common.cuh"
 
 namespace fl {
@@ -183,18 +185,19 @@ inline int sm_count() {
     return sms;
 }
 
-// Warps per CTA (16, 8 or 4; fewer when k has fewer batches of chunks than that): the one
-// whose grid fills the resident CTA slots best (ctas / (waves * slots), ties to more warps).
-// Every CTA has the same work, so a last wave that is mostly empty is time lost: e.g. 768
-// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA.
+// Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): the one
+// whose grid fills the resident CTA slots best, score = ctas / (waves * slots), e.g. 768
+// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size
+// that leaves one CTA per SM over several waves scores 15% less (the SM drains between
+// CTAs); ties (within 0.02) go to smaller CTAs (more of them resident, staggered).
 template <typename T, int EPI, int NT, bool M16>
 int pick_warps(int64_t ctas, int64_t batches) {
-    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 16, 8, 4 warps
+    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 4, 8, 16 warps
     const int64_t sms = sm_count();
     int best = 4;
-    double best_eff = -1.0;
-    for (int i = 0, w = kMaxWarps; i < 3; ++i, w /= 2) {
-        if (w > batches && w > 4) continue;
+    double best_score = -1.0;
+    for (int i = 0, w = 4; i < 3; ++i, w *= 2) {
+        if (w > 4 && w > batches) break;
         int occ = occupancy[i];
         if (occ <= 0) {
             if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16>,
@@ -205,9 +208,10 @@ int pick_warps(int64_t ctas, int64_t batches) {
             occupancy[i] = occ;
         }
         const int64_t slots = sms * occ;
-        const double eff = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
-        if (eff > best_eff + 1e-3) {
-            best_eff = eff;
+        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
+        if (occ == 1 && ctas > slots) score *= 0.85;
+        if (score > best_score + 0.02) {
+            best_score = score;
             best = w;
         }
     }
