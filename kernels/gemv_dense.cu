@@ -30,6 +30,8 @@
 //   (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads in flight):
 //   on an H100 at m = 1, 4096 x 4096 gets 512 CTAs x 4 warps (one wave), 1024 x 4096 128 x 16,
 //   12288 x 4096 768 x 8 (NT = 2), 32000 x 4096 2000 x 8.
+#include <stdlib.h>
+
 #include "common/common.cuh"
 
 namespace fl {
@@ -173,6 +175,24 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
 }
 
 // ---------------------------------------------------------------- host side
+// Tuning overrides, read once from the environment (for bench sweeps; 0 = automatic):
+// FL_GEMV_DENSE_WARPS = 1, 2, 4, 8 or 16 warps per CTA; FL_GEMV_DENSE_NT = 1 or 2 tiles of 8
+// rows per CTA (linear / add; SwiGLU always pairs 2). Any setting is correct, only speed moves.
+inline int env_override(const char *name, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v) return 0;
+    const int x = atoi(v);
+    return (x >= lo && x <= hi && (x & (x - 1)) == 0) ? x : 0;
+}
+inline int forced_warps() {
+    static const int v = env_override("FL_GEMV_DENSE_WARPS", 1, kMaxWarps);
+    return v;
+}
+inline int forced_nt() {
+    static const int v = env_override("FL_GEMV_DENSE_NT", 1, 2);
+    return v;
+}
+
 inline int sm_count() {
     static int cached[64] = {0};
     int dev = 0;
@@ -192,6 +212,7 @@ inline int sm_count() {
 // CTAs); ties (within 0.02) go to smaller CTAs (more of them resident, staggered).
 template <typename T, int EPI, int NT, bool M16>
 int pick_warps(int64_t ctas, int64_t batches) {
+    if (forced_warps() > 0) return forced_warps();
     static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 4, 8, 16 warps
     const int64_t sms = sm_count();
     int best = 4;
@@ -237,7 +258,8 @@ fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n
     } else {
         // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
         // per SM; one (twice the CTAs) for small n.
-        if (ceil_div(n, 16) >= 2LL * sm_count()) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
+        const int nt = forced_nt() > 0 ? forced_nt() : ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
+        if (nt == 2) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
         return launch_nt<T, EPI, 1, M16>(x, w, bias, y, m, n, k, s);
     }
 }
