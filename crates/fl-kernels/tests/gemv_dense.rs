@@ -51,8 +51,17 @@ fn check<T: HalfDType>(
     let want: Vec<f64> = (0..m * n)
         .map(|e| reference::gemv_dense::silu(acc(e / n, e % n)) * acc(e / n, n + e % n))
         .collect();
-    let err = rel_l2(&out.to_host(s).unwrap(), &want);
-    assert!(err < bound::<T>(), "linear_swiglu{id}: rel L2 {err:e}");
+    // silu(g) for g << 0 is tiny (f16-subnormal for g below about -15), where the output's
+    // few significant bits make a relative error meaningless; with n = 1 and m = 2 both
+    // values can be tiny (seen on the H100: rel L2 2.8e-2 of two subnormals). Measure the
+    // error against 1% of the typical |g|·|u| scale instead when the outputs are that small.
+    let rms = |off: usize| {
+        let v: Vec<f64> = (0..m * n).map(|e| acc(e / n, off + e % n)).collect();
+        (v.iter().map(|a| a * a).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    };
+    let floor = 1e-2 * rms(0) * rms(n);
+    let err = fl_kernels::testing::rel_l2_floored(&out.to_host(s).unwrap(), &want, floor);
+    assert!(err < bound::<T>(), "linear_swiglu{id}: rel L2 {err:e} (floor {floor:e})");
 
     let mut dres = DeviceTensor::from_host(s, &res, &[m, n]).unwrap();
     gemv_dense::linear_add(s, &dx, &dw, &mut dres).unwrap();
