@@ -264,13 +264,6 @@ struct RopeGeom {
     int32_t chunks;      // CTAs per token
 };
 
-// Same as rope.cu's rotate().
-__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float &y0,
-                                            float &y1) {
-    y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-    y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
-}
-
 template <typename T, int N, bool VEC>
 __device__ __forceinline__ void ld_units(const T *__restrict__ p, T (&x)[N]) {
     if constexpr (VEC) {

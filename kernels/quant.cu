@@ -402,8 +402,10 @@ __global__ void __launch_bounds__(256)
                 float sn, cs;
                 sincosf(__fmul_rn(p, inv[s + m]), &sn, &cs);
                 const float x0 = deq(a0.v[m], s_a, w0.v[m]), x1 = deq(a1.v[m], s_a, w1.v[m]);
-                o0.v[m] = from_f32<T>(__fmaf_rn(x0, cs, -__fmul_rn(x1, sn)));
-                o1.v[m] = from_f32<T>(__fmaf_rn(x1, cs, __fmul_rn(x0, sn)));
+                float y0, y1;
+                rope_rotate(x0, x1, cs, sn, y0, y1);
+                o0.v[m] = from_f32<T>(y0);
+                o1.v[m] = from_f32<T>(y1);
             }
             *reinterpret_cast<OV *>(out + base + col) = o0;
             *reinterpret_cast<OV *>(out + base + col1) = o1;

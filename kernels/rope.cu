@@ -89,13 +89,6 @@ template <typename Src, int NP, bool VEC> struct AnglesOf;
 template <int NP, bool VEC> struct AnglesOf<InvFreq, NP, VEC> { using type = ComputedAngles<NP>; };
 template <int NP, bool VEC> struct AnglesOf<Table, NP, VEC> { using type = TableAngles<NP, VEC>; };
 
-// One pair: (x0, x1) -> (x0 c - x1 s, x1 c + x0 s), with the rounding steps spelled out (no
-// contraction left to the compiler), so the computed and table paths round identically.
-__device__ __forceinline__ void rotate(float x0, float x1, float c, float s, float &y0, float &y1) {
-    y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-    y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
-}
-
 template <typename T, int V, bool VEC>
 __device__ __forceinline__ Vec<T, V> load_unit(const T *p) {
     if constexpr (VEC) {
@@ -165,7 +158,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int m = 0; m < NP; ++m) {
                     float y0, y1;
-                    rotate(to_f32(a[j].v[2 * m]), to_f32(a[j].v[2 * m + 1]), c[m], s[m], y0, y1);
+                    rope_rotate(to_f32(a[j].v[2 * m]), to_f32(a[j].v[2 * m + 1]), c[m], s[m], y0, y1);
                     r.v[2 * m] = from_f32<T>(y0);
                     r.v[2 * m + 1] = from_f32<T>(y1);
                 }
@@ -175,7 +168,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int m = 0; m < NP; ++m) {
                     float y0, y1;
-                    rotate(to_f32(a[j].v[m]), to_f32(b[j].v[m]), c[m], s[m], y0, y1);
+                    rope_rotate(to_f32(a[j].v[m]), to_f32(b[j].v[m]), c[m], s[m], y0, y1);
                     ra.v[m] = from_f32<T>(y0);
                     rb.v[m] = from_f32<T>(y1);
                 }

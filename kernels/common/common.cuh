@@ -168,6 +168,15 @@ __device__ __forceinline__ void record_failure(int32_t *status, uint32_t nonce, 
     }
 }
 
+// RoPE on one pair: (x0, x1) -> (x0 c - x1 s, x1 c + x0 s), the rounding steps spelled out
+// (no contraction left to the compiler), so every kernel that rotates (rope.cu's computed and
+// table paths, kv_cache.cu's fused append, quant.cu's dequant_rope) rounds identically.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float &y0,
+                                            float &y1) {
+    y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+    y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
+}
+
 }  // namespace fl
 
 // Dispatch on a float dtype: runs BODY with `scalar_t` bound to the C++ type.

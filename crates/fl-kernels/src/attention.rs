@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::dtype::HalfDType;
 use crate::error::check;
-use crate::tensor::{expect_shape, raw_stream};
+use crate::tensor::{as_i32, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Head sizes the decode kernel is instantiated for.
@@ -94,14 +94,6 @@ impl DecodeWorkspace {
 
 struct Checked {
     args: fl_decode_attention_args,
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::TooLarge {
-        arg,
-        value: v,
-        limit: i32::MAX as usize,
-    })
 }
 
 fn sm_count(stream: &CudaStream) -> i32 {
@@ -210,24 +202,24 @@ fn build_args<T: HalfDType>(
     }
     let args = fl_decode_attention_args {
         dtype: T::ID,
-        batch: to_i32("q", batch)?,
-        q_heads: to_i32("q", q_heads)?,
-        kv_heads: to_i32("cache.k", kv_heads)?,
+        batch: as_i32("q", batch)?,
+        q_heads: as_i32("q", q_heads)?,
+        kv_heads: as_i32("cache.k", kv_heads)?,
         head_dim: head_dim as i32,
         q: std::ptr::null(),
         k: std::ptr::null(),
         v: std::ptr::null(),
         out: std::ptr::null_mut(),
         seq_lens: std::ptr::null(),
-        max_seq_len: to_i32("params.max_seq_len", params.max_seq_len)?,
+        max_seq_len: as_i32("params.max_seq_len", params.max_seq_len)?,
         layout,
-        kv_block_size: to_i32("cache.k", block)?,
+        kv_block_size: as_i32("cache.k", block)?,
         block_table: std::ptr::null(),
-        max_blocks_per_seq: to_i32("cache.block_table", max_blocks)?,
-        num_blocks: to_i32("cache.k", num_blocks)?,
+        max_blocks_per_seq: as_i32("cache.block_table", max_blocks)?,
+        num_blocks: as_i32("cache.k", num_blocks)?,
         scale: params.scale,
-        window: to_i32("params.window", params.window.unwrap_or(0))?,
-        num_splits: to_i32("params.num_splits", params.num_splits.unwrap_or(0))?,
+        window: as_i32("params.window", params.window.unwrap_or(0))?,
+        num_splits: as_i32("params.num_splits", params.num_splits.unwrap_or(0))?,
         sm_count: sm_count(stream),
     };
     Ok(Checked { args })

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::dtype::HalfDType;
 use crate::error::check;
-use crate::tensor::{expect_shape, raw_stream};
+use crate::tensor::{as_i32, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Head sizes the prefill kernel is instantiated for.
@@ -38,14 +38,6 @@ impl PrefillParams {
             window: None,
         }
     }
-}
-
-fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::TooLarge {
-        arg,
-        value: v,
-        limit: i32::MAX as usize,
-    })
 }
 
 /// FLOPs of one [`prefill`] call as the benches count them: `4 · head_dim · q_heads ·
@@ -185,18 +177,18 @@ pub fn prefill<T: HalfDType>(
     let mut args = fl_prefill_attention_args {
         dtype: T::ID,
         batch: batch as i32,
-        q_heads: to_i32("q", q_heads)?,
-        kv_heads: to_i32("k", kv_heads)?,
+        q_heads: as_i32("q", q_heads)?,
+        kv_heads: as_i32("k", kv_heads)?,
         head_dim: head_dim as i32,
-        total_tokens: to_i32("q", total)?,
+        total_tokens: as_i32("q", total)?,
         q: std::ptr::null(),
         k: std::ptr::null(),
         v: std::ptr::null(),
         out: std::ptr::null_mut(),
         cu_seqlens: std::ptr::null(),
-        max_seq_len: to_i32("params.max_seq_len", params.max_seq_len)?,
+        max_seq_len: as_i32("params.max_seq_len", params.max_seq_len)?,
         scale: params.scale,
-        window: to_i32("params.window", params.window.unwrap_or(0))?,
+        window: as_i32("params.window", params.window.unwrap_or(0))?,
     };
     let (pq, _g1) = q.ptr(stream);
     let (pk, _g2) = k.ptr(stream);

@@ -15,7 +15,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i32, as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Number of `i32` words of a device status (`FL_DEVICE_STATUS_WORDS`).
@@ -222,13 +222,7 @@ pub fn lookup<T: FloatDType>(
     want.push(hidden);
     expect_shape("out", out, &want)?;
     let n = ids.len();
-    if n > i32::MAX as usize {
-        return Err(Error::TooLarge {
-            arg: "ids",
-            value: n,
-            limit: i32::MAX as usize,
-        });
-    }
+    as_i32("ids", n)?;
     if n == 0 {
         return Ok(());
     }

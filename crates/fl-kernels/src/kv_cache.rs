@@ -23,8 +23,8 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::rope::{RopeParams, RopeStyle, MAX_PAIRS};
-use crate::tensor::{as_i64, check_flag_bits, expect_shape, raw_stream};
+use crate::rope::RopeParams;
+use crate::tensor::{as_i32, as_i64, check_flag_bits, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Error-flag bit: a token's sequence index was `< 0` or `>= batch`.
@@ -124,14 +124,6 @@ fn flag_ptr<'a>(
     }
 }
 
-fn to_i32(arg: &'static str, n: usize) -> Result<i32> {
-    i32::try_from(n).map_err(|_| Error::TooLarge {
-        arg,
-        value: n,
-        limit: i32::MAX as usize,
-    })
-}
-
 /// New K/V and slots checked against the cache's `kv_heads` and `head_dim`: returns `tokens`.
 fn check_new<I: FloatDType>(
     k: &DeviceTensor<I>,
@@ -155,7 +147,7 @@ fn check_new<I: FloatDType>(
     expect_shape("v", v, k.shape())?;
     expect_shape("seq_ids", slots.seq_ids, &[tokens])?;
     expect_shape("positions", slots.positions, &[tokens])?;
-    to_i32("kv_heads * head_dim", kv_heads.saturating_mul(head_dim))?;
+    as_i32("kv_heads * head_dim", kv_heads.saturating_mul(head_dim))?;
     Ok(tokens)
 }
 
@@ -201,7 +193,7 @@ pub fn append<I: FloatDType, C: FloatDType>(
 ) -> Result<()> {
     let [batch, kv_heads, max_seq, head_dim] = cache.shape();
     let tokens = check_new(k, v, slots, kv_heads, head_dim)?;
-    let batch_i = to_i32("batch", batch)?;
+    let batch_i = as_i32("batch", batch)?;
     let (pf, _gf) = flag_ptr(stream, err_flag)?;
     if tokens == 0 {
         return Ok(());
@@ -296,9 +288,9 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
             })
         }
     };
-    let batch_i = to_i32("batch", batch)?;
-    let max_blocks_i = to_i32("block_table", max_blocks)?;
-    let block_size_i = to_i32("block_size", block_size)?;
+    let batch_i = as_i32("batch", batch)?;
+    let max_blocks_i = as_i32("block_table", max_blocks)?;
+    let block_size_i = as_i32("block_size", block_size)?;
     let (pf, _gf) = flag_ptr(stream, err_flag)?;
     if tokens == 0 {
         return Ok(());
@@ -479,7 +471,7 @@ pub fn rope_append<I: FloatDType, C: FloatDType>(
     err_flag: Option<&mut DeviceTensor<i32>>,
 ) -> Result<()> {
     let rope = args.rope;
-    let inv = rope.inv_freq()?;
+    let p = rope.to_ffi()?;
     let d = rope.head_dim;
     let QkvSplit { q_heads, kv_heads } = args.heads;
     if kv_heads == 0 {
@@ -554,10 +546,10 @@ pub fn rope_append<I: FloatDType, C: FloatDType>(
         },
     };
     let batch = paged.map_or(c0, |(_, b, _)| b);
-    let batch_i = to_i32("batch", batch)?;
-    let max_blocks_i = to_i32("block_table", paged.map_or(0, |(_, _, m)| m))?;
+    let batch_i = as_i32("batch", batch)?;
+    let max_blocks_i = as_i32("block_table", paged.map_or(0, |(_, _, m)| m))?;
     let block_size_i = match paged {
-        Some(_) => to_i32("block_size", c_slots)?,
+        Some(_) => as_i32("block_size", c_slots)?,
         None => 0,
     };
     let (pf, _gf) = flag_ptr(stream, err_flag)?;
@@ -578,14 +570,6 @@ pub fn rope_append<I: FloatDType, C: FloatDType>(
         });
     }
     let t = as_i64("qkv", tokens)?;
-    let mut p = fl_kernels_sys::fl_rope_params {
-        head_dim: d as i32,
-        rotary_dim: rope.rotary_dim as i32,
-        interleaved: i32::from(rope.style == RopeStyle::Interleaved),
-        reserved: 0,
-        inv_freq: [0.0; MAX_PAIRS],
-    };
-    p.inv_freq[..inv.len()].copy_from_slice(&inv);
     let (pqkv, _g1) = args.qkv.ptr(stream);
     let (ps, _g2) = args.slots.seq_ids.ptr(stream);
     let (pp, _g3) = args.slots.positions.ptr(stream);

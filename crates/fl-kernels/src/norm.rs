@@ -14,7 +14,7 @@ use cudarc::driver::CudaStream;
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i64, check_eps, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// `(rows, hidden)` of `x` viewed as `[rows, hidden]`; `hidden` is the last dimension and
@@ -27,17 +27,6 @@ fn rows_hidden<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
             expected: "[..., hidden] with rank >= 1 and hidden >= 1".into(),
             got: x.shape().to_vec(),
         }),
-    }
-}
-
-fn check_eps(eps: f32) -> Result<()> {
-    if eps > 0.0 && eps.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "eps",
-            format!("must be finite and > 0, got {eps}"),
-        ))
     }
 }
 

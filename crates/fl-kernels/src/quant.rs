@@ -37,8 +37,8 @@ use cudarc::driver::CudaStream;
 
 use crate::dtype::HalfDType;
 use crate::error::check;
-use crate::rope::{RopeParams, RopeStyle, MAX_PAIRS};
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::rope::{RopeParams, RopeStyle};
+use crate::tensor::{as_i64, check_eps, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// The largest quantised magnitude (symmetric int8: −127..=127, −128 is never produced).
@@ -124,17 +124,6 @@ fn check_dequant(d: &Dequant<'_>) -> Result<(usize, usize)> {
     expect_shape("act_scale", d.act_scale, &[tokens])?;
     expect_shape("weight_scale", d.weight_scale, &[width])?;
     Ok((tokens, width))
-}
-
-fn check_eps(eps: f32) -> Result<()> {
-    if eps > 0.0 && eps.is_finite() {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            "eps",
-            format!("must be finite and > 0, got {eps}"),
-        ))
-    }
 }
 
 fn check_q(
@@ -322,7 +311,8 @@ pub fn dequant_rope<T: HalfDType>(
     rope: &RopeParams,
     out: &mut DeviceTensor<T>,
 ) -> Result<()> {
-    let inv = rope.inv_freq()?;
+    // Validates the parameters and computes the frequencies.
+    let p = rope.to_ffi()?;
     if rope.style != RopeStyle::NeoX {
         return Err(Error::invalid(
             "rope",
@@ -351,14 +341,6 @@ pub fn dequant_rope<T: HalfDType>(
     expect_shape("out", out, &[tokens, width])?;
     let t = as_i64("acc", tokens)?;
     as_i64("acc", width)?;
-    let mut p = fl_kernels_sys::fl_rope_params {
-        head_dim: rope.head_dim as i32,
-        rotary_dim: rope.rotary_dim as i32,
-        interleaved: 0,
-        reserved: 0,
-        inv_freq: [0.0; MAX_PAIRS],
-    };
-    p.inv_freq[..inv.len()].copy_from_slice(&inv);
     let (pa, _ga) = d.acc.ptr(stream);
     let (psa, _gsa) = d.act_scale.ptr(stream);
     let (psw, _gsw) = d.weight_scale.ptr(stream);

@@ -19,7 +19,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use crate::dtype::FloatDType;
 use crate::error::check;
-use crate::tensor::{as_i64, check_flag_bits, expect_shape, raw_stream};
+use crate::tensor::{as_i32, as_i64, check_flag_bits, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// Largest `rotary_dim / 2` the kernels take (so `rotary_dim <= 512`).
@@ -205,7 +205,7 @@ impl RopeParams {
     }
 
     /// The C ABI struct (validated, frequencies filled in).
-    fn to_ffi(self) -> Result<fl_kernels_sys::fl_rope_params> {
+    pub(crate) fn to_ffi(self) -> Result<fl_kernels_sys::fl_rope_params> {
         let inv = self.inv_freq()?;
         let mut p = fl_kernels_sys::fl_rope_params {
             head_dim: self.head_dim as i32,
@@ -295,13 +295,7 @@ fn check_qk<T: FloatDType>(
     };
     expect_shape("positions", positions, &[tokens])?;
     for (arg, h) in [("q", q_heads), ("k", kv_heads)] {
-        if h > i32::MAX as usize {
-            return Err(Error::TooLarge {
-                arg,
-                value: h,
-                limit: i32::MAX as usize,
-            });
-        }
+        as_i32(arg, h)?;
     }
     Ok((tokens, q_heads, kv_heads))
 }

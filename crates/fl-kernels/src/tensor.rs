@@ -241,6 +241,27 @@ pub(crate) fn as_i64(arg: &'static str, n: usize) -> Result<i64> {
     })
 }
 
+/// `n` as the `i32` a launcher takes. Errors: [`Error::TooLarge`] naming `arg` past `i32::MAX`.
+pub(crate) fn as_i32(arg: &'static str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| Error::TooLarge {
+        arg,
+        value: n,
+        limit: i32::MAX as usize,
+    })
+}
+
+/// A normalisation epsilon: [`Error::InvalidArgument`] naming `eps` unless finite and `> 0`.
+pub(crate) fn check_eps(eps: f32) -> Result<()> {
+    if eps > 0.0 && eps.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "eps",
+            format!("must be finite and > 0, got {eps}"),
+        ))
+    }
+}
+
 /// Reads a one-`i32` device error flag of OR-ed bits (waits for `stream`): `Ok` when it is 0,
 /// else [`Error::DeviceCheck`] for `op` whose reason lists the description of every set bit
 /// in `bits`, joined by ", ", then `"; "` and `consequence` (or the raw value when no known
