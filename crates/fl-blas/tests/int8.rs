@@ -4,10 +4,9 @@
 //! (`fl_kernels::reference::quant::layer`).
 
 use fl_blas::{Blas, Error, QuantLinear};
-use fl_kernels::quant::{self, Dequant, QkvHeads};
+use fl_kernels::quant::{self, Dequant};
 use fl_kernels::reference::quant as rq;
-use fl_kernels::rope::RopeParams;
-use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, to_f64};
+use fl_kernels::testing::{gpu_or_skip, normal, random_layer, rel_l2, rel_l2_f64, rng, to_f64};
 use fl_kernels::{bf16, f16, DeviceTensor, Gpu, HalfDType};
 use rand::Rng;
 
@@ -168,22 +167,6 @@ fn quant_linear_matches_reference() {
 
 // ---- a whole W8A8 decoder layer on the GPU ----
 
-fn normal(r: &mut impl Rng, n: usize, std: f64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let u1: f64 = r.random_range(1e-12..1.0);
-            let u2: f64 = r.random_range(0.0..1.0);
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-        })
-        .collect()
-}
-
-fn rel_l2_f64(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
-}
-
 /// Runs the layer on the GPU: fl-kernels quant kernels + gemm_i8; attention (not part of
 /// the quant chain) runs on the host from the GPU's q/k/v with the reference's function.
 fn gpu_layer<T: HalfDType>(
@@ -270,35 +253,10 @@ fn layer_case<T: HalfDType>(
     inter: usize,
     tokens: usize,
 ) {
-    use rq::layer::{float_layer, w8a8_layer, Config, QWeights, Weights};
+    use rq::layer::{float_layer, w8a8_layer, QWeights};
     let mut blas = Blas::new(gpu).unwrap();
     let mut r = rng("w8a8_layer_gpu");
-    let d = hidden / hq;
-    let c = Config {
-        hidden,
-        heads: QkvHeads {
-            q_heads: hq,
-            kv_heads: hkv,
-        },
-        head_dim: d,
-        inter,
-        eps: 1e-5,
-        rope: RopeParams::new(d, 10_000.0),
-    };
-    let w = Weights {
-        wqkv: normal(&mut r, c.qkv_width() * hidden, 0.02),
-        wo: normal(&mut r, hidden * c.attn_width(), 0.02),
-        w_gate_up: normal(&mut r, 2 * inter * hidden, 0.02),
-        w_down: normal(&mut r, hidden * inter, 0.02),
-        attn_norm: normal(&mut r, hidden, 0.1)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
-        ffn_norm: normal(&mut r, hidden, 0.1)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
-    };
+    let (c, w) = random_layer(&mut r, hidden, hq, hkv, inter);
     let x: Vec<T> = normal(&mut r, tokens * hidden, 1.0)
         .into_iter()
         .map(T::from_f32)

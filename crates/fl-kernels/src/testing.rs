@@ -124,6 +124,58 @@ pub fn random<T: FloatDType>(rng: &mut impl Rng, n: usize) -> Vec<T> {
     random_nonzero(rng, n, 1e-3, 1.0)
 }
 
+/// `n` samples of N(0, std²) (Box-Muller), for weights of realistic scale.
+pub fn normal(rng: &mut impl Rng, n: usize, std: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random_range(1e-12..1.0);
+            let u2: f64 = rng.random_range(0.0..1.0);
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+        })
+        .collect()
+}
+
+/// [`rel_l2`] of two f64 vectors: `‖a − b‖ / ‖b‖`.
+pub fn rel_l2_f64(a: &[f64], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+/// A random LLaMA layer for the W8A8 checks (`reference::quant::layer`): head size
+/// `hidden / q_heads`, RoPE theta 10⁴, eps 1e-5, projections N(0, 0.02²), norm weights
+/// 1 + N(0, 0.1²).
+pub fn random_layer(
+    rng: &mut impl Rng,
+    hidden: usize,
+    q_heads: usize,
+    kv_heads: usize,
+    inter: usize,
+) -> (
+    crate::reference::quant::layer::Config,
+    crate::reference::quant::layer::Weights,
+) {
+    use crate::reference::quant::layer::{Config, Weights};
+    let d = hidden / q_heads;
+    let c = Config {
+        hidden,
+        heads: crate::quant::QkvHeads { q_heads, kv_heads },
+        head_dim: d,
+        inter,
+        eps: 1e-5,
+        rope: crate::rope::RopeParams::new(d, 10_000.0),
+    };
+    let w = Weights {
+        wqkv: normal(rng, c.qkv_width() * hidden, 0.02),
+        wo: normal(rng, hidden * c.attn_width(), 0.02),
+        w_gate_up: normal(rng, 2 * inter * hidden, 0.02),
+        w_down: normal(rng, hidden * inter, 0.02),
+        attn_norm: normal(rng, hidden, 0.1).iter().map(|v| 1.0 + v).collect(),
+        ffn_norm: normal(rng, hidden, 0.1).iter().map(|v| 1.0 + v).collect(),
+    };
+    (c, w)
+}
+
 /// Widen to f64 for comparisons.
 pub fn to_f64<T: FloatDType>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()

@@ -15,7 +15,9 @@
 use fl_kernels::quant::{self, Dequant, QkvHeads};
 use fl_kernels::reference::quant as rq;
 use fl_kernels::rope::{RopeParams, RopeStyle};
-use fl_kernels::testing::{gpu_or_skip, random_nonzero, rel_l2, rng, strategies, to_f64};
+use fl_kernels::testing::{
+    gpu_or_skip, normal, random_layer, random_nonzero, rel_l2, rel_l2_f64, rng, strategies, to_f64,
+};
 use fl_kernels::{bf16, f16, DeviceTensor, Error, FloatDType, Gpu, HalfDType};
 use proptest::prelude::*;
 use rand::Rng;
@@ -695,53 +697,10 @@ proptest! {
 
 // ---- W8A8 accuracy of a whole decoder layer (CPU) ----
 
-/// ‖a − b‖ / ‖b‖ of f64 vectors.
-fn rel_l2_f64(a: &[f64], b: &[f64]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-    let den: f64 = b.iter().map(|y| y * y).sum();
-    (num / den).sqrt()
-}
-
-/// N(0, std²) by Box-Muller.
-fn normal(r: &mut impl Rng, n: usize, std: f64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let u1: f64 = r.random_range(1e-12..1.0);
-            let u2: f64 = r.random_range(0.0..1.0);
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-        })
-        .collect()
-}
-
 fn layer_accuracy<T: HalfDType>(hidden: usize, hq: usize, hkv: usize, inter: usize, tokens: usize) {
-    use rq::layer::{float_layer, w8a8_layer, Config, QWeights, Weights};
+    use rq::layer::{float_layer, w8a8_layer, QWeights};
     let mut r = rng("w8a8_layer_accuracy");
-    let d = hidden / hq;
-    let c = Config {
-        hidden,
-        heads: QkvHeads {
-            q_heads: hq,
-            kv_heads: hkv,
-        },
-        head_dim: d,
-        inter,
-        eps: 1e-5,
-        rope: RopeParams::new(d, 10_000.0),
-    };
-    let w = Weights {
-        wqkv: normal(&mut r, c.qkv_width() * hidden, 0.02),
-        wo: normal(&mut r, hidden * c.attn_width(), 0.02),
-        w_gate_up: normal(&mut r, 2 * inter * hidden, 0.02),
-        w_down: normal(&mut r, hidden * inter, 0.02),
-        attn_norm: normal(&mut r, hidden, 0.1)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
-        ffn_norm: normal(&mut r, hidden, 0.1)
-            .iter()
-            .map(|v| 1.0 + v)
-            .collect(),
-    };
+    let (c, w) = random_layer(&mut r, hidden, hq, hkv, inter);
     let x: Vec<T> = normal(&mut r, tokens * hidden, 1.0)
         .into_iter()
         .map(T::from_f32)
