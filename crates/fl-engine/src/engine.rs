@@ -286,7 +286,7 @@ impl<T: RunDType> Engine<T> {
                 seq.extend(std::iter::repeat_n(b as i32, p.len()));
                 last.push(ids.len() as i32 - 1);
             }
-            pbuf.upload(&stream, Some(&ids), &pos, &seq)?;
+            pbuf.upload(&stream, Some(&ids), &pos, Some(&seq))?;
             let mut cu = vec![0i32];
             for &l in &lens {
                 cu.push(cu[cu.len() - 1] + l as i32);
@@ -301,14 +301,11 @@ impl<T: RunDType> Engine<T> {
                 .lm_head(&stream, &mut self.blas, &dbuf.x, &mut logits)?;
             pbuf.status.check(&stream)?;
         }
-        let mut want_logits = needs.logits;
-        if want_logits {
+        if needs.logits {
             read_logits(&stream, &logits, &mut host_logits)?;
         }
+        // Step 0 is always sampled; teacher forcing starts with step 1's input.
         sampler.step(&stream, &mut logits, &mut dbuf.ids)?;
-        if let Some(f) = &req.forced {
-            let _ = f; // step 0 is always sampled; forcing starts at step 1's input
-        }
         self.gpu.synchronize()?;
         out.prefill_s = t0.elapsed().as_secs_f64();
         let mut keep = self.deliver(
@@ -339,7 +336,8 @@ impl<T: RunDType> Engine<T> {
                 .forced
                 .as_ref()
                 .map(|f| f.iter().map(|seq| seq[s - 1] as i32).collect());
-            dbuf.upload(&stream, forced.as_deref(), &pos, &seq_rows)?;
+            let rows = (s == 1).then_some(seq_rows.as_slice());
+            dbuf.upload(&stream, forced.as_deref(), &pos, rows)?;
             out.kv_bytes_read += pos.iter().map(|&p| (p as u64 + 1) * kv_token).sum::<u64>();
             if self.use_graph && s >= 2 && graph.is_none() {
                 graph = self.capture(&mut dbuf, &mut cache, &mut logits)?;
@@ -359,8 +357,7 @@ impl<T: RunDType> Engine<T> {
                         .lm_head(&stream, &mut self.blas, &dbuf.x, &mut logits)?;
                 }
             }
-            want_logits = needs.logits;
-            if want_logits {
+            if needs.logits {
                 read_logits(&stream, &logits, &mut host_logits)?;
             }
             sampler.step(&stream, &mut logits, &mut dbuf.ids)?;

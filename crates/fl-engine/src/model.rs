@@ -428,20 +428,23 @@ impl<T: RunDType> Buffers<T> {
         self.m
     }
 
-    /// Uploads a step's token metadata (each `[m]`): ids, positions and sequence rows;
+    /// Uploads a step's token metadata (each `[m]`): ids and sequence rows when given (the
+    /// decode loop's rows never change, so it sends them once), positions, and
     /// `visible = positions + 1`.
     pub fn upload(
         &mut self,
         stream: &Arc<CudaStream>,
         ids: Option<&[i32]>,
         positions: &[i32],
-        seq_ids: &[i32],
+        seq_ids: Option<&[i32]>,
     ) -> Result<()> {
         if let Some(ids) = ids {
             self.ids.copy_from_host(stream, ids)?;
         }
+        if let Some(seq_ids) = seq_ids {
+            self.seq_ids.copy_from_host(stream, seq_ids)?;
+        }
         self.positions.copy_from_host(stream, positions)?;
-        self.seq_ids.copy_from_host(stream, seq_ids)?;
         let vis: Vec<i32> = positions.iter().map(|p| p + 1).collect();
         self.visible.copy_from_host(stream, &vis)?;
         Ok(())
