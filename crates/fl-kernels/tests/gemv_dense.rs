@@ -61,7 +61,10 @@ fn check<T: HalfDType>(
     };
     let floor = 1e-2 * rms(0) * rms(n);
     let err = fl_kernels::testing::rel_l2_floored(&out.to_host(s).unwrap(), &want, floor);
-    assert!(err < bound::<T>(), "linear_swiglu{id}: rel L2 {err:e} (floor {floor:e})");
+    assert!(
+        err < bound::<T>(),
+        "linear_swiglu{id}: rel L2 {err:e} (floor {floor:e})"
+    );
 
     let mut dres = DeviceTensor::from_host(s, &res, &[m, n]).unwrap();
     gemv_dense::linear_add(s, &dx, &dw, &mut dres).unwrap();
