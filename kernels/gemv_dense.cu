@@ -86,10 +86,15 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 // ---------------------------------------------------------------- the kernel
 // grid.x = ceil(n / (8 * NT)) (SWIGLU: ceil(n / 8)), block = 32 * W (W <= kMaxWarps).
 // M16: some token >= 8 (loads x rows g + 8).
-template <typename T, int EPI, int NT, bool M16>
+// NORM: x is the un-normalised residual h; each x chunk is normalised as it is loaded,
+// x = T(h * rstd[token] * gamma) with rstd = 1 / sqrt(mean(h^2) + eps), exactly as
+// fl_rms_norm writes it (same f32 formula, one rounding to T), rstd computed by every CTA
+// in a prologue (m rows of k values from L2) while its first weight lines are prefetched.
+template <typename T, int EPI, int NT, bool M16, bool NORM>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1)
 gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ bias,
-                  T *__restrict__ y, int m, int64_t n, int64_t k) {
+                  T *__restrict__ y, int m, int64_t n, int64_t k, const T *__restrict__ gamma,
+                  float eps) {
     static_assert(EPI != SWIGLU || NT == 2, "SwiGLU pairs a gate tile with an up tile");
     constexpr int U = unroll<NT>();
     __shared__ float red[kMaxWarps * NT * 128];
@@ -113,6 +118,67 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     const T *xr1 = x + (int64_t)(g + 8 < m ? g + 8 : 0) * k;
     const bool vx0 = g < m, vx1 = M16 && g + 8 < m;
     const uint64_t policy = evict_first_policy();
+    const int64_t chunks = (k + 31) >> 5;
+
+    // RMSNorm prologue: rstd of the token rows this lane loads (rs0: row g, rs1: row g + 8).
+    float rs0 = 0.f, rs1 = 0.f;
+    if constexpr (NORM) {
+        // Start this warp's first weight lines towards L2 while the CTA reduces.
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t kk = ((int64_t)warp * U + u) * 32 + 8 * t;
+            if (kk < k) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    if (vrow[j]) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow[j] + kk));
+            }
+        }
+        // Each thread sums the squares of 8-value chunks tid, tid + blockDim, ... of every
+        // token row; warp sums go to shared memory (reusing `red`) and are added in warp order.
+        float *ss = red;  // [nwarps][16]
+        for (int tok = 0; tok < m; ++tok) {
+            const T *hr = x + (int64_t)tok * k;
+            float acc = 0.f;
+#pragma unroll 4
+            for (int64_t i = (int64_t)threadIdx.x * 8; i < k; i += (int64_t)blockDim.x * 8) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4 *>(hr + i));
+                const T *e = reinterpret_cast<const T *>(&v);
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    const float f = to_f32<T>(e[q]);
+                    acc += f * f;
+                }
+            }
+            acc = warp_sum(acc);
+            if (lane == 0) ss[warp * 16 + tok] = acc;
+        }
+        __syncthreads();
+        const float inv_k = 1.f / (float)k;
+        float s0 = 0.f, s1 = 0.f;
+        for (int v = 0; v < nwarps; ++v) {
+            s0 += vx0 ? ss[v * 16 + g] : 0.f;
+            s1 += vx1 ? ss[v * 16 + g + 8] : 0.f;
+        }
+        rs0 = rsqrtf(s0 * inv_k + eps);
+        rs1 = rsqrtf(s1 * inv_k + eps);
+        __syncthreads();  // `red` is reused by the partial tiles below
+    }
+    // 16 bytes of x at column kk of a row: plain, or normalised as fl_rms_norm rounds it.
+    auto load_x = [&](const T *row, int64_t kk, float rs) -> uint4 {
+        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + kk));
+        if constexpr (!NORM) {
+            return v;
+        } else {
+            const uint4 gv = __ldg(reinterpret_cast<const uint4 *>(gamma + kk));
+            const T *e = reinterpret_cast<const T *>(&v);
+            const T *ge = reinterpret_cast<const T *>(&gv);
+            uint4 o;
+            T *oe = reinterpret_cast<T *>(&o);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) oe[q] = from_f32<T>(to_f32<T>(e[q]) * rs * to_f32<T>(ge[q]));
+            return o;
+        }
+    };
 
     float acc[NT][4];
 #pragma unroll
@@ -120,7 +186,6 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
 
-    const int64_t chunks = (k + 31) >> 5;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int64_t c0 = (int64_t)warp * U; c0 < chunks; c0 += (int64_t)nwarps * U) {
         uint4 wv[U][NT], xa[U], xb[U];
@@ -130,9 +195,9 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
             const bool kin = kk < k;
 #pragma unroll
             for (int j = 0; j < NT; ++j) wv[u][j] = (kin && vrow[j]) ? ld_stream(wrow[j] + kk, policy) : zero;
-            xa[u] = (kin && vx0) ? __ldg(reinterpret_cast<const uint4 *>(xr0 + kk)) : zero;
+            xa[u] = (kin && vx0) ? load_x(xr0, kk, rs0) : zero;
             xb[u] = zero;
-            if (M16) xb[u] = (kin && vx1) ? __ldg(reinterpret_cast<const uint4 *>(xr1 + kk)) : zero;
+            if (M16) xb[u] = (kin && vx1) ? load_x(xr1, kk, rs1) : zero;
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -210,7 +275,7 @@ inline int sm_count() {
 // CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size
 // that leaves one CTA per SM over several waves scores 15% less (the SM drains between
 // CTAs); ties (within 0.02) go to smaller CTAs (more of them resident, staggered).
-template <typename T, int EPI, int NT, bool M16>
+template <typename T, int EPI, int NT, bool M16, bool NORM>
 int pick_warps(int64_t ctas, int64_t batches) {
     if (forced_warps() > 0) return forced_warps();
     static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 4, 8, 16 warps
@@ -221,7 +286,7 @@ int pick_warps(int64_t ctas, int64_t batches) {
         if (w > 4 && w > batches) break;
         int occ = occupancy[i];
         if (occ <= 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16>,
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16, NORM>,
                                                               32 * w, 0) != cudaSuccess || occ <= 0) {
                 (void)cudaGetLastError();  // not sticky; leave no error for launch_status
                 occ = 1;
@@ -240,48 +305,60 @@ int pick_warps(int64_t ctas, int64_t batches) {
     return best;
 }
 
-template <typename T, int EPI, int NT, bool M16>
+// The RMSNorm of a NORM launch: gamma [k] and eps.
+template <typename T> struct NormArgs {
+    const T *gamma;
+    float eps;
+};
+
+template <typename T, int EPI, int NT, bool M16, bool NORM>
 fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
-                    cudaStream_t s) {
+                    NormArgs<T> na, cudaStream_t s) {
     const int64_t ctas = ceil_div(n, EPI == SWIGLU ? 8 : 8 * NT);
     if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
-    const int warps = pick_warps<T, EPI, NT, M16>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
-    gemv_dense_kernel<T, EPI, NT, M16><<<(unsigned)ctas, 32 * warps, 0, s>>>(x, w, bias, y, m, n, k);
+    const int warps = pick_warps<T, EPI, NT, M16, NORM>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
+    gemv_dense_kernel<T, EPI, NT, M16, NORM>
+        <<<(unsigned)ctas, 32 * warps, 0, s>>>(x, w, bias, y, m, n, k, na.gamma, na.eps);
     return launch_status();
 }
 
-template <typename T, int EPI, bool M16>
+template <typename T, int EPI, bool M16, bool NORM>
 fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
-                   cudaStream_t s) {
+                   NormArgs<T> na, cudaStream_t s) {
     if constexpr (EPI == SWIGLU) {
-        return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
+        return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, s);
     } else {
         // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
         // per SM; one (twice the CTAs) for small n.
         const int nt = forced_nt() > 0 ? forced_nt() : ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
-        if (nt == 2) return launch_nt<T, EPI, 2, M16>(x, w, bias, y, m, n, k, s);
-        return launch_nt<T, EPI, 1, M16>(x, w, bias, y, m, n, k, s);
+        if (nt == 2) return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, s);
+        return launch_nt<T, EPI, 1, M16, NORM>(x, w, bias, y, m, n, k, na, s);
     }
 }
 
 template <typename T, int EPI>
 fl_status launch(const void *x, const void *w, const void *bias, void *y, int m, int64_t n,
-                 int64_t k, cudaStream_t s) {
+                 int64_t k, const void *gamma, float eps, cudaStream_t s) {
     const T *xt = static_cast<const T *>(x), *wt = static_cast<const T *>(w),
             *bt = static_cast<const T *>(bias);
     T *yt = static_cast<T *>(y);
-    if (m > 8) return launch_m<T, EPI, true>(xt, wt, bt, yt, m, n, k, s);
-    return launch_m<T, EPI, false>(xt, wt, bt, yt, m, n, k, s);
+    const NormArgs<T> na{static_cast<const T *>(gamma), eps};
+    if (gamma) {
+        if (m > 8) return launch_m<T, EPI, true, true>(xt, wt, bt, yt, m, n, k, na, s);
+        return launch_m<T, EPI, false, true>(xt, wt, bt, yt, m, n, k, na, s);
+    }
+    if (m > 8) return launch_m<T, EPI, true, false>(xt, wt, bt, yt, m, n, k, na, s);
+    return launch_m<T, EPI, false, false>(xt, wt, bt, yt, m, n, k, na, s);
 }
 
 template <typename T>
 fl_status dispatch_epilogue(fl_gemv_dense_epilogue epi, const void *x, const void *w,
                             const void *bias, void *y, int m, int64_t n, int64_t k,
-                            cudaStream_t s) {
+                            const void *gamma, float eps, cudaStream_t s) {
     switch (epi) {
-    case FL_GEMV_DENSE_LINEAR: return launch<T, LINEAR>(x, w, bias, y, m, n, k, s);
-    case FL_GEMV_DENSE_SWIGLU: return launch<T, SWIGLU>(x, w, bias, y, m, n, k, s);
-    case FL_GEMV_DENSE_ADD: return launch<T, ADD>(x, w, bias, y, m, n, k, s);
+    case FL_GEMV_DENSE_LINEAR: return launch<T, LINEAR>(x, w, bias, y, m, n, k, gamma, eps, s);
+    case FL_GEMV_DENSE_SWIGLU: return launch<T, SWIGLU>(x, w, bias, y, m, n, k, gamma, eps, s);
+    case FL_GEMV_DENSE_ADD: return launch<T, ADD>(x, w, bias, y, m, n, k, gamma, eps, s);
     }
     return FL_ERR_INVALID_ARGUMENT;
 }
@@ -289,10 +366,12 @@ fl_status dispatch_epilogue(fl_gemv_dense_epilogue epi, const void *x, const voi
 }  // namespace gemv_dense
 }  // namespace fl
 
-extern "C" fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilogue,
-                                   const void *x, const void *w, const void *bias, void *y,
-                                   int64_t m, int64_t n, int64_t k, fl_stream stream) {
-    using namespace fl;
+namespace fl {
+namespace gemv_dense {
+// Both launchers: arguments checked, then dispatched. gamma == NULL: no RMSNorm.
+static fl_status run(fl_dtype dtype, fl_gemv_dense_epilogue epilogue, const void *x,
+                     const void *w, const void *bias, void *y, int64_t m, int64_t n, int64_t k,
+                     const void *gamma, float eps, fl_stream stream) {
     if (m < 0 || m > FL_GEMV_DENSE_MAX_M || n < 0 || k <= 0 || k % 8 != 0)
         return FL_ERR_INVALID_ARGUMENT;
     if (epilogue != FL_GEMV_DENSE_LINEAR && epilogue != FL_GEMV_DENSE_SWIGLU &&
@@ -304,11 +383,27 @@ extern "C" fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilog
     if (dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16) return FL_ERR_UNSUPPORTED_DTYPE;
     if (m == 0 || n == 0) return FL_OK;
     if (!x || !w || !y) return FL_ERR_INVALID_ARGUMENT;
-    if (!aligned16(x) || !aligned16(w)) return FL_ERR_MISALIGNED;
+    if (!aligned16(x) || !aligned16(w) || (gamma && !aligned16(gamma))) return FL_ERR_MISALIGNED;
     if ((reinterpret_cast<uintptr_t>(y) & 1u) != 0 || (reinterpret_cast<uintptr_t>(bias) & 1u) != 0)
         return FL_ERR_MISALIGNED;
     const cudaStream_t s = as_stream(stream);
     if (dtype == FL_DTYPE_F16)
-        return gemv_dense::dispatch_epilogue<__half>(epilogue, x, w, bias, y, (int)m, n, k, s);
-    return gemv_dense::dispatch_epilogue<__nv_bfloat16>(epilogue, x, w, bias, y, (int)m, n, k, s);
+        return dispatch_epilogue<__half>(epilogue, x, w, bias, y, (int)m, n, k, gamma, eps, s);
+    return dispatch_epilogue<__nv_bfloat16>(epilogue, x, w, bias, y, (int)m, n, k, gamma, eps, s);
+}
+}  // namespace gemv_dense
+}  // namespace fl
+
+extern "C" fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilogue,
+                                   const void *x, const void *w, const void *bias, void *y,
+                                   int64_t m, int64_t n, int64_t k, fl_stream stream) {
+    return fl::gemv_dense::run(dtype, epilogue, x, w, bias, y, m, n, k, nullptr, 0.f, stream);
+}
+
+extern "C" fl_status fl_gemv_dense_rms_norm(fl_dtype dtype, fl_gemv_dense_epilogue epilogue,
+                                            const void *h, const void *gamma, float eps,
+                                            const void *w, const void *bias, void *y, int64_t m,
+                                            int64_t n, int64_t k, fl_stream stream) {
+    if (!gamma || !(eps > 0.f) || !(eps < INFINITY)) return FL_ERR_INVALID_ARGUMENT;
+    return fl::gemv_dense::run(dtype, epilogue, h, w, bias, y, m, n, k, gamma, eps, stream);
 }

@@ -43,6 +43,16 @@ fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilogue, const v
                         const void *w, const void *bias, void *y, int64_t m, int64_t n,
                         int64_t k, fl_stream stream);
 
+/* The same with the RMSNorm of the input fused in front: x is computed from h [m, k] as
+ *   x[t, j] = T(h[t, j] * rstd[t] * gamma[j]),  rstd[t] = 1 / sqrt(sum_j h[t, j]^2 / k + eps)
+ * (f32 math, one rounding to T: the values fl_rms_norm writes), then y = epilogue(x . W^T)
+ * as above; x is never written to memory. gamma [k] of `dtype`, 16-byte aligned; eps > 0 and
+ * finite. y must not overlap h (ADD: the residual read here is y, not h).
+ * Errors: as fl_gemv_dense, plus FL_ERR_INVALID_ARGUMENT for a NULL gamma or a bad eps. */
+fl_status fl_gemv_dense_rms_norm(fl_dtype dtype, fl_gemv_dense_epilogue epilogue, const void *h,
+                                 const void *gamma, float eps, const void *w, const void *bias,
+                                 void *y, int64_t m, int64_t n, int64_t k, fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,8 +21,10 @@
 //! fused kernel splits its output, rotates q and k and appends k and v to the cache
 //! ([`kv_cache::rope_append`]). Gate and up are stacked too (`[2 * intermediate, hidden]`).
 //! Up to [`Model::gemv_max_m`] tokens (decode), the projections run on the dense GEMV of
-//! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them; past it
-//! (prefill) on cuBLASLt.
+//! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them, and (when
+//! the o/gate/up/down projections have no bias, as in LLaMA) each RMSNorm fused into the
+//! GEMV that reads it, so a decode layer is 6 kernels: norm+QKV, split+RoPE+append,
+//! attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on cuBLASLt.
 
 use std::sync::Arc;
 
@@ -31,7 +33,7 @@ use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace};
 use fl_kernels::attention_prefill::{self, PrefillParams};
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
-use fl_kernels::gemv_dense;
+use fl_kernels::gemv_dense::{self, RmsNorm};
 use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
 use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
 use fl_kernels::{activation, norm, DeviceTensor, HalfDType};
@@ -531,6 +533,11 @@ pub struct Model<T: RunDType> {
     /// batch 16 ran at 82% of the floor with it and 87% without). `FL_GEMV_MAX_M` overrides
     /// it (at most 16, the kernel's limit).
     pub gemv_max_m: usize,
+    /// On the dense-GEMV path, fuse each RMSNorm into the projection that reads it
+    /// ([`gemv_dense::rms_norm_linear`], [`gemv_dense::rms_norm_linear_swiglu`]): two kernels
+    /// fewer per layer. Used when no layer has an o/gate/up/down bias. Default on;
+    /// `FL_GEMV_NORM=0` turns it off (for A/B runs).
+    pub fuse_norm: bool,
 }
 
 impl<T: RunDType> Model<T> {
@@ -554,12 +561,14 @@ impl<T: RunDType> Model<T> {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_M)
             .min(gemv_dense::MAX_M);
+        let fuse_norm = std::env::var("FL_GEMV_NORM").map_or(true, |v| v != "0");
         Ok(Model {
             cfg,
             weights,
             rope,
             eps,
             gemv_max_m,
+            fuse_norm,
         })
     }
 
@@ -578,11 +587,6 @@ impl<T: RunDType> Model<T> {
         let cfg = &self.cfg;
         let m = buf.m;
         let w = &self.weights;
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
         if let AttnMode::Prefill { max_len } = mode {
             if max_len == 0 || max_len > m {
                 return Err(EngineError::invalid(
@@ -593,72 +597,31 @@ impl<T: RunDType> Model<T> {
         }
         let dparams = decode_params(cfg, cache.capacity);
         embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;
+        let small = m <= self.gemv_max_m;
+        // Fused: the norms are computed inside the GEMVs that read them, from `h`; only the
+        // final one is written to `x`.
+        let fused = small
+            && self.fuse_norm
+            && w.layers
+                .iter()
+                .all(|l| l.bo.is_none() && l.b_gate_up.is_none() && l.b_down.is_none());
+        if fused {
+            self.forward_fused_layers(stream, buf, cache, mode, &dparams)?;
+            norm::rms_norm(stream, &buf.h, &w.final_norm, self.eps, &mut buf.x)?;
+            return Ok(());
+        }
         let first_norm = match w.layers.first() {
             Some(l) => &l.attn_norm,
             None => &w.final_norm,
         };
         norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
-        let small = m <= self.gemv_max_m;
         for (l, lw) in w.layers.iter().enumerate() {
             if small {
                 gemv_dense::linear(stream, &buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
             } else {
                 blas.linear(&buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
             }
-            let kvc = &mut cache.layers[l];
-            let args = RopeAppend {
-                qkv: &buf.qkv,
-                heads: QkvSplit {
-                    q_heads: hq,
-                    kv_heads: hkv,
-                },
-                slots: TokenSlots {
-                    seq_ids: &buf.seq_ids,
-                    positions: &buf.positions,
-                },
-                rope: &self.rope,
-                layout: CacheLayout::Contiguous,
-            };
-            let packed = match mode {
-                AttnMode::Decode => None,
-                AttnMode::Prefill { .. } => Some((&mut buf.k, &mut buf.v)),
-            };
-            kv_cache::rope_append(stream, &args, &mut buf.q, packed, kvc, None)?;
-            buf.attn.set_shape(&[m, hq, d])?;
-            match mode {
-                AttnMode::Decode => {
-                    let c = attention::KvCache::Contiguous {
-                        k: kvc.k(),
-                        v: kvc.v(),
-                    };
-                    attention::decode(
-                        stream,
-                        &buf.q,
-                        &c,
-                        &buf.visible,
-                        &dparams,
-                        &mut buf.attn_ws,
-                        &mut buf.attn,
-                    )?;
-                }
-                AttnMode::Prefill { max_len } => {
-                    let p = PrefillParams {
-                        scale: dparams.scale,
-                        max_seq_len: max_len,
-                        window: cfg.sliding_window,
-                    };
-                    attention_prefill::prefill(
-                        stream,
-                        &buf.q,
-                        &buf.k,
-                        &buf.v,
-                        &buf.cu_seqlens,
-                        &mut buf.attn,
-                        &p,
-                    )?;
-                }
-            }
-            buf.attn.set_shape(&[m, hq * d])?;
+            self.attention(stream, buf, &mut cache.layers[l], mode, &dparams)?;
             // h += attn·Woᵀ; x = rms_norm(h).
             if small && lw.bo.is_none() {
                 gemv_dense::linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
@@ -698,6 +661,115 @@ impl<T: RunDType> Model<T> {
                 blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
                 norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Split + RoPE + KV append of this pass's `qkv`, then attention into `buf.attn`
+    /// (`[m, q_heads * head_dim]`).
+    fn attention(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut Buffers<T>,
+        kvc: &mut KvCache<T>,
+        mode: AttnMode,
+        dparams: &DecodeParams,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let m = buf.m;
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let args = RopeAppend {
+            qkv: &buf.qkv,
+            heads: QkvSplit {
+                q_heads: hq,
+                kv_heads: hkv,
+            },
+            slots: TokenSlots {
+                seq_ids: &buf.seq_ids,
+                positions: &buf.positions,
+            },
+            rope: &self.rope,
+            layout: CacheLayout::Contiguous,
+        };
+        let packed = match mode {
+            AttnMode::Decode => None,
+            AttnMode::Prefill { .. } => Some((&mut buf.k, &mut buf.v)),
+        };
+        kv_cache::rope_append(stream, &args, &mut buf.q, packed, kvc, None)?;
+        buf.attn.set_shape(&[m, hq, d])?;
+        match mode {
+            AttnMode::Decode => {
+                let c = attention::KvCache::Contiguous {
+                    k: kvc.k(),
+                    v: kvc.v(),
+                };
+                attention::decode(
+                    stream,
+                    &buf.q,
+                    &c,
+                    &buf.visible,
+                    dparams,
+                    &mut buf.attn_ws,
+                    &mut buf.attn,
+                )?;
+            }
+            AttnMode::Prefill { max_len } => {
+                let p = PrefillParams {
+                    scale: dparams.scale,
+                    max_seq_len: max_len,
+                    window: cfg.sliding_window,
+                };
+                attention_prefill::prefill(
+                    stream,
+                    &buf.q,
+                    &buf.k,
+                    &buf.v,
+                    &buf.cu_seqlens,
+                    &mut buf.attn,
+                    &p,
+                )?;
+            }
+        }
+        buf.attn.set_shape(&[m, hq * d])?;
+        Ok(())
+    }
+
+    /// The decoder layers with every RMSNorm fused into the dense GEMV that reads it (no
+    /// biases except QKV's, `m <= gemv_max_m`): per layer, qkv = rms_norm(h)·Wqkvᵀ; attention;
+    /// h += attn·Woᵀ; act = swiglu(rms_norm(h)·[Wg|Wu]ᵀ); h += act·Wdownᵀ. Leaves `h`.
+    fn forward_fused_layers(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut Buffers<T>,
+        cache: &mut Cache<T>,
+        mode: AttnMode,
+        dparams: &DecodeParams,
+    ) -> Result<()> {
+        for (l, lw) in self.weights.layers.iter().enumerate() {
+            let an = RmsNorm {
+                weight: &lw.attn_norm,
+                eps: self.eps,
+            };
+            gemv_dense::rms_norm_linear(
+                stream,
+                &buf.h,
+                an,
+                &lw.wqkv,
+                lw.bqkv.as_ref(),
+                &mut buf.qkv,
+            )?;
+            self.attention(stream, buf, &mut cache.layers[l], mode, dparams)?;
+            gemv_dense::linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
+            let fnm = RmsNorm {
+                weight: &lw.ffn_norm,
+                eps: self.eps,
+            };
+            gemv_dense::rms_norm_linear_swiglu(stream, &buf.h, fnm, &lw.w_gate_up, &mut buf.act)?;
+            gemv_dense::linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
         }
         Ok(())
     }

@@ -1,7 +1,9 @@
 //! Dense (f16 / bf16) GEMV / small GEMM for decode, with fused epilogues: [`linear`]
 //! (`y = x · Wᵀ (+ bias)`), [`linear_swiglu`] (`out = silu(x · W_gateᵀ) ⊙ (x · W_upᵀ)`, the
 //! gate/up half of a LLaMA MLP in one pass over the stacked weight) and [`linear_add`]
-//! (`residual += x · Wᵀ`, in place).
+//! (`residual += x · Wᵀ`, in place). [`rms_norm_linear`] and [`rms_norm_linear_swiglu`]
+//! also fuse the RMSNorm of their input in front (`x = rms_norm(h)` is computed as `h` is
+//! loaded and never written), which saves a kernel per projection in a decode step.
 //!
 //! For `m` = 1..=[`MAX_M`] tokens (decode); above that a GEMM (cuBLASLt) is the right tool.
 //! `W [n, k]` is row-major (output-major, like `nn.Linear.weight`); `x`, `W`, bias and the
@@ -87,6 +89,17 @@ fn check_w<T: HalfDType>(
     Ok(s[0])
 }
 
+/// The RMSNorm fused in front of [`rms_norm_linear`] / [`rms_norm_linear_swiglu`]:
+/// `x[t, j] = h[t, j] · rstd[t] · weight[j]` with `rstd[t] = 1 / sqrt(mean_j h[t, j]² + eps)`,
+/// the same f32 formula and single rounding to `T` as [`crate::norm::rms_norm`].
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNorm<'a, T: HalfDType> {
+    /// `gamma [k]`.
+    pub weight: &'a DeviceTensor<T>,
+    /// Added to the mean square; positive and finite.
+    pub eps: f32,
+}
+
 /// Launches one epilogue; shapes already checked (`y` is `[m, n]`).
 #[allow(clippy::too_many_arguments)]
 fn launch<T: HalfDType>(
@@ -94,11 +107,16 @@ fn launch<T: HalfDType>(
     op: &'static str,
     epi: Epi,
     x: &DeviceTensor<T>,
+    norm: Option<RmsNorm<'_, T>>,
     w: &DeviceTensor<T>,
     bias: Option<&DeviceTensor<T>>,
     y: &mut DeviceTensor<T>,
     (m, n, k): (usize, usize, usize),
 ) -> Result<()> {
+    if let Some(nm) = &norm {
+        expect_shape("norm.weight", nm.weight, &[k])?;
+        crate::tensor::check_eps(nm.eps)?;
+    }
     if m == 0 || n == 0 {
         return Ok(());
     }
@@ -112,24 +130,47 @@ fn launch<T: HalfDType>(
         }
         None => (0, None),
     };
+    let (pg, _gg) = match &norm {
+        Some(nm) => {
+            let (p, g) = nm.weight.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
     let (py, _gy) = y.ptr_mut(stream);
-    // SAFETY: x holds m·k, w n·k (2n·k for SwiGLU), bias n and y m·n elements of T (shapes
-    // checked by the caller); every buffer lives until its guard drops, after the launch is
-    // queued on `stream`. y is borrowed mutably, so it is a distinct allocation from x, w and
-    // bias (no overlap).
+    // SAFETY: x holds m·k, w n·k (2n·k for SwiGLU), bias n, gamma k and y m·n elements of T
+    // (shapes checked by the caller and above); every buffer lives until its guard drops,
+    // after the launch is queued on `stream`. y is borrowed mutably, so it is a distinct
+    // allocation from x, w, bias and gamma (no overlap).
     let status = unsafe {
-        fl_kernels_sys::fl_gemv_dense(
-            T::ID,
-            epi,
-            px as _,
-            pw as _,
-            pb as _,
-            py as _,
-            mi,
-            ni,
-            ki,
-            raw_stream(stream),
-        )
+        match &norm {
+            None => fl_kernels_sys::fl_gemv_dense(
+                T::ID,
+                epi,
+                px as _,
+                pw as _,
+                pb as _,
+                py as _,
+                mi,
+                ni,
+                ki,
+                raw_stream(stream),
+            ),
+            Some(nm) => fl_kernels_sys::fl_gemv_dense_rms_norm(
+                T::ID,
+                epi,
+                px as _,
+                pg as _,
+                nm.eps,
+                pw as _,
+                pb as _,
+                py as _,
+                mi,
+                ni,
+                ki,
+                raw_stream(stream),
+            ),
+        }
     };
     check(op, status)
 }
@@ -174,6 +215,7 @@ pub fn linear<T: HalfDType>(
         "gemv_dense::linear",
         Epi::FL_GEMV_DENSE_LINEAR,
         x,
+        None,
         w,
         bias,
         y,
@@ -220,6 +262,7 @@ pub fn linear_swiglu<T: HalfDType>(
         "gemv_dense::linear_swiglu",
         Epi::FL_GEMV_DENSE_SWIGLU,
         x,
+        None,
         w_gate_up,
         None,
         out,
@@ -261,9 +304,109 @@ pub fn linear_add<T: HalfDType>(
         "gemv_dense::linear_add",
         Epi::FL_GEMV_DENSE_ADD,
         x,
+        None,
         w,
         None,
         residual,
         (m, n, k),
+    )
+}
+
+/// `y = rms_norm(h) · wᵀ (+ bias)` with the RMSNorm fused in front: [`linear`] of
+/// `x[t, j] = h[t, j] · rstd[t] · norm.weight[j]`, `rstd[t] = 1 / sqrt(mean_j h[t, j]² + eps)`,
+/// where `x` is formed (and rounded to `T` exactly as [`crate::norm::rms_norm`] rounds it)
+/// while `h` is loaded, and never written to memory. Each CTA recomputes `rstd` of the `m`
+/// rows (`m · k` values from L2) before its main loop.
+///
+/// Shapes: `h [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
+/// `norm.weight [k]`, `w [n, k]`, `bias [n]`, `y [m, n]`. Dtypes: all f16 or all bf16.
+///
+/// Errors: as [`linear`] (`h` is named `x`); [`Error::Shape`] naming `norm.weight` (not
+/// `[k]`); [`Error::InvalidArgument`] naming `eps` (not positive and finite).
+///
+/// ```no_run
+/// use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu};
+/// use fl_kernels::gemv_dense::RmsNorm;
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (n, k) = (12288, 4096);
+/// let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); n * k], &[n, k])?;
+/// let gamma = DeviceTensor::from_host(s, &vec![f16::ONE; k], &[k])?;
+/// let h = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+/// let mut qkv = DeviceTensor::<f16>::zeros(s, &[1, n])?;
+/// let norm = RmsNorm { weight: &gamma, eps: 1e-5 };
+/// gemv_dense::rms_norm_linear(s, &h, norm, &w, None, &mut qkv)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn rms_norm_linear<T: HalfDType>(
+    stream: &CudaStream,
+    h: &DeviceTensor<T>,
+    norm: RmsNorm<'_, T>,
+    w: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    y: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (m, k) = check_x(h)?;
+    let n = check_w("w", w, k, 1)?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[n])?;
+    }
+    expect_shape("y", y, &[m, n])?;
+    launch(
+        stream,
+        "gemv_dense::rms_norm_linear",
+        Epi::FL_GEMV_DENSE_LINEAR,
+        h,
+        Some(norm),
+        w,
+        bias,
+        y,
+        (m, n, k),
+    )
+}
+
+/// `out = silu(rms_norm(h) · W_gateᵀ) ⊙ (rms_norm(h) · W_upᵀ)`: [`linear_swiglu`] with the
+/// RMSNorm of its input fused in front, as in [`rms_norm_linear`].
+///
+/// Shapes: `h [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
+/// `norm.weight [k]`, `w_gate_up [2I, k]`, `out [m, I]`. Dtypes: all f16 or all bf16.
+///
+/// Errors: as [`linear_swiglu`] (`h` is named `x`); [`Error::Shape`] naming `norm.weight`;
+/// [`Error::InvalidArgument`] naming `eps`.
+///
+/// ```no_run
+/// use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu};
+/// use fl_kernels::gemv_dense::RmsNorm;
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (i, k) = (11008, 4096);
+/// let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); 2 * i * k], &[2 * i, k])?;
+/// let gamma = DeviceTensor::from_host(s, &vec![f16::ONE; k], &[k])?;
+/// let h = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+/// let mut act = DeviceTensor::<f16>::zeros(s, &[1, i])?;
+/// let norm = RmsNorm { weight: &gamma, eps: 1e-5 };
+/// gemv_dense::rms_norm_linear_swiglu(s, &h, norm, &w, &mut act)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn rms_norm_linear_swiglu<T: HalfDType>(
+    stream: &CudaStream,
+    h: &DeviceTensor<T>,
+    norm: RmsNorm<'_, T>,
+    w_gate_up: &DeviceTensor<T>,
+    out: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (m, k) = check_x(h)?;
+    let i = check_w("w_gate_up", w_gate_up, k, 2)? / 2;
+    expect_shape("out", out, &[m, i])?;
+    launch(
+        stream,
+        "gemv_dense::rms_norm_linear_swiglu",
+        Epi::FL_GEMV_DENSE_SWIGLU,
+        h,
+        Some(norm),
+        w_gate_up,
+        None,
+        out,
+        (m, i, k),
     )
 }

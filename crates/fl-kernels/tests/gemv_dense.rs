@@ -1,5 +1,5 @@
-//! gemv_dense::{linear, linear_swiglu, linear_add} on the GPU against
-//! reference::gemv_dense, and CPU property tests of the references (these run without a GPU).
+//! gemv_dense::{linear, linear_swiglu, linear_add, rms_norm_linear, rms_norm_linear_swiglu}
+//! on the GPU against reference::gemv_dense (and reference::norm for the fused RMSNorm), and CPU property tests of the references (these run without a GPU).
 
 use fl_kernels::gemv_dense::{self, MAX_M};
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, to_f64};
@@ -120,6 +120,139 @@ fn gemv_dense_every_token_count() {
         check::<bf16>(&gpu, m, 37, 1040, m % 2 == 0, &mut r);
         check::<f16>(&gpu, m, 37, 1040, m % 2 == 1, &mut r);
     }
+}
+
+/// The RMSNorm-fused launches against rms_norm (f64, rounded to T as the kernel rounds x)
+/// followed by the plain references, and against the unfused GPU pair rms_norm + linear.
+fn check_norm<T: HalfDType>(gpu: &Gpu, m: usize, n: usize, k: usize, r: &mut impl rand::Rng) {
+    let s = gpu.stream();
+    // h of scale ~3 (a residual stream, not unit RMS), gamma in [-1, 1] with no zeros.
+    let h: Vec<T> = random::<T>(r, m * k)
+        .iter()
+        .map(|v| T::from_f32(3.0 * v.to_f32()))
+        .collect();
+    let gamma: Vec<T> = random(r, k);
+    let w2: Vec<T> = random(r, 2 * n * k);
+    let b: Vec<T> = random(r, n);
+    let eps = 1e-5f32;
+    let dh = DeviceTensor::from_host(s, &h, &[m, k]).unwrap();
+    let dg = DeviceTensor::from_host(s, &gamma, &[k]).unwrap();
+    let dw2 = DeviceTensor::from_host(s, &w2, &[2 * n, k]).unwrap();
+    let dw = DeviceTensor::from_host(s, &w2[..n * k], &[n, k]).unwrap();
+    let db = DeviceTensor::from_host(s, &b, &[n]).unwrap();
+    let nan = T::from_f32(f32::NAN);
+    let id = format!("<{}> m={m} n={n} k={k}", T::NAME);
+    let norm = gemv_dense::RmsNorm { weight: &dg, eps };
+
+    let x: Vec<T> = reference::norm::rms_norm(&h, &gamma, k, eps)
+        .iter()
+        .map(|v| T::from_f32(*v as f32))
+        .collect();
+    let gu = reference::gemv_dense::linear(&x, &w2, None, m, 2 * n, k);
+    let acc = |t: usize, c: usize| gu[t * 2 * n + c];
+
+    let bias = (m + n) % 2 == 0;
+    let mut y = DeviceTensor::filled(s, &[m, n], nan).unwrap();
+    gemv_dense::rms_norm_linear(s, &dh, norm, &dw, bias.then_some(&db), &mut y).unwrap();
+    let got = y.to_host(s).unwrap();
+    let want: Vec<f64> = (0..m * n)
+        .map(|e| acc(e / n, e % n) + if bias { b[e % n].to_f64() } else { 0.0 })
+        .collect();
+    let err = rel_l2(&got, &want);
+    assert!(err < bound::<T>(), "rms_norm_linear{id}: rel L2 {err:e}");
+
+    // The unfused pair on the GPU: same x up to rstd's summation order.
+    let mut dx = DeviceTensor::filled(s, &[m, k], nan).unwrap();
+    fl_kernels::norm::rms_norm(s, &dh, &dg, eps, &mut dx).unwrap();
+    let mut y2 = DeviceTensor::filled(s, &[m, n], nan).unwrap();
+    gemv_dense::linear(s, &dx, &dw, bias.then_some(&db), &mut y2).unwrap();
+    let err = rel_l2(&got, &to_f64(&y2.to_host(s).unwrap()));
+    assert!(
+        err < bound::<T>(),
+        "rms_norm_linear{id} vs rms_norm + linear: rel L2 {err:e}"
+    );
+
+    let mut out = DeviceTensor::filled(s, &[m, n], nan).unwrap();
+    gemv_dense::rms_norm_linear_swiglu(s, &dh, norm, &dw2, &mut out).unwrap();
+    let want: Vec<f64> = (0..m * n)
+        .map(|e| reference::gemv_dense::silu(acc(e / n, e % n)) * acc(e / n, n + e % n))
+        .collect();
+    let rms = |off: usize| {
+        let v: Vec<f64> = (0..m * n).map(|e| acc(e / n, off + e % n)).collect();
+        (v.iter().map(|a| a * a).sum::<f64>() / v.len().max(1) as f64).sqrt()
+    };
+    let floor = 1e-2 * rms(0) * rms(n);
+    let err = fl_kernels::testing::rel_l2_floored(&out.to_host(s).unwrap(), &want, floor);
+    assert!(
+        err < bound::<T>(),
+        "rms_norm_linear_swiglu{id}: rel L2 {err:e}"
+    );
+}
+
+#[test]
+fn gemv_dense_rms_norm_fused_matches_reference() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rms_norm_fused_matches_reference") else {
+        return;
+    };
+    let mut r = rng("gemv_dense_norm");
+    // k from one 16-byte piece to a partial last chunk over several warps; every token-row
+    // tile (m = 1, 3, 8, 9, 16); the engine's shape (4096 -> 12288 at m = 1, 4).
+    for (n, k) in [(1, 8), (7, 64), (129, 1000), (37, 4104), (4097, 64)] {
+        for m in [1, 3, 8, 9, 16] {
+            check_norm::<f16>(&gpu, m, n, k, &mut r);
+            check_norm::<bf16>(&gpu, m, n, k, &mut r);
+        }
+    }
+    check_norm::<f16>(&gpu, 1, 12288, 4096, &mut r);
+    check_norm::<bf16>(&gpu, 4, 1031, 4096, &mut r);
+}
+
+#[test]
+fn gemv_dense_rms_norm_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rms_norm_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let z = |shape: &[usize]| DeviceTensor::<f16>::zeros(s, shape).unwrap();
+    let (h, w, w2, g) = (z(&[2, 64]), z(&[8, 64]), z(&[16, 64]), z(&[64]));
+    let mut y = z(&[2, 8]);
+    let ok = gemv_dense::RmsNorm {
+        weight: &g,
+        eps: 1e-6,
+    };
+    gemv_dense::rms_norm_linear(s, &h, ok, &w, None, &mut y).unwrap();
+    gemv_dense::rms_norm_linear_swiglu(s, &h, ok, &w2, &mut y).unwrap();
+    let g_bad = z(&[32]);
+    let bad = gemv_dense::RmsNorm {
+        weight: &g_bad,
+        eps: 1e-6,
+    };
+    assert!(matches!(
+        gemv_dense::rms_norm_linear(s, &h, bad, &w, None, &mut y),
+        Err(Error::Shape {
+            arg: "norm.weight",
+            ..
+        })
+    ));
+    assert!(matches!(
+        gemv_dense::rms_norm_linear_swiglu(s, &h, bad, &w2, &mut y),
+        Err(Error::Shape {
+            arg: "norm.weight",
+            ..
+        })
+    ));
+    for eps in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = gemv_dense::RmsNorm { weight: &g, eps };
+        assert!(matches!(
+            gemv_dense::rms_norm_linear(s, &h, e, &w, None, &mut y),
+            Err(Error::InvalidArgument { arg: "eps", .. })
+        ));
+    }
+    assert!(matches!(
+        gemv_dense::rms_norm_linear(s, &h, ok, &w, None, &mut z(&[2, 9])),
+        Err(Error::Shape { arg: "y", .. })
+    ));
+    s.synchronize().unwrap();
 }
 
 #[test]
