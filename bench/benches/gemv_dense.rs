@@ -6,7 +6,8 @@
 //! (stacked gate/up), 4096x11008 (down), 32000x4096 (LM head) and a small 1024x4096 (a GQA
 //! k/v projection), at m = 1 and 16 tokens. Variants: `linear` everywhere; `linear_swiglu`
 //! on the gate/up weight (out [m, 11008]); `linear_add` on the two shapes that feed the
-//! residual (o and down projections). Throughput is `Throughput::Bytes(weight + x + output
+//! residual (o and down projections); `rms_norm_linear` (next to `rms_norm+linear`, the two
+//! kernels it replaces) on the qkv weight and `rms_norm_linear_swiglu` on the gate/up weight. Throughput is `Throughput::Bytes(weight + x + output
 //! (+ the residual read))`. Weights (and copy buffers) rotate through enough copies to move
 //! at least 256 MB per cycle, so each call reads its weight from HBM as in a real decode step.
 //! One summary line per variant goes to stderr: us, GB/s on the weight bytes, % of the copy
@@ -43,6 +44,9 @@ enum Variant {
     Linear,
     Swiglu,
     Add,
+    NormLinear,
+    NormThenLinear,
+    NormSwiglu,
 }
 
 impl Variant {
@@ -51,13 +55,21 @@ impl Variant {
             Variant::Linear => "linear",
             Variant::Swiglu => "linear_swiglu",
             Variant::Add => "linear_add",
+            Variant::NormLinear => "rms_norm_linear",
+            Variant::NormThenLinear => "rms_norm+linear",
+            Variant::NormSwiglu => "rms_norm_linear_swiglu",
         }
     }
 }
 
 fn variants(n: usize) -> Vec<Variant> {
     match n {
-        22016 => vec![Variant::Linear, Variant::Swiglu],
+        22016 => vec![Variant::Linear, Variant::Swiglu, Variant::NormSwiglu],
+        12288 => vec![
+            Variant::Linear,
+            Variant::NormLinear,
+            Variant::NormThenLinear,
+        ],
         4096 => vec![Variant::Linear, Variant::Add],
         _ => vec![Variant::Linear],
     }
@@ -104,19 +116,35 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
     drop(probes);
 
     let mut out = DeviceTensor::<f16>::zeros(&s, &[m, n / 2]).unwrap();
+    let gamma = bench_tensor::<f16>(gpu, &[k], 2).unwrap();
+    let mut xn = DeviceTensor::<f16>::zeros(&s, &[m, k]).unwrap();
     for v in variants(n) {
         let mut i = 0usize;
+        let norm = gemv_dense::RmsNorm {
+            weight: &gamma,
+            eps: 1e-5,
+        };
         let mut run = || -> Result<()> {
             i = (i + 1) % ws.len();
             match v {
                 Variant::Linear => gemv_dense::linear(&s, &x, &ws[i], None, &mut y),
                 Variant::Swiglu => gemv_dense::linear_swiglu(&s, &x, &ws[i], &mut out),
                 Variant::Add => gemv_dense::linear_add(&s, &x, &ws[i], &mut y),
+                Variant::NormLinear => {
+                    gemv_dense::rms_norm_linear(&s, &x, norm, &ws[i], None, &mut y)
+                }
+                Variant::NormThenLinear => {
+                    fl_kernels::norm::rms_norm(&s, &x, &gamma, 1e-5, &mut xn)?;
+                    gemv_dense::linear(&s, &xn, &ws[i], None, &mut y)
+                }
+                Variant::NormSwiglu => {
+                    gemv_dense::rms_norm_linear_swiglu(&s, &x, norm, &ws[i], &mut out)
+                }
             }
         };
         let io = match v {
-            Variant::Linear => 2 * (m * k + m * n),
-            Variant::Swiglu => 2 * (m * k + m * n / 2),
+            Variant::Linear | Variant::NormLinear | Variant::NormThenLinear => 2 * (m * k + m * n),
+            Variant::Swiglu | Variant::NormSwiglu => 2 * (m * k + m * n / 2),
             Variant::Add => 2 * (m * k + 2 * m * n),
         };
         g.throughput(Throughput::Bytes((wbytes + io) as u64));
