@@ -12,6 +12,9 @@
 //   key row at a time (each lane 8 dims) with its own online-softmax state, merged through
 //   shared memory at the end. One head per K/V row keeps the math light (MHA already ran at
 //   94-101% of copy bandwidth); its copies run ahead through a per-thread ring (below).
+// - f32 (any G): decode_kernel too (the tensor cores take 16-bit inputs only), with G heads of
+//   a group per CTA as for the tensor-core path; a lane's 8 dims are then 32 bytes, two
+//   16-byte copies per row and per lane. All math in f32, as for the 16-bit types.
 //
 // Why (measured on H100 before this change, GQA 32/8, head_dim 128): the CUDA-core kernel
 // reached only 51-87% of copy bandwidth. A warp loaded a tile into registers and then did
@@ -49,10 +52,19 @@ __host__ __device__ constexpr int lanes_per_key(int d) {
 // cp.async.wait_group alone orders copy and read: no block barrier in the key loop. Bytes in
 // flight per SM: 4 CTAs x 128 threads x (S - 1) x U x 32 B = 128 KB (G = 1, D = 128).
 // S x U x 4 KB = 48 KB of shared memory per CTA (the static limit), 4 CTAs per SM on sm_90.
-__host__ __device__ constexpr int keys_per_stage(int g) { return g >= 4 ? 2 : 4; }
-__host__ __device__ constexpr int stages(int g) { return g >= 4 ? 6 : 3; }
-// CTAs per SM that the register bound guarantees (G = 8 holds 128 floats of q and acc).
-__host__ __device__ constexpr int ctas_per_sm(int g) { return g >= 8 ? 2 : 4; }
+// f32 (`bytes` = 4): a lane's 8 dims are two 16-byte slices (CH = 2), so S x U is halved to
+// stay at 48 KB: U = 2, S = 3, the same 128 KB in flight per SM at 4 CTAs per SM.
+__host__ __device__ constexpr int keys_per_stage(int g, int bytes = 2) {
+    return bytes == 4 ? 2 : (g >= 4 ? 2 : 4);
+}
+__host__ __device__ constexpr int stages(int g, int bytes = 2) {
+    return bytes == 4 ? 3 : (g >= 4 ? 6 : 3);
+}
+// CTAs per SM that the register bound guarantees (G = 8 holds 128 floats of q and acc; f32
+// with G >= 4 holds 64-128 of them plus two 8-float K and V rows per key of the stage).
+__host__ __device__ constexpr int ctas_per_sm(int g, int bytes = 2) {
+    return bytes == 4 ? (g >= 4 ? 2 : 4) : (g >= 8 ? 2 : 4);
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -73,21 +85,25 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 }
 
 template <typename T, int D, int G, bool PAGED>
-__global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_kernel(Params p) {
     constexpr int LPK = lanes_per_key(D);
     constexpr int WPW = 32 / LPK;          // workers per warp
     constexpr int NW = kWarps * WPW;       // workers per CTA
-    constexpr int U = keys_per_stage(G);   // keys per worker per stage
-    constexpr int S = stages(G);
+    constexpr int U = keys_per_stage(G, sizeof(T));  // keys per worker per stage
+    constexpr int S = stages(G, sizeof(T));
     constexpr int TK = NW * U;             // keys per stage (tile) of the CTA
-    constexpr int kPipe = S * U * 2 * kThreads;  // 16-byte slots
+    constexpr int CH = (int)sizeof(T) * 8 / 16;  // 16-byte slices of a lane's 8 dims
+    constexpr int EPC = 8 / CH;                  // elements per slice
+    constexpr int kPipe = S * U * 2 * CH * kThreads;  // 16-byte slots
+    static_assert(CH == 1 || CH == 2, "16- or 32-bit elements");
     static_assert(kPipe * 16 <= 48 * 1024, "static shared memory limit");
     static_assert((NW * G * D + 2 * NW * G) * 4 <= kPipe * 16, "merge buffers fit the ring");
     static_assert(S * U <= 32, "validity bits fit a word");
     using V8 = Vec<T, 8>;
-    // Slot (stage st, key u, K or V, thread) = ((st * U + u) * 2 + kv) * kThreads + tid: a
-    // warp touches 512 contiguous bytes per access (no bank conflicts). After the key loop
-    // the same memory holds the merge buffers.
+    using VC = Vec<T, EPC>;  // one 16-byte slice
+    // Slot (stage st, key u, K or V, slice c, thread) = (((st * U + u) * 2 + kv) * CH + c) *
+    // kThreads + tid: a warp touches 512 contiguous bytes per access (no bank conflicts).
+    // After the key loop the same memory holds the merge buffers.
     __shared__ __align__(16) uint4 ring[kPipe];
 
     const int split = blockIdx.z;
@@ -143,11 +159,15 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params
             }
             if (row >= 0) bits |= 1u << u;
             if (active && tile < ntiles) {  // tiles past the end are never read
-                const uint32_t dk = ring0 + (uint32_t)(((st * U + u) * 2) * kThreads) * 16u;
+                const uint32_t dk = ring0 + (uint32_t)(((st * U + u) * 2 * CH) * kThreads) * 16u;
                 const int64_t off = row >= 0 ? row * D + sub * 8 : 0;
                 const int nb = row >= 0 ? 16 : 0;  // invalid key: zeros (V * 0 stays 0)
-                cp_async16(dk, kbase + off, nb);
-                cp_async16(dk + kThreads * 16u, vbase + off, nb);
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    cp_async16(dk + (uint32_t)(c * kThreads) * 16u, kbase + off + c * EPC, nb);
+                    cp_async16(dk + (uint32_t)((CH + c) * kThreads) * 16u,
+                               vbase + off + c * EPC, nb);
+                }
             }
         }
         return bits << (st * U);
@@ -159,8 +179,17 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params
     for (int g = 0; g < G; ++g) {
         V8 qv;
         if (active) {
-            qv = reinterpret_cast<const V8 *>(static_cast<const T *>(p.q) +
-                                              ((int64_t)b * p.q_heads + h0 + g) * D)[sub];
+            const T *qrow = static_cast<const T *>(p.q) + ((int64_t)b * p.q_heads + h0 + g) * D;
+            if constexpr (CH == 1) {
+                qv = reinterpret_cast<const V8 *>(qrow)[sub];
+            } else {  // two 16-byte loads (the row is only 16-byte aligned)
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const VC x = reinterpret_cast<const VC *>(qrow)[sub * CH + c];
+#pragma unroll
+                    for (int e = 0; e < EPC; ++e) qv.v[c * EPC + e] = x.v[e];
+                }
+            }
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) q[g][e] = active ? to_f32(qv.v[e]) * p.scale_log2 : 0.f;
@@ -212,9 +241,18 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G)) decode_kernel(Params
         for (int u = 0; u < U; ++u) {
             ok[u] = (okm >> (st_c * U + u)) & 1u;
             if (active) {
-                const int slot = ((st_c * U + u) * 2) * kThreads + tid;
-                kv[u] = *reinterpret_cast<const V8 *>(&ring[slot]);
-                vv[u] = *reinterpret_cast<const V8 *>(&ring[slot + kThreads]);
+                const int slot = ((st_c * U + u) * 2 * CH) * kThreads + tid;
+#pragma unroll
+                for (int c = 0; c < CH; ++c) {
+                    const VC xk = *reinterpret_cast<const VC *>(&ring[slot + c * kThreads]);
+                    const VC xv =
+                        *reinterpret_cast<const VC *>(&ring[slot + (CH + c) * kThreads]);
+#pragma unroll
+                    for (int e = 0; e < EPC; ++e) {
+                        kv[u].v[c * EPC + e] = xk.v[e];
+                        vv[u].v[c * EPC + e] = xv.v[e];
+                    }
+                }
             } else {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) kv[u].v[e] = vv[u].v[e] = from_f32<T>(0.f);
@@ -674,7 +712,8 @@ inline int group_tile(int group) {
 inline bool valid(const fl_decode_attention_args *a) {
     if (!a || a->batch < 0 || a->q_heads < 1 || a->kv_heads < 1 || a->q_heads % a->kv_heads)
         return false;
-    if (a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16) return false;
+    if (a->dtype != FL_DTYPE_F32 && a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16)
+        return false;
     const int d = a->head_dim;
     if (d != 64 && d != 80 && d != 96 && d != 128 && d != 256) return false;
     if (a->max_seq_len < 0 || a->window < 0 || a->num_splits < 0 || !(a->scale == a->scale))
@@ -704,7 +743,9 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     const int64_t units = (int64_t)a->batch * a->kv_heads * (group / gt);
     if (units < 1) return 1;
     const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
-    const int64_t wave = sms * (gt >= 2 ? mma_ctas_per_sm(a->head_dim) : ctas_per_sm(1));
+    const int64_t wave = sms * (a->dtype == FL_DTYPE_F32 ? ctas_per_sm(gt, 4)
+                                : gt >= 2                ? mma_ctas_per_sm(a->head_dim)
+                                                         : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
     int64_t smax = (a->max_seq_len + 255) / 256;  // >= 256 keys per split
     if (smax > 256) smax = 256;
@@ -726,12 +767,12 @@ template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    if constexpr (G >= 2) {  // grouped heads: tensor cores, one warp per CTA
+    if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores, one warp per CTA
         if (a->layout == FL_KV_PAGED)
             decode_mma_kernel<T, D, G, true><<<grid, 32, 0, st>>>(p);
         else
             decode_mma_kernel<T, D, G, false><<<grid, 32, 0, st>>>(p);
-    } else {  // MHA: CUDA cores (one head per K/V row: the math is light)
+    } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
         if (a->layout == FL_KV_PAGED)
             decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
         else
@@ -814,6 +855,7 @@ extern "C" fl_status fl_attention_decode(const fl_decode_attention_args *a, void
                                                       bh * splits * a->head_dim * 4)
                           : nullptr;
     cudaStream_t st = fl::as_stream(stream);
+    if (a->dtype == FL_DTYPE_F32) return launch_t<float>(a, p, st);
     if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
     return launch_t<__nv_bfloat16>(a, p, st);
 }

@@ -10,7 +10,8 @@
 // the PV product (the S accumulator layout is the A fragment layout). Tiles that cross the
 // causal diagonal or the window edge are masked, the others are not. No [L, L] matrix, no
 // workspace. Rows of shared memory are padded by 16 bytes, so that the 8 rows an ldmatrix
-// phase reads fall into distinct banks for every head size used here.
+// phase reads fall into distinct banks for every head size used here. f32 inputs run a
+// CUDA-core version of the same loop (prefill_f32_kernel, below the 16-bit one).
 #include "common/common.cuh"
 
 namespace fl {
@@ -361,13 +362,261 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
         }
 }
 
+// ---------------------------------------------------------------- f32 path (CUDA cores)
+// The tensor cores take 16-bit inputs only (TF32 would round the inputs to 10 bits of
+// mantissa), so f32 runs the same FlashAttention-2 loop on CUDA cores, all in f32: one CTA
+// of 128 threads owns BR = 32 query rows of one (sequence, q head) and walks the key tiles of
+// BC keys from the diagonal down, K and V streamed through shared memory with cp.async (two
+// stages), Q staged once. Thread (ty, tx) = (tid / 8, tid % 8) owns query rows ty and ty + 16:
+//   S = Q K^T: keys tx + 8 n of the tile (float4 reads of Q and K rows along head_dim);
+//   softmax:   online, base 2, row max and sum over the 8 lanes of the row (shuffles);
+//   O += P V:  float4 columns tx + 8 k of O; P[row][j] is broadcast from the lane that
+//              computed it (a shuffle within the 8 lanes), V row j read from shared memory.
+// Rows are padded by 4 floats, so the 8 K rows (or 4 Q rows) a warp reads at one head_dim
+// offset fall into distinct 16-byte bank groups. No [L, L] matrix, no workspace.
+// Shared memory: (BR + 4 BC) x (D + 4) x 4 bytes: 44 KB (D = 64) to 100 KB (D = 256, BC = 16).
+constexpr int kF32Threads = 128;
+
+template <int D> struct CfgF32 { static constexpr int BC = D >= 256 ? 16 : 32; };
+
+template <int D, int BC> struct TileF32 {
+    static constexpr int BR = 32;
+    static constexpr int LD = D + 4;                 // padded row (floats)
+    static constexpr int RM = BR / 16;               // query rows per thread
+    static constexpr int KN = BC / 8;                // keys per thread in S
+    static constexpr int C4 = D / 4;                 // float4 columns of a row
+    static constexpr int DC = (C4 + 7) / 8;          // float4 columns of O per thread
+    static constexpr int KV_OFF = BR * LD;           // floats: Q, then [K0][V0][K1][V1]
+    static constexpr int SMEM_FLOATS = BR * LD + 4 * BC * LD;
+    static constexpr size_t SMEM_BYTES = (size_t)SMEM_FLOATS * 4;
+    static_assert(D % 16 == 0 && BC % 8 == 0 && BR % 16 == 0, "tile shape");
+    static_assert(kF32Threads == 16 * 8, "16 row groups x 8 lanes");
+};
+
+// Copies ROWS rows of D floats starting at row `row0` into a padded shared tile (row stride
+// D + 4), zero-filling rows at or past `row_end`. Row stride in global memory: `gstride`.
+template <int D, int ROWS>
+__device__ __forceinline__ void load_tile_f32(uint32_t sdst, const float *gbase, int64_t gstride,
+                                              int row0, int row_end) {
+    constexpr int CPR = D / 4;  // 16-byte chunks per row
+    constexpr int LD = D + 4;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < ROWS * CPR; i += kF32Threads) {
+        const int r = i / CPR, c = i % CPR;
+        const int row = row0 + r;
+        const bool ok = row < row_end;
+        const float *src = ok ? gbase + (int64_t)row * gstride + c * 4 : gbase;
+        cp_async16(sdst + (uint32_t)((r * LD + c * 4) * 4), src, ok ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ void fma4(float4 &o, float p, const float4 &v) {
+    o.x = fmaf(p, v.x, o.x);
+    o.y = fmaf(p, v.y, o.y);
+    o.z = fmaf(p, v.z, o.z);
+    o.w = fmaf(p, v.w, o.w);
+}
+
+template <int D, int BC>
+__global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
+    using TL = TileF32<D, BC>;
+    constexpr int BR = TL::BR, LD = TL::LD, RM = TL::RM, KN = TL::KN, C4 = TL::C4,
+                  DC = TL::DC;
+    constexpr int LD4 = LD / 4;  // row stride in float4
+
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const float4 *sm4 = reinterpret_cast<const float4 *>(smem_raw);
+
+    const int h = blockIdx.x;
+    const int b = blockIdx.y;
+    const int m_block = gridDim.z - 1 - blockIdx.z;  // heavy (late) query tiles first
+    const int group = p.q_heads / p.kv_heads;
+    const int kvh = h / group;
+
+    // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
+    int start = p.cu_seqlens[b], end = p.cu_seqlens[b + 1];
+    start = min(max(start, 0), p.total_tokens);
+    end = min(max(end, start), p.total_tokens);
+    const int len = end - start;
+    const int q_start = m_block * BR;
+    if (q_start >= len) return;
+    const int q_last = min(q_start + BR, len) - 1;
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int ty = tid >> 3, tx = tid & 7;
+    const int row_lane0 = lane & ~7;  // first lane of this row group in the warp
+
+    const int64_t q_stride = (int64_t)p.q_heads * D;
+    const int64_t kv_stride = (int64_t)p.kv_heads * D;
+    const float *qg = static_cast<const float *>(p.q) + (int64_t)start * q_stride + (int64_t)h * D;
+    const float *kg =
+        static_cast<const float *>(p.k) + (int64_t)start * kv_stride + (int64_t)kvh * D;
+    const float *vg =
+        static_cast<const float *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
+
+    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
+    const int n_hi = (q_last + BC) / BC;
+    int n_lo = 0;
+    if (p.window > 0) n_lo = max(0, q_start - p.window + 1) / BC;
+
+    const uint32_t s_base = smem_addr(smem_raw);
+    auto k_off = [&](int s) { return TL::KV_OFF + 2 * s * BC * LD; };  // floats
+    auto v_off = [&](int s) { return TL::KV_OFF + (2 * s + 1) * BC * LD; };
+
+    load_tile_f32<D, BR>(s_base, qg, q_stride, q_start, len);
+    load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(0) * 4), kg, kv_stride, (n_hi - 1) * BC, len);
+    load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(0) * 4), vg, kv_stride, (n_hi - 1) * BC, len);
+    cp_async_commit();
+
+    float4 o[RM][DC];
+    float m[RM], l[RM];  // running max (base 2, scaled) of each row; this lane's part of the sum
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+#pragma unroll
+        for (int k = 0; k < DC; ++k) o[i][k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+    }
+    const float sl2 = p.scale_log2;
+
+    int stage = 0;
+    for (int n = n_hi - 1; n >= n_lo; --n) {
+        const int kv0 = n * BC;
+        if (n > n_lo) {  // prefetch the next (lower) tile into the other stage
+            load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(stage ^ 1) * 4), kg, kv_stride,
+                                 kv0 - BC, len);
+            load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(stage ^ 1) * 4), vg, kv_stride,
+                                 kv0 - BC, len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        // S = Q K^T (raw dot products): rows ty + 16 i, keys tx + 8 n of the tile.
+        float s[RM][KN];
+#pragma unroll
+        for (int i = 0; i < RM; ++i)
+#pragma unroll
+            for (int j = 0; j < KN; ++j) s[i][j] = 0.f;
+        const float4 *ks = sm4 + k_off(stage) / 4;
+#pragma unroll 4
+        for (int c = 0; c < C4; ++c) {
+            float4 qv[RM], kv[KN];
+#pragma unroll
+            for (int i = 0; i < RM; ++i) qv[i] = sm4[(ty + 16 * i) * LD4 + c];
+#pragma unroll
+            for (int j = 0; j < KN; ++j) kv[j] = ks[(tx + 8 * j) * LD4 + c];
+#pragma unroll
+            for (int i = 0; i < RM; ++i)
+#pragma unroll
+                for (int j = 0; j < KN; ++j) {
+                    s[i][j] = fmaf(qv[i].x, kv[j].x, s[i][j]);
+                    s[i][j] = fmaf(qv[i].y, kv[j].y, s[i][j]);
+                    s[i][j] = fmaf(qv[i].z, kv[j].z, s[i][j]);
+                    s[i][j] = fmaf(qv[i].w, kv[j].w, s[i][j]);
+                }
+        }
+
+        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
+        const bool masked =
+            kv0 + BC - 1 > q_start || (p.window > 0 && kv0 <= q_last - p.window);
+        if (masked) {
+#pragma unroll
+            for (int i = 0; i < RM; ++i)
+#pragma unroll
+                for (int j = 0; j < KN; ++j) {
+                    const int key = kv0 + tx + 8 * j;
+                    const int r = q_start + ty + 16 * i;
+                    const bool ok = key <= r && key < len && (p.window <= 0 || key > r - p.window);
+                    if (!ok) s[i][j] = -INFINITY;
+                }
+        }
+
+        // Online softmax (base 2); the 8 lanes of a row group share its max.
+#pragma unroll
+        for (int i = 0; i < RM; ++i) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < KN; ++j) mx = fmaxf(mx, s[i][j]);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            // scale > 0, so max(raw) * scale_log2 is the max of the scaled scores.
+            const float mn = fmaxf(m[i], mx * sl2);
+            const float mu = mn == -INFINITY ? 0.f : mn;  // fully masked so far: no NaN
+            const float corr = exp2f(m[i] - mu);            // m == -inf -> 0
+            m[i] = mn;
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < KN; ++j) {
+                s[i][j] = exp2f(fmaf(s[i][j], sl2, -mu));  // masked: exp2(-inf) = 0
+                rs += s[i][j];
+            }
+            l[i] = fmaf(l[i], corr, rs);
+#pragma unroll
+            for (int k = 0; k < DC; ++k) {
+                o[i][k].x *= corr;
+                o[i][k].y *= corr;
+                o[i][k].z *= corr;
+                o[i][k].w *= corr;
+            }
+        }
+
+        // O += P V: P[row][j] lives in lane j % 8 of the row group, as s[i][j / 8].
+        const float4 *vs = sm4 + v_off(stage) / 4;
+#pragma unroll
+        for (int j = 0; j < BC; ++j) {
+            float pj[RM];
+#pragma unroll
+            for (int i = 0; i < RM; ++i)
+                pj[i] = __shfl_sync(0xffffffffu, s[i][j / 8], row_lane0 | (j & 7));
+#pragma unroll
+            for (int k = 0; k < DC; ++k) {
+                const int c = tx + 8 * k;
+                if (C4 % 8 == 0 || c < C4) {
+                    const float4 v = vs[j * LD4 + c];
+#pragma unroll
+                    for (int i = 0; i < RM; ++i) fma4(o[i][k], pj[i], v);
+                }
+            }
+        }
+        __syncthreads();  // this stage is refilled by the next iteration's prefetch
+        stage ^= 1;
+    }
+
+    // Normalise and store (rows past the sequence end are not written).
+    float *og = static_cast<float *>(p.out) + (int64_t)start * q_stride + (int64_t)h * D;
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+        float li = l[i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        li += __shfl_xor_sync(0xffffffffu, li, 4);
+        const float inv = li > 0.f ? 1.f / li : 0.f;
+        const int r = q_start + ty + 16 * i;
+        if (r < len) {
+            float4 *orow = reinterpret_cast<float4 *>(og + (int64_t)r * q_stride);
+#pragma unroll
+            for (int k = 0; k < DC; ++k) {
+                const int c = tx + 8 * k;
+                if (C4 % 8 == 0 || c < C4)
+                    orow[c] = make_float4(o[i][k].x * inv, o[i][k].y * inv, o[i][k].z * inv,
+                                          o[i][k].w * inv);
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- host side
 inline bool head_dim_ok(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 inline bool valid(const fl_prefill_attention_args *a) {
     if (!a || a->batch < 0 || a->batch > 65535) return false;
     if (a->q_heads < 1 || a->kv_heads < 1 || a->q_heads % a->kv_heads) return false;
-    if (a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16) return false;
+    if (a->dtype != FL_DTYPE_F32 && a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16)
+        return false;
     if (!head_dim_ok(a->head_dim)) return false;
     if (a->total_tokens < 1 || a->max_seq_len < 1 || a->max_seq_len > a->total_tokens)
         return false;
@@ -397,6 +646,35 @@ template <typename T, int D>
 fl_status launch_d(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
     using C = Cfg<D>;
     return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB>(a, p, st);
+}
+
+template <int D>
+fl_status launch_f32_d(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+    constexpr int BC = CfgF32<D>::BC;
+    using TL = TileF32<D, BC>;
+    const int64_t m_blocks = ceil_div(a->max_seq_len, TL::BR);
+    if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
+    auto kern = prefill_f32_kernel<D, BC>;
+    if (TL::SMEM_BYTES > 48 * 1024) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)TL::SMEM_BYTES);
+        if (e != cudaSuccess) return (fl_status)e;
+    }
+    dim3 grid((unsigned)a->q_heads, (unsigned)a->batch, (unsigned)m_blocks);
+    kern<<<grid, kF32Threads, TL::SMEM_BYTES, st>>>(p);
+    return launch_status();
+}
+
+inline fl_status launch_f32(const fl_prefill_attention_args *a, const Params &p,
+                            cudaStream_t st) {
+    switch (a->head_dim) {
+    case 64: return launch_f32_d<64>(a, p, st);
+    case 80: return launch_f32_d<80>(a, p, st);
+    case 96: return launch_f32_d<96>(a, p, st);
+    case 128: return launch_f32_d<128>(a, p, st);
+    case 256: return launch_f32_d<256>(a, p, st);
+    default: return FL_ERR_INVALID_ARGUMENT;
+    }
 }
 
 template <typename T>
@@ -435,6 +713,7 @@ extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl
         return FL_ERR_MISALIGNED;
     const Params p = make_params(a);
     cudaStream_t st = fl::as_stream(stream);
+    if (a->dtype == FL_DTYPE_F32) return launch_f32(a, p, st);
     if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
     return launch_t<__nv_bfloat16>(a, p, st);
 }

@@ -1,5 +1,6 @@
 //! Causal prefill attention: time and TFLOP/s at 512..16384 tokens per sequence, batch =
-//! max(1, 16384 / len), 32 q heads / 8 kv heads, head_dim 128, f16 (bf16 at 4096).
+//! max(1, 16384 / len), 32 q heads / 8 kv heads, head_dim 128, f16 (bf16 at 4096, f32 at
+//! 1024).
 //!
 //! Throughput is `Throughput::Elements(flops)` with the causal FLOPs counted once:
 //! `4 · head_dim · q_heads · Σ_b L_b (L_b + 1) / 2` (`attention_prefill::prefill_flops`), so
@@ -9,9 +10,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::ops::attention_prefill::{flops, make, shape, shape_key, PREFILL_LENS};
 use fl_bench::{gpu_or_skip, time_on_device};
-use fl_kernels::{bf16, f16, Gpu, HalfDType};
+use fl_kernels::{bf16, f16, FloatDType, Gpu};
 
-fn point<T: HalfDType>(
+fn point<T: FloatDType>(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     gpu: &Gpu,
     len: usize,
@@ -52,6 +53,7 @@ fn benches(c: &mut Criterion) {
         point::<f16>(&mut g, &gpu, len);
     }
     point::<bf16>(&mut g, &gpu, 4096);
+    point::<f32>(&mut g, &gpu, 1024);
     g.finish();
 }
 

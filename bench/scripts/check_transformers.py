@@ -8,13 +8,20 @@ For each config (LLaMA-2 style with GQA; LLaMA-3 style with llama3 rope scaling 
 embeddings; Qwen2 style with QKV bias) it builds a random LlamaForCausalLM / Qwen2ForCausalLM
 with transformers, saves it as safetensors + config.json, and runs `fl logits` on a ragged
 batch of prompts in one packed prefill, then 32 teacher-forced decode steps. transformers
-runs each prompt alone in fp32 on the same tokens. Compared:
-  - last-token logits of every prompt after the prefill: relative L2 < 1e-2;
-  - the logits of every decode step under teacher forcing: relative L2 < 1e-2;
+runs each prompt alone in fp32 (eager attention, no TF32) on the same tokens. Compared, for
+each engine dtype (--dtypes, default f16,bf16,f32):
+  - last-token logits of every prompt after the prefill: relative L2 < TOL[dtype];
+  - the logits of every decode step under teacher forcing: relative L2 < TOL[dtype];
   - greedy tokens: the engine's argmax against transformers' fp32 argmax at every step
     (reported; random models have near-tied logits, so this is not a pass criterion in
     half precision).
-The last line is `PASS` or `FAIL` with the worst errors.
+and in f32 the greedy check of the issue: `fl logits --dtype f32` generates freely (no
+teacher forcing) for the same ragged batch, and each prompt's 32 greedy tokens must be
+IDENTICAL to transformers' fp32 greedy continuation of that prompt alone (argmax of a
+full fp32 forward per token, no logits processors); its prefill logits (and the decode logits along the common path) are
+reported as relative L2 too. A divergence prints the step and transformers' top-1/top-2
+logit margin there, to tell a near tie from a bug.
+Each check prints a `PASS` / `FAIL` line; the last line is `PASS` or `FAIL` over all.
 """
 import argparse
 import json
@@ -29,7 +36,12 @@ STEPS = 32
 # Relative L2 of the logits against transformers in fp32. fp16 keeps 11 bits of mantissa, so a
 # whole model run in it stays well inside 1e-2; bf16 keeps 8, and the error of every rounding
 # of the residual stream adds up over the layers, so its bound is 2e-2.
-TOL = {"f16": 1e-2, "bf16": 2e-2}
+# f32: the engine and transformers differ only in the order of f32 sums (cuBLASLt vs torch's
+# GEMMs, fused kernels, flash vs eager attention) and in how RoPE angles are rounded: ~1e-6
+# per op, expected ~1e-5 on the logits; 1e-4 leaves room without hiding a real bug (a wrong
+# op gives >= 1e-2).
+TOL = {"f16": 1e-2, "bf16": 2e-2, "f32": 1e-4}
+GREEDY = 32  # tokens of the fp32 greedy check
 
 
 def configs():
@@ -69,7 +81,9 @@ def build(name, cfg, root):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    # fp32 reference: eager attention (plain matmul + softmax in fp32), no TF32 anywhere.
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32,
+                                             attn_implementation="eager")
     # Spread the logits a little (random init gives nearly flat ones) so argmax is less tied.
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -82,46 +96,108 @@ def build(name, cfg, root):
     return model.cuda().eval(), d
 
 
+def margin(logits):
+    """top-1 minus top-2 logit of one row."""
+    t = torch.topk(logits.double(), 2).values
+    return (t[0] - t[1]).item()
+
+
+def run_fl(args, d, inp, outp, dt):
+    r = subprocess.run([args.fl, "logits", "--model", d, "--input", inp, "--out", outp,
+                        "--dtype", dt], capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, r.stderr.strip()
+    with open(outp) as f:
+        return json.load(f), None
+
+
+def greedy_f32(args, name, root, d, prompts, conts, ref_prefill, ref_steps):
+    """The issue's fp32 check: identical greedy continuations for GREEDY tokens."""
+    inp = os.path.join(root, f"{name}-greedy-in.json")
+    outp = os.path.join(root, f"{name}-greedy-f32-out.json")
+    with open(inp, "w") as f:
+        json.dump({"prompts": prompts, "steps": GREEDY - 1}, f)
+    got, err = run_fl(args, d, inp, outp, "f32")
+    if got is None:
+        print(f"FAIL fp32 greedy {name}: fl failed: {err}")
+        return False, None
+    same = 0
+    e_pre = max(rel_l2(got["prefill"][b], ref_prefill[b]) for b in range(len(prompts)))
+    e_dec = 0.0
+    notes = []
+    for b, p in enumerate(prompts):
+        ours = got["tokens"][b][:GREEDY]
+        ref = conts[b][:GREEDY]
+        # Decode logits along the common path: step s (s >= 1) follows token s-1.
+        k = next((i for i in range(GREEDY) if i >= len(ours) or ours[i] != ref[i]), GREEDY)
+        for s in range(1, min(k + 1, GREEDY)):
+            e_dec = max(e_dec, rel_l2(got["steps"][s - 1][b], ref_steps[b][s - 1]))
+        if k == GREEDY:
+            same += 1
+        else:
+            ref_row = ref_prefill[b] if k == 0 else ref_steps[b][k - 1]
+            notes.append(f"prompt {b} (len {len(p)}) diverges at token {k}: ours "
+                         f"{ours[k] if k < len(ours) else None} vs {ref[k]}, transformers' "
+                         f"top-1/top-2 margin there {margin(ref_row):.3e}")
+    ok = same == len(prompts) and e_pre < TOL["f32"] and e_dec < TOL["f32"]
+    print(f"{'PASS' if ok else 'FAIL'} fp32 greedy {name}: {same}/{len(prompts)} prompts "
+          f"identical for {GREEDY} tokens (one ragged batch, graph={got.get('graph')}); "
+          f"prefill logits relL2 {e_pre:.2e}, decode logits relL2 {e_dec:.2e} "
+          f"(bound {TOL['f32']:.0e})")
+    for n in notes:
+        print(f"    {n}")
+    return ok, (same, e_pre, e_dec)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fl", required=True)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--dtypes", default="f16,bf16")
+    ap.add_argument("--dtypes", default="f16,bf16,f32")
     args = ap.parse_args()
+    # The reference is fp32: no TF32 in matmuls or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     root = args.workdir or tempfile.mkdtemp(prefix="fl-check-")
     gen = torch.Generator().manual_seed(1)
     lens = [1, 7, 33, 64, 129]
     ok = True
-    worst = {}
     rows = []
+    greedy_rows = []
     for name, cfg in configs():
         model, d = build(name, cfg, root)
         prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lens]
         # transformers fp32: greedy continuation per prompt, and logits along it.
-        ref_prefill, ref_steps, forced = [], [], []
+        print(f"{name}: transformers attention = {model.config._attn_implementation}",
+              flush=True)
+        ref_prefill, ref_steps, forced, conts = [], [], [], []
         with torch.no_grad():
             for p in prompts:
-                ids = torch.tensor([p], device="cuda")
-                out = model.generate(ids, max_new_tokens=STEPS + 1, do_sample=False,
-                                     min_new_tokens=STEPS + 1, pad_token_id=0)
-                cont = out[0, len(p):].tolist()
+                # Plain greedy decoding, one full fp32 forward per token: no logits processor
+                # (generate() would, e.g. min_new_tokens masks the end id, which the engine,
+                # run with no end ids, may pick), nothing but argmax.
+                seq = list(p)
+                for _ in range(STEPS + 1):
+                    last = model(torch.tensor([seq], device="cuda")).logits[0, -1]
+                    seq.append(int(last.argmax()))
+                cont = seq[len(p):]
                 full = torch.tensor([p + cont[:STEPS]], device="cuda")
                 logits = model(full).logits[0].float().cpu()
                 ref_prefill.append(logits[len(p) - 1])
                 ref_steps.append(logits[len(p):len(p) + STEPS])
                 forced.append(cont[:STEPS])
+                conts.append(cont)
         for dt in args.dtypes.split(","):
             inp = os.path.join(root, f"{name}-in.json")
             outp = os.path.join(root, f"{name}-{dt}-out.json")
             with open(inp, "w") as f:
                 json.dump({"prompts": prompts, "forced": forced, "steps": STEPS}, f)
-            r = subprocess.run([args.fl, "logits", "--model", d, "--input", inp, "--out", outp,
-                                "--dtype", dt], capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"{name} {dt}: fl failed: {r.stderr.strip()}")
+            got, err = run_fl(args, d, inp, outp, dt)
+            if got is None:
+                print(f"FAIL {name} {dt}: fl failed: {err}")
                 ok = False
                 continue
-            got = json.load(open(outp))
             e_pre = max(rel_l2(got["prefill"][b], ref_prefill[b]) for b in range(len(prompts)))
             e_step = max(
                 rel_l2(got["steps"][s][b], ref_steps[b][s])
@@ -134,15 +210,30 @@ def main():
                     agree += int(got["tokens"][b][s] == int(ref.argmax()))
                     total += 1
             good = e_pre < TOL[dt] and e_step < TOL[dt]
+            print(f"{'PASS' if good else 'FAIL'} logits {name} {dt}: prefill relL2 {e_pre:.2e}, "
+                  f"teacher-forced decode relL2 {e_step:.2e} (bound {TOL[dt]:.0e}), argmax "
+                  f"agree {agree}/{total}", flush=True)
             ok &= good
             rows.append((name, dt, e_pre, e_step, agree, total, got.get("graph"), good))
+            if dt == "f32":
+                g_ok, g = greedy_f32(args, name, root, d, prompts, conts, ref_prefill,
+                                     ref_steps)
+                ok &= g_ok
+                greedy_rows.append((name, g_ok, g))
     print(f"{'config':<26} {'dtype':<5} {'prefill relL2':>13} {'decode relL2':>12} "
           f"{'argmax agree':>13} {'graph':>5}  result")
     for name, dt, e_pre, e_step, agree, total, graph, good in rows:
         print(f"{name:<26} {dt:<5} {e_pre:>13.2e} {e_step:>12.2e} {agree:>6}/{total:<6} "
               f"{str(graph):>5}  {'ok' if good else 'FAIL'}")
+    for name, g_ok, g in greedy_rows:
+        if g is None:
+            print(f"{name:<26} f32   greedy: fl failed  FAIL")
+        else:
+            print(f"{name:<26} f32   greedy {g[0]}/{len(lens)} prompts identical for {GREEDY} "
+                  f"tokens  {'ok' if g_ok else 'FAIL'}")
     print(("PASS" if ok and rows else "FAIL") + f": tolerance {TOL} relative L2, "
-          f"prompts of {lens} tokens in one ragged batch, {STEPS} teacher-forced steps")
+          f"prompts of {lens} tokens in one ragged batch, {STEPS} teacher-forced steps"
+          + (f", fp32 greedy continuations of {GREEDY} tokens identical" if greedy_rows else ""))
     sys.exit(0 if ok and rows else 1)
 
 

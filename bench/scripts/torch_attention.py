@@ -3,7 +3,7 @@ token per sequence with GQA (enable_gqa=True), same keys."""
 import torch
 import torch.nn.functional as F
 
-DT = {"f16": torch.float16, "bf16": torch.bfloat16}
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = [(1, 32768), (4, 16384), (16, 8192), (64, 4096), (1, 4096)]
 
 
@@ -13,7 +13,7 @@ def rnd(shape, dt):
 
 
 def cases():
-    todo = [(b, l, kv, "f16") for (b, l) in SHAPES for kv in (8, 32)] + [(64, 4096, 8, "bf16")]
+    todo = [(b, l, kv, "f16") for (b, l) in SHAPES for kv in (8, 32)] + [(64, 4096, 8, "bf16"), (64, 4096, 8, "f32")]
     for b, l, kv, dt in todo:
         def make(b=b, l=l, kv=kv, dt=dt):
             q = rnd((b, 32, 1, 128), dt)

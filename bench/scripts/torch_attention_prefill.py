@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-DT = {"f16": torch.float16, "bf16": torch.bfloat16}
+DT = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 LENS = [512, 1024, 2048, 4096, 8192, 16384]
 HQ, HKV, D = 32, 8, 128
 
@@ -27,6 +27,7 @@ def points():
     for l in LENS:
         yield max(1, 16384 // l), l, "f16"
     yield 4, 4096, "bf16"
+    yield 16, 1024, "f32"
 
 
 def key(b, l, dt):

@@ -24,14 +24,18 @@ typedef enum fl_kv_layout {
  * lo = max(0, len_b - window) when window > 0, else 0. group = q_heads / kv_heads (GQA; MHA
  * when 1, MQA when q_heads). A sequence with len_b == 0 gets zeros.
  *
- *   q, out   [batch, q_heads, head_dim], dtype (f16 or bf16), contiguous
+ *   q, out   [batch, q_heads, head_dim], dtype (f32, f16 or bf16), contiguous
  *   k, v     per `layout`, same dtype
  *   seq_lens i32 [batch], each in [0, max_seq_len]; values above capacity are clamped to it
  *   head_dim 64, 80, 96, 128 or 256; q_heads % kv_heads == 0
  *   num_splits: sequence splits (flash-decoding); 0 = choose from the shape and sm_count.
  *   workspace:  fl_attention_decode_workspace_size(...) bytes (may be NULL when that is 0),
  *               16-byte aligned.
- * Returns FL_ERR_INVALID_ARGUMENT on a bad size, layout or a too small workspace. */
+ * Math in f32 whatever the dtype: scores, online softmax (base 2), sums. f16/bf16 with
+ * q_heads / kv_heads even run the products on tensor cores (P rounded to the dtype for P V);
+ * f32 (any group) and odd groups run on CUDA cores, f32 reading the cache as 4-byte values.
+ * Pointers 16-byte aligned (FL_ERR_MISALIGNED).
+ * Returns FL_ERR_INVALID_ARGUMENT on a bad size, dtype, layout or a too small workspace. */
 typedef struct fl_decode_attention_args {
     fl_dtype dtype;
     int32_t batch, q_heads, kv_heads, head_dim;

@@ -17,8 +17,10 @@ extern "C" {
  * j > i - window (the last `window` positions, the query's own included). s = cu_seqlens[b],
  * group = q_heads / kv_heads (GQA; MHA when 1, MQA when q_heads); K/V are read in place
  * for all the q heads of a group, never duplicated. Softmax and accumulation in f32.
+ * f16/bf16: products on tensor cores (P rounded to the dtype for P V); f32: everything in
+ * f32 on CUDA cores (no TF32), for fp32 runs that must match an fp32 reference.
  *
- *   q, out      [total_tokens, q_heads, head_dim], dtype (f16 or bf16), contiguous
+ *   q, out      [total_tokens, q_heads, head_dim], dtype (f32, f16 or bf16), contiguous
  *   k, v        [total_tokens, kv_heads, head_dim], same dtype and packing
  *   cu_seqlens  i32 [batch + 1] on the device: 0 = cu[0] <= cu[1] <= ... <= cu[batch]
  *   head_dim    64, 80, 96, 128 or 256; q_heads % kv_heads == 0
@@ -31,8 +33,8 @@ extern "C" {
  * [cu[b], cu[b+1]) is clamped to [0, total_tokens] (an inverted range is empty).
  * Pointers 16-byte aligned (FL_ERR_MISALIGNED); out must not alias q, k or v.
  * Returns FL_ERR_INVALID_ARGUMENT on a bad size, dtype, head_dim, scale or a null pointer;
- * batch == 0 is a no-op. Needs up to 70 KB of dynamic shared memory per CTA (set here
- * with cudaFuncSetAttribute, which does not synchronise). */
+ * batch == 0 is a no-op. Needs up to 70 KB (f16/bf16) or 100 KB (f32) of dynamic shared
+ * memory per CTA (set here with cudaFuncSetAttribute, which does not synchronise). */
 typedef struct fl_prefill_attention_args {
     fl_dtype dtype;
     int32_t batch, q_heads, kv_heads, head_dim;

@@ -1,7 +1,7 @@
 //! Table cases for `fl_kernels::attention` (torch side: `torch_attention.py`).
 
 use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace, KvCache};
-use fl_kernels::{bf16, f16, DeviceTensor, HalfDType};
+use fl_kernels::{bf16, f16, DeviceTensor, FloatDType};
 
 use super::{bench_tensor, Case, Launch};
 
@@ -10,10 +10,11 @@ use super::{bench_tensor, Case, Launch};
 pub const DECODE_SHAPES: [(usize, usize); 5] =
     [(1, 32768), (4, 16384), (16, 8192), (64, 4096), (1, 4096)];
 
-fn decode_case<T: HalfDType>(batch: usize, len: usize, hkv: usize) -> Case {
+fn decode_case<T: FloatDType>(batch: usize, len: usize, hkv: usize) -> Case {
     let (hq, d) = (32usize, 128usize);
-    let kv_bytes = 2 * batch * hkv * len * d * 2;
-    let qo_bytes = 2 * batch * hq * d * 2;
+    let es = std::mem::size_of::<T>();
+    let kv_bytes = 2 * batch * hkv * len * d * es;
+    let qo_bytes = 2 * batch * hq * d * es;
     Case {
         op: "decode_attn",
         dtype: T::NAME,
@@ -39,7 +40,7 @@ fn decode_case<T: HalfDType>(batch: usize, len: usize, hkv: usize) -> Case {
     }
 }
 
-/// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 at one shape).
+/// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 and f32 at one shape).
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for &(b, l) in &DECODE_SHAPES {
@@ -47,5 +48,6 @@ pub fn cases() -> Vec<Case> {
         v.push(decode_case::<f16>(b, l, 32));
     }
     v.push(decode_case::<bf16>(64, 4096, 8));
+    v.push(decode_case::<f32>(64, 4096, 8));
     v
 }

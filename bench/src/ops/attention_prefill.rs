@@ -1,7 +1,7 @@
 //! Table cases for `fl_kernels::attention_prefill` (torch side: `torch_attention_prefill.py`).
 
 use fl_kernels::attention_prefill::{self, PrefillParams};
-use fl_kernels::{bf16, f16, DeviceTensor, HalfDType};
+use fl_kernels::{bf16, f16, DeviceTensor, FloatDType};
 
 use super::{bench_tensor, Case, Launch};
 
@@ -25,7 +25,7 @@ pub fn shape_key(batch: usize, len: usize, hq: usize, hkv: usize, d: usize) -> S
 }
 
 /// A prepared launch of one point (inputs allocated here).
-pub fn make<T: HalfDType>(
+pub fn make<T: FloatDType>(
     gpu: &fl_kernels::Gpu,
     batch: usize,
     len: usize,
@@ -47,12 +47,13 @@ pub fn make<T: HalfDType>(
     }))
 }
 
-fn prefill_case<T: HalfDType>(len: usize) -> Case {
+fn prefill_case<T: FloatDType>(len: usize) -> Case {
     let (hq, hkv, d) = (32usize, 8usize, 128usize);
     let (batch, len) = shape(len);
     let total = batch * len;
     // q, k, v read once, out written once (the op is compute-bound; see the bench for TFLOP/s)
-    let bytes = (2 * total * hq * d + 2 * total * hkv * d) * 2 + 4 * (batch + 1);
+    let bytes =
+        (2 * total * hq * d + 2 * total * hkv * d) * std::mem::size_of::<T>() + 4 * (batch + 1);
     Case {
         op: "attn_prefill",
         dtype: T::NAME,
@@ -62,12 +63,13 @@ fn prefill_case<T: HalfDType>(len: usize) -> Case {
     }
 }
 
-/// Prefill attention at every length in f16, and bf16 at 4096.
+/// Prefill attention at every length in f16, bf16 at 4096, f32 (CUDA cores) at 1024.
 pub fn cases() -> Vec<Case> {
     let mut v: Vec<Case> = PREFILL_LENS
         .iter()
         .map(|&l| prefill_case::<f16>(l))
         .collect();
     v.push(prefill_case::<bf16>(4096));
+    v.push(prefill_case::<f32>(1024));
     v
 }

@@ -24,7 +24,10 @@
 //! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them, and (when
 //! the o/gate/up/down projections have no bias, as in LLaMA) each RMSNorm fused into the
 //! GEMV that reads it, so a decode layer is 6 kernels: norm+QKV, split+RoPE+append,
-//! attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on cuBLASLt.
+//! attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on cuBLASLt. The dense
+//! GEMV is f16/bf16 only: an f32 model runs every projection on cuBLASLt (f32 compute, no
+//! TF32) with the separate SwiGLU and add+RMSNorm kernels, and keeps its KV cache in f32
+//! ([`RunDType::DENSE_GEMV`]).
 
 use std::sync::Arc;
 
@@ -36,17 +39,149 @@ use fl_kernels::embedding::{self, DeviceStatus};
 use fl_kernels::gemv_dense::{self, RmsNorm};
 use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
 use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
-use fl_kernels::{activation, norm, DeviceTensor, HalfDType};
+use fl_kernels::{activation, norm, DeviceTensor, FloatDType};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{EngineError, Result};
 use crate::weights::Checkpoint;
 
-/// Element types the engine runs in: `f16` or `bf16` (the attention kernels are half-only).
-/// Its name is `DType::NAME`.
-pub trait RunDType: HalfDType + GemmType {}
-impl RunDType for fl_kernels::f16 {}
-impl RunDType for fl_kernels::bf16 {}
+/// Element types the engine runs in: `f32`, `f16` or `bf16` (weights, activations and the
+/// KV cache). Its name is `DType::NAME`.
+///
+/// Small passes may run their projections on the dense GEMV of `fl_kernels::gemv_dense`,
+/// which exists for `f16`/`bf16` only: [`DENSE_GEMV`](Self::DENSE_GEMV) says whether this
+/// dtype has it, and the `dense_*` methods call it. For `f32` ([`DENSE_GEMV`](Self::DENSE_GEMV)
+/// false, [`Model::gemv_max_m`] 0) they are never called and return an error if they were.
+pub trait RunDType: FloatDType + GemmType {
+    /// Whether `fl_kernels::gemv_dense` runs this dtype.
+    const DENSE_GEMV: bool = false;
+
+    /// `gemv_dense::linear`: `y = x·Wᵀ (+ bias)`.
+    fn dense_linear(
+        _stream: &CudaStream,
+        _x: &DeviceTensor<Self>,
+        _w: &DeviceTensor<Self>,
+        _bias: Option<&DeviceTensor<Self>>,
+        _y: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+
+    /// `gemv_dense::linear_add`: `residual += x·Wᵀ`.
+    fn dense_linear_add(
+        _stream: &CudaStream,
+        _x: &DeviceTensor<Self>,
+        _w: &DeviceTensor<Self>,
+        _residual: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+
+    /// `gemv_dense::linear_swiglu`: `out = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ)`.
+    fn dense_linear_swiglu(
+        _stream: &CudaStream,
+        _x: &DeviceTensor<Self>,
+        _w_gate_up: &DeviceTensor<Self>,
+        _out: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+
+    /// `gemv_dense::rms_norm_linear`: `y = rms_norm(h, gamma, eps)·Wᵀ (+ bias)`.
+    fn dense_rms_norm_linear(
+        _stream: &CudaStream,
+        _h: &DeviceTensor<Self>,
+        _gamma: &DeviceTensor<Self>,
+        _eps: f32,
+        _w: &DeviceTensor<Self>,
+        _bias: Option<&DeviceTensor<Self>>,
+        _y: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+
+    /// `gemv_dense::rms_norm_linear_swiglu`: `out = swiglu(rms_norm(h, gamma, eps)·[Wg|Wu]ᵀ)`.
+    fn dense_rms_norm_linear_swiglu(
+        _stream: &CudaStream,
+        _h: &DeviceTensor<Self>,
+        _gamma: &DeviceTensor<Self>,
+        _eps: f32,
+        _w_gate_up: &DeviceTensor<Self>,
+        _out: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+}
+
+fn no_dense_gemv<T: FloatDType>() -> fl_kernels::Error {
+    fl_kernels::Error::invalid(
+        "x",
+        format!(
+            "the dense GEMV has no {} kernel (use cuBLASLt: gemv_max_m = 0)",
+            T::NAME
+        ),
+    )
+}
+
+impl RunDType for f32 {}
+
+macro_rules! half_run_dtype {
+    ($t:ty) => {
+        impl RunDType for $t {
+            const DENSE_GEMV: bool = true;
+            fn dense_linear(
+                stream: &CudaStream,
+                x: &DeviceTensor<Self>,
+                w: &DeviceTensor<Self>,
+                bias: Option<&DeviceTensor<Self>>,
+                y: &mut DeviceTensor<Self>,
+            ) -> fl_kernels::Result<()> {
+                gemv_dense::linear(stream, x, w, bias, y)
+            }
+            fn dense_linear_add(
+                stream: &CudaStream,
+                x: &DeviceTensor<Self>,
+                w: &DeviceTensor<Self>,
+                residual: &mut DeviceTensor<Self>,
+            ) -> fl_kernels::Result<()> {
+                gemv_dense::linear_add(stream, x, w, residual)
+            }
+            fn dense_linear_swiglu(
+                stream: &CudaStream,
+                x: &DeviceTensor<Self>,
+                w_gate_up: &DeviceTensor<Self>,
+                out: &mut DeviceTensor<Self>,
+            ) -> fl_kernels::Result<()> {
+                gemv_dense::linear_swiglu(stream, x, w_gate_up, out)
+            }
+            fn dense_rms_norm_linear(
+                stream: &CudaStream,
+                h: &DeviceTensor<Self>,
+                gamma: &DeviceTensor<Self>,
+                eps: f32,
+                w: &DeviceTensor<Self>,
+                bias: Option<&DeviceTensor<Self>>,
+                y: &mut DeviceTensor<Self>,
+            ) -> fl_kernels::Result<()> {
+                let norm = RmsNorm { weight: gamma, eps };
+                gemv_dense::rms_norm_linear(stream, h, norm, w, bias, y)
+            }
+            fn dense_rms_norm_linear_swiglu(
+                stream: &CudaStream,
+                h: &DeviceTensor<Self>,
+                gamma: &DeviceTensor<Self>,
+                eps: f32,
+                w_gate_up: &DeviceTensor<Self>,
+                out: &mut DeviceTensor<Self>,
+            ) -> fl_kernels::Result<()> {
+                let norm = RmsNorm { weight: gamma, eps };
+                gemv_dense::rms_norm_linear_swiglu(stream, h, norm, w_gate_up, out)
+            }
+        }
+    };
+}
+half_run_dtype!(fl_kernels::f16);
+half_run_dtype!(fl_kernels::bf16);
 
 /// The weights of one decoder layer, on the device, in the run dtype.
 pub struct LayerWeights<T: RunDType> {
@@ -531,7 +666,8 @@ pub struct Model<T: RunDType> {
     /// 0 turns the GEMV off. Default 4: on the H100 the GEMV beats cuBLASLt at 1 token
     /// (1.02-1.10x, 2.6x on small matrices) but not at 16 (0.83x on 4096 x 11008; decode at
     /// batch 16 ran at 82% of the floor with it and 87% without). `FL_GEMV_MAX_M` overrides
-    /// it (at most 16, the kernel's limit).
+    /// it (at most 16, the kernel's limit). Always 0 for a dtype without the dense GEMV
+    /// (f32: [`RunDType::DENSE_GEMV`]).
     pub gemv_max_m: usize,
     /// On the dense-GEMV path, fuse each RMSNorm into the projection that reads it
     /// ([`gemv_dense::rms_norm_linear`], [`gemv_dense::rms_norm_linear_swiglu`]): two kernels
@@ -560,7 +696,7 @@ impl<T: RunDType> Model<T> {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_M)
-            .min(gemv_dense::MAX_M);
+            .min(if T::DENSE_GEMV { gemv_dense::MAX_M } else { 0 });
         let fuse_norm = std::env::var("FL_GEMV_NORM").map_or(true, |v| v != "0");
         Ok(Model {
             cfg,
@@ -617,14 +753,14 @@ impl<T: RunDType> Model<T> {
         norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
         for (l, lw) in w.layers.iter().enumerate() {
             if small {
-                gemv_dense::linear(stream, &buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
+                T::dense_linear(stream, &buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
             } else {
                 blas.linear(&buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
             }
             self.attention(stream, buf, &mut cache.layers[l], mode, &dparams)?;
             // h += attn·Woᵀ; x = rms_norm(h).
             if small && lw.bo.is_none() {
-                gemv_dense::linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
+                T::dense_linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
                 norm::rms_norm(stream, &buf.h, &lw.ffn_norm, self.eps, &mut buf.x)?;
             } else {
                 blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
@@ -639,7 +775,7 @@ impl<T: RunDType> Model<T> {
             }
             // act = silu(x·Wgᵀ) * (x·Wuᵀ).
             if small && lw.b_gate_up.is_none() {
-                gemv_dense::linear_swiglu(stream, &buf.x, &lw.w_gate_up, &mut buf.act)?;
+                T::dense_linear_swiglu(stream, &buf.x, &lw.w_gate_up, &mut buf.act)?;
             } else {
                 blas.linear(
                     &buf.x,
@@ -655,7 +791,7 @@ impl<T: RunDType> Model<T> {
                 None => &w.final_norm,
             };
             if small && lw.b_down.is_none() {
-                gemv_dense::linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
+                T::dense_linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
                 norm::rms_norm(stream, &buf.h, next, self.eps, &mut buf.x)?;
             } else {
                 blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
@@ -750,26 +886,27 @@ impl<T: RunDType> Model<T> {
         dparams: &DecodeParams,
     ) -> Result<()> {
         for (l, lw) in self.weights.layers.iter().enumerate() {
-            let an = RmsNorm {
-                weight: &lw.attn_norm,
-                eps: self.eps,
-            };
-            gemv_dense::rms_norm_linear(
+            let eps = self.eps;
+            T::dense_rms_norm_linear(
                 stream,
                 &buf.h,
-                an,
+                &lw.attn_norm,
+                eps,
                 &lw.wqkv,
                 lw.bqkv.as_ref(),
                 &mut buf.qkv,
             )?;
             self.attention(stream, buf, &mut cache.layers[l], mode, dparams)?;
-            gemv_dense::linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
-            let fnm = RmsNorm {
-                weight: &lw.ffn_norm,
-                eps: self.eps,
-            };
-            gemv_dense::rms_norm_linear_swiglu(stream, &buf.h, fnm, &lw.w_gate_up, &mut buf.act)?;
-            gemv_dense::linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
+            T::dense_linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
+            T::dense_rms_norm_linear_swiglu(
+                stream,
+                &buf.h,
+                &lw.ffn_norm,
+                eps,
+                &lw.w_gate_up,
+                &mut buf.act,
+            )?;
+            T::dense_linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
         }
         Ok(())
     }
@@ -784,7 +921,7 @@ impl<T: RunDType> Model<T> {
     ) -> Result<()> {
         let w = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         if rows.shape().first().is_some_and(|&r| r <= self.gemv_max_m) {
-            gemv_dense::linear(stream, rows, w, None, logits)?;
+            T::dense_linear(stream, rows, w, None, logits)?;
         } else {
             blas.linear(rows, w, None, logits)?;
         }

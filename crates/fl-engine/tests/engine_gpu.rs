@@ -6,6 +6,10 @@
 //!   extended by that token);
 //! - the CUDA-graph decode gives the same tokens as eager launches;
 //! - bad requests are errors naming the argument, before any work.
+//!
+//! Each in f16 (and bf16 where cheap) within 1e-2, and in f32 within 1e-4: there the two
+//! sides differ only by the order of f32 sums (cuBLASLt may pick another algorithm for
+//! another token count, the attention splits differ), ~1e-6 per layer on this tiny model.
 
 use fl_engine::engine::{Engine, Request, StepNeeds};
 use fl_engine::model::WeightSource;
@@ -73,6 +77,15 @@ fn to_f64(v: &[f32]) -> Vec<f64> {
     v.iter().map(|&x| x as f64).collect()
 }
 
+/// Bound on the rel L2 between two runs of the same logits in dtype `T`.
+fn tol<T: fl_engine::model::RunDType>() -> f64 {
+    if <T as fl_kernels::DType>::NAME == "f32" {
+        1e-4
+    } else {
+        1e-2
+    }
+}
+
 fn ragged_batch_matches_single<T: fl_engine::model::RunDType>() {
     let mut e = engine::<T>();
     let lens = [1usize, 7, 33, 129, 2];
@@ -86,13 +99,13 @@ fn ragged_batch_matches_single<T: fl_engine::model::RunDType>() {
         let (alone, asteps, _) = run(&mut e, &req(vec![p.clone()], 4));
         let err = rel_l2(&batched[b], &to_f64(&alone[0]));
         assert!(
-            err < 1e-2,
+            err < tol::<T>(),
             "prompt {b} (len {}): batched vs alone rel L2 {err}",
             p.len()
         );
         for s in 0..asteps.len() {
             let err = rel_l2(&bsteps[s][b], &to_f64(&asteps[s][0]));
-            assert!(err < 1e-2, "prompt {b} step {s}: rel L2 {err}");
+            assert!(err < tol::<T>(), "prompt {b} step {s}: rel L2 {err}");
         }
     }
 }
@@ -114,11 +127,31 @@ fn ragged_batch_matches_single_bf16() {
 }
 
 #[test]
+fn ragged_batch_matches_single_f32() {
+    if gpu_or_skip("ragged_batch_matches_single_f32").is_none() {
+        return;
+    }
+    ragged_batch_matches_single::<f32>();
+}
+
+#[test]
 fn decode_path_matches_prefill_path() {
     if gpu_or_skip("decode_path_matches_prefill_path").is_none() {
         return;
     }
-    let mut e = engine::<f16>();
+    decode_path_matches_prefill::<f16>();
+}
+
+#[test]
+fn decode_path_matches_prefill_path_f32() {
+    if gpu_or_skip("decode_path_matches_prefill_path_f32").is_none() {
+        return;
+    }
+    decode_path_matches_prefill::<f32>();
+}
+
+fn decode_path_matches_prefill<T: fl_engine::model::RunDType>() {
+    let mut e = engine::<T>();
     let p = prompt(20, 9);
     let forced: Vec<u32> = prompt(6, 4);
     let mut r = req(vec![p.clone()], 7);
@@ -131,7 +164,7 @@ fn decode_path_matches_prefill_path() {
         longer.extend_from_slice(&forced[..=s]);
         let (pre, _, _) = run(&mut e, &req(vec![longer], 2));
         let err = rel_l2(&steps[s][0], &to_f64(&pre[0]));
-        assert!(err < 1e-2, "step {s}: decode vs prefill rel L2 {err}");
+        assert!(err < tol::<T>(), "step {s}: decode vs prefill rel L2 {err}");
     }
 }
 
@@ -140,7 +173,19 @@ fn graph_and_eager_decode_agree() {
     if gpu_or_skip("graph_and_eager_decode_agree").is_none() {
         return;
     }
-    let mut e = engine::<f16>();
+    graph_and_eager_agree::<f16>();
+}
+
+#[test]
+fn graph_and_eager_decode_agree_f32() {
+    if gpu_or_skip("graph_and_eager_decode_agree_f32").is_none() {
+        return;
+    }
+    graph_and_eager_agree::<f32>();
+}
+
+fn graph_and_eager_agree<T: fl_engine::model::RunDType>() {
+    let mut e = engine::<T>();
     let prompts = vec![prompt(5, 1), prompt(40, 2), prompt(1, 3)];
     e.use_graph = true;
     let g = e

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaStream, DevicePtr};
 use fl_kernels_sys::{fl_decode_attention_args, fl_kv_layout};
 use std::sync::Arc;
 
-use crate::dtype::HalfDType;
+use crate::dtype::FloatDType;
 use crate::error::check;
 use crate::tensor::{as_i32, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
@@ -16,9 +16,9 @@ use crate::{DeviceTensor, Error, Result};
 pub const DECODE_HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
 
 /// The KV cache that [`decode`] reads, in one of the two layouts the cache-append kernels
-/// write.
+/// write, in the dtype of the queries (`f32`, `f16` or `bf16`).
 #[derive(Debug, Clone, Copy)]
-pub enum KvCache<'a, T: HalfDType> {
+pub enum KvCache<'a, T: FloatDType> {
     /// `k`, `v`: `[batch, kv_heads, max_seq, head_dim]` each.
     Contiguous {
         /// Keys.
@@ -103,7 +103,7 @@ fn sm_count(stream: &CudaStream) -> i32 {
         .unwrap_or(0)
 }
 
-fn build_args<T: HalfDType>(
+fn build_args<T: FloatDType>(
     stream: &CudaStream,
     q: &DeviceTensor<T>,
     cache: &KvCache<'_, T>,
@@ -226,7 +226,7 @@ fn build_args<T: HalfDType>(
 }
 
 /// Scratch bytes [`decode`] needs for these inputs (0 when it runs in one split).
-pub fn decode_workspace_bytes<T: HalfDType>(
+pub fn decode_workspace_bytes<T: FloatDType>(
     stream: &CudaStream,
     q: &DeviceTensor<T>,
     cache: &KvCache<'_, T>,
@@ -247,13 +247,15 @@ pub fn decode_workspace_bytes<T: HalfDType>(
 /// `g = q_heads`). The cache must already hold the current token. A sequence of length 0
 /// gets a zero output. Softmax in f32 with an online max; K/V read once per KV head for all
 /// of its query heads; long sequences are split across CTAs (flash-decoding) and reduced
-/// in a second pass. When `g >= 2` (an even group) the products run on tensor cores (f32
-/// accumulation; the softmax weights are rounded to the input dtype for `P·V`, as in
-/// FlashAttention).
+/// in a second pass. For `f16`/`bf16` with `g >= 2` (an even group) the products run on
+/// tensor cores (f32 accumulation; the softmax weights are rounded to the input dtype for
+/// `P·V`, as in FlashAttention); `f32` runs on CUDA cores for every `g`, all in f32 (no
+/// TF32), so it matches an f64 reference to ~1e-6.
 ///
 /// Shapes: `q`, `out`: `[batch, q_heads, head_dim]`; `seq_lens`: `[batch]` (device, each
 /// at most `params.max_seq_len`; larger values are clamped to the cache capacity);
-/// cache per [`KvCache`]. `head_dim` in [`DECODE_HEAD_DIMS`]. Dtypes: `f16`, `bf16`.
+/// cache per [`KvCache`]. `head_dim` in [`DECODE_HEAD_DIMS`]. Dtypes: `f32`, `f16`, `bf16`
+/// (one dtype for `q`, the cache and `out`).
 ///
 /// Errors: [`Error::Shape`] / [`Error::InvalidArgument`] naming the argument, before any
 /// launch; `workspace` smaller than [`decode_workspace_bytes`].
@@ -275,7 +277,7 @@ pub fn decode_workspace_bytes<T: HalfDType>(
 /// attention::decode(s, &q, &cache, &lens, &params, &mut ws, &mut out)?;
 /// # Ok::<(), fl_kernels::Error>(())
 /// ```
-pub fn decode<T: HalfDType>(
+pub fn decode<T: FloatDType>(
     stream: &CudaStream,
     q: &DeviceTensor<T>,
     cache: &KvCache<'_, T>,

@@ -6,7 +6,7 @@ use cudarc::driver::CudaStream;
 use fl_kernels_sys::fl_prefill_attention_args;
 use std::sync::Arc;
 
-use crate::dtype::HalfDType;
+use crate::dtype::FloatDType;
 use crate::error::check;
 use crate::tensor::{as_i32, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
@@ -51,8 +51,8 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
     4 * head_dim as u64 * q_heads as u64 * pairs
 }
 
-/// Causal prefill attention over a packed, padding-free batch (FlashAttention-2 on tensor
-/// cores).
+/// Causal prefill attention over a packed, padding-free batch (FlashAttention-2: on tensor
+/// cores for `f16`/`bf16`, on CUDA cores in f32 for `f32`).
 ///
 /// Sequence `b` owns tokens `s = cu_seqlens[b] .. cu_seqlens[b + 1]` of the packed tensors.
 /// For its query at position `i` and q head `h`:
@@ -62,14 +62,16 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
 /// over `j ≤ i` (causal) and, with a window `w`, `j > i − w`; `g = q_heads / kv_heads`
 /// (grouped-query attention; MHA and MQA are `g = 1` and `g = q_heads`), K/V read in place
 /// for the whole group. f32 softmax and accumulation; no `[L, L]` score matrix, no
-/// workspace.
+/// workspace. `f16`/`bf16` round the softmax weights to the dtype for `P·V` (as
+/// FlashAttention does); `f32` keeps every step in f32 (no TF32), ~1e-6 from an f64
+/// reference.
 ///
 /// Shapes: `q`, `out`: `[total_tokens, q_heads, head_dim]`; `k`, `v`: `[total_tokens,
 /// kv_heads, head_dim]`; `cu_seqlens`: `[batch + 1]` i32 prefix offsets on the device
 /// (`cu[0] = 0`, non-decreasing, `cu[batch] ≤ total_tokens`). `head_dim` in
-/// [`PREFILL_HEAD_DIMS`]. Dtypes: `f16`, `bf16`. Whatever `cu_seqlens` holds, the kernel
-/// never reads or writes outside the tensors (ranges are clamped to `total_tokens`); tokens
-/// that no sequence covers are not written. See [`PrefillParams::max_seq_len`] for the one
+/// [`PREFILL_HEAD_DIMS`]. Dtypes: `f32`, `f16`, `bf16` (one for all four tensors).
+/// Whatever `cu_seqlens` holds, the kernel never reads or writes outside the tensors (ranges
+/// are clamped to `total_tokens`); tokens that no sequence covers are not written. See [`PrefillParams::max_seq_len`] for the one
 /// precondition on the device data.
 ///
 /// Errors, before any launch: [`Error::Shape`] / [`Error::InvalidArgument`] naming the
@@ -96,7 +98,7 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
 /// attention_prefill::prefill(s, &q, &k, &v, &cu_seqlens, &mut out, &params)?;
 /// # Ok::<(), fl_kernels::Error>(())
 /// ```
-pub fn prefill<T: HalfDType>(
+pub fn prefill<T: FloatDType>(
     stream: &Arc<CudaStream>,
     q: &DeviceTensor<T>,
     k: &DeviceTensor<T>,

@@ -77,8 +77,8 @@ impl FloatDType for bf16 {
     const EPS: f64 = 3.906_25e-3;
 }
 
-/// A 16-bit float [`DType`] (`f16`, `bf16`): the storage types of the attention kernels
-/// and the KV cache.
+/// A 16-bit float [`DType`] (`f16`, `bf16`): the types of the kernels that run on tensor
+/// cores only (dense and quantised GEMV, the W8A8 activation kernels).
 pub trait HalfDType: FloatDType {}
 impl HalfDType for f16 {}
 impl HalfDType for bf16 {}

@@ -1,10 +1,11 @@
 //! attention_prefill::prefill on the GPU against reference::attention_prefill::prefill (f64):
 //! GQA ratios 1/4/8/32, single sequences of odd lengths, ragged batches, windows, every
-//! instantiated head_dim, f16 and bf16; argument errors; reference properties on the CPU.
+//! instantiated head_dim, f16, bf16 and f32 (rel L2 < 1e-5, the DESIGN.md fp32 bound);
+//! argument errors; reference properties on the CPU.
 
 use fl_kernels::attention_prefill::{self, PrefillParams, PREFILL_HEAD_DIMS};
 use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, to_f64};
-use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
+use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use rand::Rng;
 
 struct Case {
@@ -23,7 +24,7 @@ fn cu_of(lens: &[usize]) -> Vec<usize> {
     cu
 }
 
-fn run_case<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
+fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
     let s = gpu.stream();
     let cu = cu_of(&c.lens);
     let total = *cu.last().unwrap();
@@ -59,10 +60,20 @@ fn run_case<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
     rel_l2(&got, &want)
 }
 
-fn check<T: HalfDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
-    let err = run_case::<T>(gpu, c, r);
+fn tol<T: FloatDType>() -> f64 {
     // Expected ~2e-4 (f16) / ~2e-3 (bf16): P is rounded to 16 bits for the PV product.
-    let tol = if T::NAME == "f16" { 2e-3 } else { 1e-2 };
+    // f32: all in f32; the largest term is the running sum of up to 4k weighted values per
+    // output, ~0.4 * 2^-24 * sqrt(n) of its value for random signs (~1.5e-6 at n = 4095).
+    match T::NAME {
+        "f32" => 1e-5,
+        "f16" => 2e-3,
+        _ => 1e-2,
+    }
+}
+
+fn check<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
+    let err = run_case::<T>(gpu, c, r);
+    let tol = tol::<T>();
     assert!(
         err < tol,
         "prefill<{}> hq={} hkv={} d={} lens={:?} window={}: rel L2 {err:e}",
@@ -132,34 +143,76 @@ fn prefill_sliding_window() {
 }
 
 #[test]
+fn prefill_f32_gqa_ratios_and_odd_lengths() {
+    let Some(gpu) = gpu_or_skip("prefill_f32_gqa_ratios_and_odd_lengths") else {
+        return;
+    };
+    let mut r = rng("prefill_f32_gqa");
+    for &(hq, hkv) in &[(4usize, 4usize), (12, 4), (16, 4), (16, 2), (32, 1)] {
+        for &len in &[1usize, 7, 129] {
+            check::<f32>(&gpu, &case(hq, hkv, 128, vec![len]), &mut r);
+        }
+    }
+    check::<f32>(&gpu, &case(2, 1, 128, vec![4095]), &mut r);
+    check::<f32>(&gpu, &case(2, 2, 64, vec![4095]), &mut r);
+    check::<f32>(&gpu, &case(2, 1, 256, vec![4095]), &mut r);
+}
+
+#[test]
+fn prefill_f32_ragged_batch_every_head_dim_and_window() {
+    let Some(gpu) = gpu_or_skip("prefill_f32_ragged_batch_every_head_dim_and_window") else {
+        return;
+    };
+    let mut r = rng("prefill_f32_ragged");
+    for &d in &PREFILL_HEAD_DIMS {
+        check::<f32>(&gpu, &case(8, 2, d, vec![1, 7, 129, 300, 64]), &mut r);
+        check::<f32>(&gpu, &case(4, 4, d, vec![64, 1, 257]), &mut r);
+        check::<f32>(&gpu, &case(16, 2, d, vec![33, 2, 31, 32]), &mut r);
+    }
+    for &w in &[1usize, 5, 16, 64, 100, 5000] {
+        let mut c = case(8, 2, 128, vec![500, 77, 1]);
+        c.window = w;
+        check::<f32>(&gpu, &c, &mut r);
+        let mut c = case(4, 4, 256, vec![300]);
+        c.window = w;
+        check::<f32>(&gpu, &c, &mut r);
+    }
+}
+
+#[test]
 fn prefill_never_writes_outside_sequences() {
     let Some(gpu) = gpu_or_skip("prefill_never_writes_outside_sequences") else {
         return;
     };
+    never_writes_outside::<f16>(&gpu);
+    never_writes_outside::<f32>(&gpu);
+}
+
+fn never_writes_outside<T: FloatDType>(gpu: &Gpu) {
     // cu_seqlens covers tokens 0..10 only (and holds an inverted and an oversized range):
     // tokens 10.. keep their poison; nothing is read or written out of bounds.
     let s = gpu.stream();
     let (total, hq, hkv, d) = (40usize, 4usize, 2usize, 64usize);
     let mut r = rng("prefill_outside");
-    let q: Vec<f16> = fl_kernels::testing::random(&mut r, total * hq * d);
-    let k: Vec<f16> = fl_kernels::testing::random(&mut r, total * hkv * d);
+    let q: Vec<T> = fl_kernels::testing::random(&mut r, total * hq * d);
+    let k: Vec<T> = fl_kernels::testing::random(&mut r, total * hkv * d);
     let dq = DeviceTensor::from_host(s, &q, &[total, hq, d]).unwrap();
     let dk = DeviceTensor::from_host(s, &k, &[total, hkv, d]).unwrap();
     let dcu = DeviceTensor::from_host(s, &[0i32, 10, 5, 1000], &[4]).unwrap();
-    let mut out = DeviceTensor::filled(s, &[total, hq, d], f16::from_f32(f32::NAN)).unwrap();
+    let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
     let p = PrefillParams::new(d, total);
     attention_prefill::prefill(s, &dq, &dk, &dk, &dcu, &mut out, &p).unwrap();
     let got = out.to_host(s).unwrap();
     let row = hq * d;
-    assert!(got[..10 * row].iter().all(|x| x.is_finite()));
+    assert!(got[..10 * row].iter().all(|x| x.to_f32().is_finite()));
     // [10, 5) is empty; [5, 1000) is clamped to [5, 40): those rows are written too.
-    assert!(got[10 * row..].iter().all(|x| x.is_finite()));
+    assert!(got[10 * row..].iter().all(|x| x.to_f32().is_finite()));
     let dcu = DeviceTensor::from_host(s, &[0i32, 10], &[2]).unwrap();
-    let mut out = DeviceTensor::filled(s, &[total, hq, d], f16::from_f32(f32::NAN)).unwrap();
+    let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
     attention_prefill::prefill(s, &dq, &dk, &dk, &dcu, &mut out, &p).unwrap();
     let got = out.to_host(s).unwrap();
-    assert!(got[..10 * row].iter().all(|x| x.is_finite()));
-    assert!(got[10 * row..].iter().all(|x| x.is_nan()));
+    assert!(got[..10 * row].iter().all(|x| x.to_f32().is_finite()));
+    assert!(got[10 * row..].iter().all(|x| x.to_f32().is_nan()));
 }
 
 #[test]
@@ -253,11 +306,11 @@ fn prefill_gpu_proptest() {
         prop::sample::select(PREFILL_HEAD_DIMS.to_vec()),
         proptest::collection::vec(1usize..400, 1..5),
         prop::option::of(1usize..300),
-        any::<bool>(),
+        0u8..3,
         any::<u64>(),
     );
     runner
-        .run(&strat, |((hq, hkv), d, lens, window, half, seed)| {
+        .run(&strat, |((hq, hkv), d, lens, window, dtype, seed)| {
             use rand::SeedableRng;
             let mut r = rand::rngs::StdRng::seed_from_u64(seed);
             let c = Case {
@@ -267,12 +320,12 @@ fn prefill_gpu_proptest() {
                 lens,
                 window: window.unwrap_or(0),
             };
-            let err = if half {
-                run_case::<f16>(&gpu, &c, &mut r)
-            } else {
-                run_case::<bf16>(&gpu, &c, &mut r)
+            let (err, tol) = match dtype {
+                0 => (run_case::<f16>(&gpu, &c, &mut r), 1e-2),
+                1 => (run_case::<bf16>(&gpu, &c, &mut r), 1e-2),
+                _ => (run_case::<f32>(&gpu, &c, &mut r), tol::<f32>()),
             };
-            prop_assert!(err < 1e-2, "rel L2 {err:e}");
+            prop_assert!(err < tol, "dtype {dtype}: rel L2 {err:e}");
             Ok(())
         })
         .unwrap();

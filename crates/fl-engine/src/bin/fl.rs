@@ -16,6 +16,11 @@ macro_rules! dispatch {
         (|| -> Result<()> {
             let $l = load::resolve(&m.model, &m.quant)?;
             match m.dtype.as_str() {
+                "f32" => {
+                    let mut $e = load::engine::<f32>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
                 "bf16" => {
                     let mut $e = load::engine::<fl_kernels::bf16>(&$l, !m.no_graph)?;
                     let $e = &mut $e;
@@ -96,7 +101,8 @@ enum Cmd {
     /// Logits for checks against another implementation: reads
     /// `{"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N}` and writes
     /// `{"prefill": [[f32; vocab] per prompt], "steps": [[[f32; vocab] per prompt] per step],
-    /// "tokens": [[ids] per prompt]}`.
+    /// "tokens": [[ids] per prompt]}`. Sampling is greedy with no end ids: without `forced`,
+    /// `tokens` is each prompt's greedy continuation (N + 1 tokens).
     Logits {
         #[command(flatten)]
         model: ModelArgs,
@@ -123,8 +129,9 @@ struct ModelArgs {
     /// (llama-2-7b, llama-2-13b, llama-3-8b, tiny).
     #[arg(long)]
     model: String,
-    /// Run dtype.
-    #[arg(long, default_value = "f16", value_parser = ["f16", "bf16"])]
+    /// Run dtype: weights, activations and KV cache (f32 runs every projection on cuBLASLt in
+    /// f32, no TF32, for checks against an fp32 reference).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
     dtype: String,
     /// Weight quantisation on load.
     #[arg(long, default_value = "none", value_parser = ["none", "int8", "int4", "w8a8"])]
