@@ -336,6 +336,69 @@ fl_status deq_add(const int32_t *acc, const float *sa, const float *sw, T *res, 
     return launch_status();
 }
 
+// ------------------------------------------------------------------ dequantise (+ bias)
+// out[t, j] = T(deq(acc[t, j], act_scale[t], w_scale[j]) + f32(bias[j])) (no bias: T(deq)).
+// deq ends in __fmul_rn, so the add is never contracted into an FMA.
+template <typename T, bool B>
+__global__ void deq_vec_kernel(const int32_t *__restrict__ acc, const float *__restrict__ sa,
+                               const float *__restrict__ sw, const T *__restrict__ bias,
+                               T *__restrict__ out, int64_t rows, int64_t width) {
+    using V = Vec<T, kChunk>;
+    const int64_t per_row = width / kChunk, total = rows * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / per_row, c = i - row * per_row;
+        const int64_t off = row * width + c * kChunk;
+        float d[8];
+        deq8(acc + off, sw + c * kChunk, sa[row], d);
+        V o;
+        if constexpr (B) {
+            const V b = reinterpret_cast<const V *>(bias)[c];
+#pragma unroll
+            for (int j = 0; j < kChunk; ++j) o.v[j] = from_f32<T>(d[j] + to_f32(b.v[j]));
+        } else {
+#pragma unroll
+            for (int j = 0; j < kChunk; ++j) o.v[j] = from_f32<T>(d[j]);
+        }
+        *reinterpret_cast<V *>(out + off) = o;
+    }
+}
+
+template <typename T, bool B>
+__global__ void deq_scalar_kernel(const int32_t *__restrict__ acc, const float *__restrict__ sa,
+                                  const float *__restrict__ sw, const T *__restrict__ bias,
+                                  T *__restrict__ out, int64_t rows, int64_t width) {
+    const int64_t total = rows * width;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / width, j = i - row * width;
+        const float d = deq(acc[i], sa[row], sw[j]);
+        out[i] = from_f32<T>(B ? d + to_f32(bias[j]) : d);
+    }
+}
+
+template <typename T, bool B>
+fl_status dequantize_launch(const int32_t *acc, const float *sa, const float *sw, const T *bias,
+                            T *out, int64_t rows, int64_t width, cudaStream_t s) {
+    constexpr int threads = 256;
+    if (width % kChunk == 0 && aligned16(acc) && aligned16(sw) && aligned16(out) &&
+        (!B || aligned16(bias))) {
+        deq_vec_kernel<T, B><<<grid_for(rows * (width / kChunk), threads), threads, 0, s>>>(
+            acc, sa, sw, bias, out, rows, width);
+    } else {
+        deq_scalar_kernel<T, B><<<grid_for(rows * width, threads), threads, 0, s>>>(
+            acc, sa, sw, bias, out, rows, width);
+    }
+    return launch_status();
+}
+
+template <typename T>
+fl_status dequantize(const int32_t *acc, const float *sa, const float *sw, const T *bias, T *out,
+                     int64_t rows, int64_t width, cudaStream_t s) {
+    return bias ? dequantize_launch<T, true>(acc, sa, sw, bias, out, rows, width, s)
+                : dequantize_launch<T, false>(acc, sa, sw, bias, out, rows, width, s);
+}
+
 // ------------------------------------------------------------------ dequant + RoPE
 // The input row of a token is (q_heads + 2 kv_heads) heads of head_dim: q heads, k heads, v
 // heads. A thread owns VP consecutive "slots" of one head: in a q or k head, slot s < half is
@@ -555,5 +618,18 @@ extern "C" fl_status fl_dequant_rope(fl_dtype dtype, const int32_t *acc, const f
     FL_DISPATCH_HALF(dtype, return fl::quant::deq_rope<scalar_t>(
                                 acc, act_scale, weight_scale, positions,
                                 static_cast<scalar_t *>(out), g, f, fl::as_stream(stream)));
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+extern "C" fl_status fl_dequantize(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                                   const float *weight_scale, const void *bias, void *out,
+                                   int64_t tokens, int64_t width, fl_stream stream) {
+    if (tokens < 0 || width < 1) return FL_ERR_INVALID_ARGUMENT;
+    if (tokens > 0 && width > INT64_MAX / tokens) return FL_ERR_INVALID_ARGUMENT;
+    if (tokens == 0) return FL_OK;
+    if (!acc || !act_scale || !weight_scale || !out) return FL_ERR_INVALID_ARGUMENT;
+    FL_DISPATCH_HALF(dtype, return fl::quant::dequantize<scalar_t>(
+                                acc, act_scale, weight_scale, static_cast<const scalar_t *>(bias),
+                                static_cast<scalar_t *>(out), tokens, width, fl::as_stream(stream)));
     return FL_ERR_UNSUPPORTED_DTYPE;
 }

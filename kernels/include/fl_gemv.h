@@ -56,6 +56,28 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         const void *scales, const void *zeros, int32_t group_size, void *y,
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
+/* Dequantise a whole weight into a dense matrix (the prefill path: past FL_GEMV_MAX_M tokens a
+ * dense tensor-core GEMM reads the result):
+ *   out[r, j] = dtype(W[r, j]),   r < n, j < k,
+ * with W as defined above, computed in f32 ((q - z) * scale: one rounded f32 product for
+ * FL_GEMV_INT8, exact for the other formats) and rounded once to dtype. out: dtype [n, k]
+ * row-major; dtype f32, f16 or bf16. w, scales, zeros, group_size as for fl_gemv_quant.
+ * Alignment: w and out 16-byte aligned, scales 4-byte (f32) / 2-byte (f16), else
+ * FL_ERR_MISALIGNED. out may not overlap an input.
+ * Errors: FL_ERR_INVALID_ARGUMENT for n < 0, k <= 0 or not a multiple of 32, a bad group size,
+ * sizes whose products overflow int64_t, an unknown format or a NULL pointer with work to do;
+ * FL_ERR_UNSUPPORTED_DTYPE for another dtype. n == 0 launches nothing and returns FL_OK. */
+fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, const void *w,
+                             const void *scales, const void *zeros, int32_t group_size, void *out,
+                             int64_t n, int64_t k, fl_stream stream);
+
+/* Test hook, runs on the HOST (no GPU, no stream): fl_gemv_dequantize's own per-unit code over
+ * host buffers, writing the f32 values before the rounding to dtype into out [n, k]. Same
+ * argument checks (no alignment requirement). */
+fl_status fl_gemv_dequantize_host(fl_gemv_format format, const void *w, const void *scales,
+                                  const void *zeros, int32_t group_size, float *out, int64_t n,
+                                  int64_t k);
+
 /* Test hook, runs on the HOST (no GPU, no stream): the kernel's own unpacking code for one
  * 16-byte unit of 4-bit quants (32 values), so that CPU tests check it against the format
  * definitions above. `quants`: 16 bytes, an int4 unit (values j = 2b, 2b + 1 of byte b) or

@@ -103,6 +103,18 @@ fl_status fl_dequant_add(fl_dtype dtype, const int32_t *acc, const float *act_sc
                          const float *weight_scale, void *residual, int64_t tokens, int64_t width,
                          fl_stream stream);
 
+/* Dequantise a GEMM output to dtype, with an optional bias (a projection whose consumer is not
+ * one of the fused kernels above, e.g. the QKV projection before fl_rope_append, or a projection
+ * with a bias):
+ *   out[t, i] = dtype(deq(t, i) + f32(bias[i]))      (bias NULL: out[t, i] = dtype(deq(t, i)))
+ * one f32 add, one rounding. acc: int32 [tokens, width]; act_scale: f32 [tokens]; weight_scale:
+ * f32 [width]; bias: dtype [width] or NULL; out: dtype [tokens, width]. Elementwise; 8 elements
+ * per access when width is a multiple of 8 and acc, weight_scale, bias and out are 16-byte
+ * aligned, else one per thread. */
+fl_status fl_dequantize(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                        const float *weight_scale, const void *bias, void *out, int64_t tokens,
+                        int64_t width, fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

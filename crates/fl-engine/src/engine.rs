@@ -13,6 +13,7 @@ use fl_sampling::{Sampler, SamplerConfig, SamplingParams};
 
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
+use crate::linear::Quant;
 use crate::model::{AttnMode, Buffers, Cache, Model, RunDType, WeightSource, Weights};
 
 /// A model on a GPU with its own stream and cuBLASLt handle.
@@ -82,14 +83,31 @@ pub struct StepNeeds {
 }
 
 impl<T: RunDType> Engine<T> {
-    /// Loads `cfg`'s weights from `src` onto device `ordinal` in dtype `T`.
+    /// Loads `cfg`'s weights from `src` onto device `ordinal` in dtype `T`, dense.
     pub fn load(
         ordinal: usize,
         cfg: ModelConfig,
         src: WeightSource<'_>,
         progress: Option<crate::model::Progress<'_>>,
     ) -> Result<Self> {
+        Self::load_quant(ordinal, cfg, src, Quant::None, progress)
+    }
+
+    /// Loads `cfg`'s weights from `src` onto device `ordinal` in dtype `T`, the decoder's
+    /// projections quantised per `quant` ([`Weights::load_quant`]).
+    ///
+    /// Errors: those of [`Engine::load`]; [`EngineError::Invalid`] naming `--quant` for a
+    /// mode the dtype or the model's shapes cannot take.
+    pub fn load_quant(
+        ordinal: usize,
+        cfg: ModelConfig,
+        src: WeightSource<'_>,
+        quant: Quant,
+        progress: Option<crate::model::Progress<'_>>,
+    ) -> Result<Self> {
         cfg.validate()?;
+        quant.check_dtype(<T as fl_kernels::DType>::NAME)?;
+        quant.check(&cfg)?;
         let base = Gpu::new(ordinal)?;
         // One stream, so cudarc's cross-stream event tracking only costs time, and its
         // event waits are not allowed inside a graph capture.
@@ -97,20 +115,20 @@ impl<T: RunDType> Engine<T> {
         // buffer below is used on the engine's one stream only.
         unsafe { base.context().disable_event_tracking() };
         let gpu = base.with_new_stream()?;
-        let need = cfg.weight_bytes(std::mem::size_of::<T>());
+        let need = quant.weight_bytes(&cfg, std::mem::size_of::<T>());
         let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
         if need as u128 > free as u128 {
             return Err(EngineError::invalid(
                 "--model",
                 format!(
-                    "the weights need {:.2} GB in {}, the GPU has {:.2} GB free",
+                    "the weights need {:.2} GB in {} (--quant {quant}), the GPU has {:.2} GB free",
                     need as f64 / 1e9,
                     <T as fl_kernels::DType>::NAME,
                     free as f64 / 1e9
                 ),
             ));
         }
-        let weights = Weights::<T>::load(gpu.stream(), &cfg, src, progress)?;
+        let weights = Weights::<T>::load_quant(gpu.stream(), &cfg, src, quant, progress)?;
         let model = Model::new(cfg, weights)?;
         let blas = Blas::new(&gpu)?;
         gpu.synchronize()?;
@@ -199,7 +217,11 @@ impl<T: RunDType> Engine<T> {
             + 3 * cfg.intermediate_size) as u64
             * tsize
             + 32;
-        let bufs = per_token * (total + batch) as u64 + 2 * (batch * cfg.vocab_size) as u64 * 4;
+        let quant = self.model.weights.quant;
+        let bufs = per_token * (total + batch) as u64
+            + 2 * (batch * cfg.vocab_size) as u64 * 4
+            + quant.buffer_bytes(cfg, total, tsize as usize)
+            + quant.buffer_bytes(cfg, batch, tsize as usize);
         // Memory freed by an earlier run goes back to the driver at a synchronisation; wait
         // so the free figure is the real one.
         self.gpu.synchronize()?;
@@ -270,12 +292,14 @@ impl<T: RunDType> Engine<T> {
         // ---- prefill: all prompts packed, no padding.
         self.gpu.synchronize()?;
         let t0 = Instant::now();
-        let mut dbuf = Buffers::<T>::new(&stream, &cfg, batch, &cache, AttnMode::Decode)?;
+        let mut dbuf = self
+            .model
+            .buffers(&stream, batch, &cache, AttnMode::Decode)?;
         {
             let mode = AttnMode::Prefill {
                 max_len: *lens.iter().max().unwrap_or(&1),
             };
-            let mut pbuf = Buffers::<T>::new(&stream, &cfg, total, &cache, mode)?;
+            let mut pbuf = self.model.buffers(&stream, total, &cache, mode)?;
             let mut ids = Vec::with_capacity(total);
             let mut pos = Vec::with_capacity(total);
             let mut seq = Vec::with_capacity(total);

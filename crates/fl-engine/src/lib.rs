@@ -4,7 +4,8 @@
 //!   for dummy weights, [`weights`]: memory-mapped safetensors (single or sharded), checked
 //!   before any upload;
 //! - [`model`]: the weights on the device and the decoder stack over a packed batch of
-//!   tokens (prefill) or one token per sequence (decode) with a KV cache;
+//!   tokens (prefill) or one token per sequence (decode) with a KV cache; [`linear`]: the
+//!   projections dense or quantised on load (`--quant` int8, int4, q8_0, q4_0, w8a8);
 //! - [`engine`]: the generation loop (prefill, sampling with fl-sampling, decode steps
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
 //!   resolution;
@@ -34,6 +35,7 @@ pub mod config;
 pub mod demo;
 pub mod engine;
 mod error;
+pub mod linear;
 pub mod load;
 pub mod model;
 pub mod presets;

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::config::ModelConfig;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
+use crate::linear::Quant;
 use crate::model::{RunDType, WeightSource};
 use crate::presets;
 use crate::tokenizer::Tokenizer;
@@ -23,23 +24,23 @@ pub struct Loaded {
     pub checkpoint: Option<Checkpoint>,
     /// `tokenizer.json` when the directory has one.
     pub tokenizer: Option<Tokenizer>,
+    /// How the decoder's projections are loaded (`--quant`).
+    pub quant: Quant,
 }
 
-/// Resolves `model` (a directory, else a preset name) and checks `quant`.
+/// Resolves `model` (a directory, else a preset name) and checks `quant` (one of
+/// [`Quant::NAMES`]) against it.
 ///
 /// Errors: a path that is neither a directory nor a preset names both possibilities; a
 /// config or checkpoint error names the file and field or tensor; every tensor is checked
-/// (names, shapes, dtypes, byte ranges) before anything is uploaded.
+/// (names, shapes, dtypes, byte ranges) before anything is uploaded; an unknown `--quant`
+/// value, or one the model's shapes cannot take ([`Quant::check`]), names `--quant`.
 pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
-    if quant != "none" {
-        return Err(EngineError::invalid(
-            "--quant",
-            format!("`{quant}` is not wired into the engine yet; only `none` runs today"),
-        ));
-    }
+    let quant = Quant::parse(quant)?;
     let path = Path::new(model);
     if path.is_dir() {
         let cfg = ModelConfig::from_model_dir(path)?;
+        quant.check(&cfg)?;
         let ck = Checkpoint::open(path)?;
         ck.check_all(&cfg)?;
         let tokenizer = Tokenizer::from_model_dir(path)?;
@@ -48,15 +49,20 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
             dir: Some(path.to_path_buf()),
             checkpoint: Some(ck),
             tokenizer,
+            quant,
         });
     }
     match presets::preset(model) {
-        Ok(cfg) => Ok(Loaded {
-            cfg,
-            dir: None,
-            checkpoint: None,
-            tokenizer: None,
-        }),
+        Ok(cfg) => {
+            quant.check(&cfg)?;
+            Ok(Loaded {
+                cfg,
+                dir: None,
+                checkpoint: None,
+                tokenizer: None,
+                quant,
+            })
+        }
         Err(_) => Err(EngineError::invalid(
             "--model",
             format!(
@@ -67,9 +73,10 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
     }
 }
 
-/// Loads `m` onto GPU 0 in dtype `T` with a progress bar on stderr.
+/// Loads `m` onto GPU 0 in dtype `T` (projections per `m.quant`) with a progress bar on
+/// stderr.
 pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
-    let total = m.cfg.weight_bytes(std::mem::size_of::<T>());
+    let total = m.quant.weight_bytes(&m.cfg, std::mem::size_of::<T>());
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
@@ -80,7 +87,7 @@ pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
         Some(ck) => WeightSource::Checkpoint(ck),
         None => WeightSource::Dummy { seed: 1 },
     };
-    let mut e = Engine::<T>::load(0, m.cfg.clone(), src, Some(&mut tick))?;
+    let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), src, m.quant, Some(&mut tick))?;
     bar.finish_and_clear();
     e.use_graph = graph;
     Ok(e)

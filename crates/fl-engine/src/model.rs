@@ -28,6 +28,13 @@
 //! GEMV is f16/bf16 only: an f32 model runs every projection on cuBLASLt (f32 compute, no
 //! TF32) with the separate SwiGLU and add+RMSNorm kernels, and keeps its KV cache in f32
 //! ([`RunDType::DENSE_GEMV`]).
+//!
+//! With `--quant` ([`Quant`], loaded by [`Weights::load_quant`]) the four projections of each
+//! layer are [`Linear`]s in another form: weight-only int8/int4/Q8_0/Q4_0 (the quantised GEMV
+//! up to 16 tokens, a dequantised copy and cuBLASLt past it; the SwiGLU and the residual add
+//! then run as separate kernels) or W8A8 (int8 GEMMs with the (de)quantisation fused into
+//! the kernels around them). The embedding, the LM head and the norms stay dense. See
+//! [`crate::linear`]. Buffers for a quantised model come from [`Model::buffers`].
 
 use std::sync::Arc;
 
@@ -39,10 +46,11 @@ use fl_kernels::embedding::{self, DeviceStatus};
 use fl_kernels::gemv_dense::{self, RmsNorm};
 use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
 use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
-use fl_kernels::{activation, norm, DeviceTensor, FloatDType};
+use fl_kernels::{activation, norm, DeviceTensor, FloatDType, HalfDType};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::{EngineError, Result};
+use crate::linear::{self, Linear, Quant, QuantBuffers};
 use crate::weights::Checkpoint;
 
 /// Element types the engine runs in: `f32`, `f16` or `bf16` (weights, activations and the
@@ -55,6 +63,21 @@ use crate::weights::Checkpoint;
 pub trait RunDType: FloatDType + GemmType {
     /// Whether `fl_kernels::gemv_dense` runs this dtype.
     const DENSE_GEMV: bool = false;
+
+    /// The half type the half-only kernels (dense GEMV, quantised paths) see: `Self` for
+    /// f16/bf16; for f32 a placeholder that [`RunDType::half`] never yields.
+    type Half: HalfDType + RunDType;
+
+    /// `t` as a tensor of [`RunDType::Half`] (the same tensor) for f16/bf16; an error for
+    /// f32, whose runs never reach the half-only kernels (refused at load).
+    fn half(_t: &DeviceTensor<Self>) -> Result<&DeviceTensor<Self::Half>> {
+        Err(no_half::<Self>())
+    }
+
+    /// [`RunDType::half`] for a tensor written to.
+    fn half_mut(_t: &mut DeviceTensor<Self>) -> Result<&mut DeviceTensor<Self::Half>> {
+        Err(no_half::<Self>())
+    }
 
     /// `gemv_dense::linear`: `y = x·Wᵀ (+ bias)`.
     fn dense_linear(
@@ -113,6 +136,22 @@ pub trait RunDType: FloatDType + GemmType {
     }
 }
 
+/// The dense weight of a projection on the fused path (which is taken only when all are dense).
+fn dense<T: RunDType>(p: &Linear<T>) -> Result<&DeviceTensor<T>> {
+    p.as_dense()
+        .ok_or_else(|| EngineError::invalid("quant", "the fused path needs dense weights"))
+}
+
+fn no_half<T: FloatDType>() -> EngineError {
+    EngineError::invalid(
+        "dtype",
+        format!(
+            "{} has no half-precision kernels (quantised paths need f16/bf16)",
+            T::NAME
+        ),
+    )
+}
+
 fn no_dense_gemv<T: FloatDType>() -> fl_kernels::Error {
     fl_kernels::Error::invalid(
         "x",
@@ -123,12 +162,21 @@ fn no_dense_gemv<T: FloatDType>() -> fl_kernels::Error {
     )
 }
 
-impl RunDType for f32 {}
+impl RunDType for f32 {
+    type Half = fl_kernels::f16;
+}
 
 macro_rules! half_run_dtype {
     ($t:ty) => {
         impl RunDType for $t {
             const DENSE_GEMV: bool = true;
+            type Half = $t;
+            fn half(t: &DeviceTensor<Self>) -> Result<&DeviceTensor<Self>> {
+                Ok(t)
+            }
+            fn half_mut(t: &mut DeviceTensor<Self>) -> Result<&mut DeviceTensor<Self>> {
+                Ok(t)
+            }
             fn dense_linear(
                 stream: &CudaStream,
                 x: &DeviceTensor<Self>,
@@ -183,26 +231,28 @@ macro_rules! half_run_dtype {
 half_run_dtype!(fl_kernels::f16);
 half_run_dtype!(fl_kernels::bf16);
 
-/// The weights of one decoder layer, on the device, in the run dtype.
+/// The weights of one decoder layer, on the device: norms and biases in the run dtype, the
+/// four projections as [`Linear`]s (dense in the run dtype, or quantised per [`Quant`]; all
+/// four in the same form).
 pub struct LayerWeights<T: RunDType> {
     /// `input_layernorm` `[hidden]`.
     pub attn_norm: DeviceTensor<T>,
     /// `q_proj`, `k_proj`, `v_proj` stacked: `[(q_heads + 2 kv_heads) * head_dim, hidden]`.
-    pub wqkv: DeviceTensor<T>,
+    pub wqkv: Linear<T>,
     /// Their biases stacked (Qwen2), when the config has them.
     pub bqkv: Option<DeviceTensor<T>>,
     /// `o_proj` `[hidden, q_heads * head_dim]`.
-    pub wo: DeviceTensor<T>,
+    pub wo: Linear<T>,
     /// `o_proj` bias.
     pub bo: Option<DeviceTensor<T>>,
     /// `post_attention_layernorm` `[hidden]`.
     pub ffn_norm: DeviceTensor<T>,
     /// `gate_proj` then `up_proj`, concatenated: `[2 * intermediate, hidden]`.
-    pub w_gate_up: DeviceTensor<T>,
+    pub w_gate_up: Linear<T>,
     /// Gate|up bias `[2 * intermediate]` (`mlp_bias`).
     pub b_gate_up: Option<DeviceTensor<T>>,
     /// `down_proj` `[hidden, intermediate]`.
-    pub w_down: DeviceTensor<T>,
+    pub w_down: Linear<T>,
     /// `down_proj` bias.
     pub b_down: Option<DeviceTensor<T>>,
 }
@@ -217,10 +267,13 @@ pub struct Weights<T: RunDType> {
     pub final_norm: DeviceTensor<T>,
     /// `lm_head` `[vocab, hidden]`; `None` when tied to `embed`.
     pub lm_head: Option<DeviceTensor<T>>,
+    /// How the layers' projections are stored.
+    pub quant: Quant,
 }
 
 impl<T: RunDType> Weights<T> {
-    /// Bytes of all weights on the device.
+    /// Bytes of all weights on the device (quantised projections at their packed size with
+    /// their scales: [`Quant::weight_bytes`]).
     pub fn bytes(&self) -> u64 {
         let mut n = self.embed.num_bytes() + self.final_norm.num_bytes();
         n += self.lm_head.as_ref().map_or(0, |t| t.num_bytes());
@@ -262,7 +315,8 @@ pub enum WeightSource<'a> {
     },
 }
 
-/// Called after each tensor is loaded with (bytes loaded so far, total bytes).
+/// Called after each tensor is loaded with (bytes loaded so far, total bytes); the total is
+/// [`Quant::weight_bytes`] of the mode loaded.
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
 struct Loader<'a, 'p> {
@@ -289,15 +343,49 @@ impl<'a> Loader<'a, '_> {
                 ck.expect(name, shape, &dtypes)?.to_vec::<T>()?
             }
             WeightSource::Dummy { .. } if norm => vec![T::from_f32(1.0); n],
-            WeightSource::Dummy { .. } => {
-                let c = &self.chunk;
-                let off = (name.len() * 7919) % c.len();
-                (0..n)
-                    .map(|i| T::from_f32(c[(off + i) % c.len()]))
-                    .collect()
-            }
+            WeightSource::Dummy { .. } => self.dummy(name, n).map(T::from_f32).collect(),
         };
         Ok(v)
+    }
+
+    /// The dummy values of tensor `name` (`n` of them).
+    fn dummy(&self, name: &str, n: usize) -> impl Iterator<Item = f32> + '_ {
+        let c = &self.chunk;
+        let off = (name.len() * 7919) % c.len();
+        (0..n).map(move |i| c[(off + i) % c.len()])
+    }
+
+    /// A linear weight's values in f32 (the checkpoint's widened exactly), for quantisation.
+    fn host_f32(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let n: usize = shape.iter().product();
+        Ok(match &self.src {
+            WeightSource::Checkpoint(ck) => ck
+                .expect(name, shape, crate::weights::FLOAT_DTYPES)?
+                .to_vec::<f32>()?,
+            WeightSource::Dummy { .. } => self.dummy(name, n).collect(),
+        })
+    }
+
+    /// Weights of shapes `[rows_i, k]` stacked along the first dimension, as a [`Linear`] in
+    /// mode `quant` (dense: exactly [`Loader::stacked`]; quantised: from the f32 values).
+    fn linear<T: RunDType>(
+        &mut self,
+        parts: &[(String, Vec<usize>)],
+        quant: Quant,
+    ) -> Result<Linear<T>> {
+        if quant.is_dense() {
+            return Ok(Linear::Dense(self.stacked(parts)?));
+        }
+        let mut v = Vec::new();
+        let mut rows = 0;
+        for (name, shape) in parts {
+            v.extend(self.host_f32(name, shape)?);
+            rows += shape[0];
+        }
+        let k = parts[0].1[1];
+        let lin = linear::quantize_linear(self.stream, &v, rows, k, quant)?;
+        self.tick(lin.num_bytes());
+        Ok(lin)
     }
 
     fn tensor<T: RunDType>(
@@ -353,7 +441,8 @@ fn dummy_chunk(seed: u64) -> Vec<f32> {
 }
 
 impl<T: RunDType> Weights<T> {
-    /// Loads every weight of `cfg` from `src` onto `stream`'s device in dtype `T`.
+    /// Loads every weight of `cfg` from `src` onto `stream`'s device in dtype `T`, dense
+    /// ([`Weights::load_quant`] with [`Quant::None`]).
     ///
     /// Errors: a missing tensor or one of the wrong shape or dtype names the tensor and the
     /// file ([`crate::weights::WeightsError`]); device allocation failures.
@@ -363,11 +452,31 @@ impl<T: RunDType> Weights<T> {
         src: WeightSource<'_>,
         progress: Option<Progress<'_>>,
     ) -> Result<Self> {
+        Self::load_quant(stream, cfg, src, Quant::None, progress)
+    }
+
+    /// Loads every weight of `cfg` from `src` onto `stream`'s device: the embedding, the LM
+    /// head, norms and biases in dtype `T`, each layer's four projections in mode `quant`
+    /// (quantised on the host from their f32 values, one stacked weight at a time, rows
+    /// split over threads; see [`crate::linear`]).
+    ///
+    /// Errors: those of [`Weights::load`]; [`EngineError::Invalid`] naming `--quant` when the
+    /// dtype cannot run the mode ([`Quant::check_dtype`]) or a projection's shape does not
+    /// fit it ([`Quant::check`]).
+    pub fn load_quant(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        src: WeightSource<'_>,
+        quant: Quant,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
+        quant.check_dtype(<T as fl_kernels::DType>::NAME)?;
+        quant.check(cfg)?;
         let chunk = match src {
             WeightSource::Dummy { seed } => dummy_chunk(seed),
             WeightSource::Checkpoint(_) => Vec::new(),
         };
-        let total = cfg.weight_bytes(std::mem::size_of::<T>());
+        let total = quant.weight_bytes(cfg, std::mem::size_of::<T>());
         let mut ld = Loader {
             stream,
             src,
@@ -396,8 +505,10 @@ impl<T: RunDType> Weights<T> {
                     (format!("{a}.{what}_proj.bias"), vec![rows])
                 }
             };
-            let wqkv =
-                ld.stacked(&[part("q", q, true), part("k", kv, true), part("v", kv, true)])?;
+            let wqkv = ld.linear(
+                &[part("q", q, true), part("k", kv, true), part("v", kv, true)],
+                quant,
+            )?;
             let bqkv = if cfg.qkv_bias {
                 Some(ld.stacked(&[
                     part("q", q, false),
@@ -411,17 +522,20 @@ impl<T: RunDType> Weights<T> {
                 attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
                 wqkv,
                 bqkv,
-                wo: ld.tensor(&format!("{a}.o_proj.weight"), &[h, q], false)?,
+                wo: ld.linear(&[(format!("{a}.o_proj.weight"), vec![h, q])], quant)?,
                 bo: if cfg.o_bias {
                     Some(ld.tensor(&format!("{a}.o_proj.bias"), &[h], false)?)
                 } else {
                     None
                 },
                 ffn_norm: ld.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h], true)?,
-                w_gate_up: ld.stacked(&[
-                    (format!("{m}.gate_proj.weight"), vec![i, h]),
-                    (format!("{m}.up_proj.weight"), vec![i, h]),
-                ])?,
+                w_gate_up: ld.linear(
+                    &[
+                        (format!("{m}.gate_proj.weight"), vec![i, h]),
+                        (format!("{m}.up_proj.weight"), vec![i, h]),
+                    ],
+                    quant,
+                )?,
                 b_gate_up: if cfg.mlp_bias {
                     Some(ld.stacked(&[
                         (format!("{m}.gate_proj.bias"), vec![i]),
@@ -430,7 +544,7 @@ impl<T: RunDType> Weights<T> {
                 } else {
                     None
                 },
-                w_down: ld.tensor(&format!("{m}.down_proj.weight"), &[h, i], false)?,
+                w_down: ld.linear(&[(format!("{m}.down_proj.weight"), vec![h, i])], quant)?,
                 b_down: if cfg.mlp_bias {
                     Some(ld.tensor(&format!("{m}.down_proj.bias"), &[h], false)?)
                 } else {
@@ -449,6 +563,7 @@ impl<T: RunDType> Weights<T> {
             layers,
             final_norm,
             lm_head,
+            quant,
         })
     }
 }
@@ -505,11 +620,14 @@ pub struct Buffers<T: RunDType> {
     attn_ws: DecodeWorkspace,
     /// Embedding-lookup status (an out-of-vocabulary id).
     pub status: DeviceStatus,
+    /// The quantised projections' scratch ([`Model::buffers`]; empty from [`Buffers::new`]).
+    quant: QuantBuffers<T>,
 }
 
 impl<T: RunDType> Buffers<T> {
     /// Buffers for `m` tokens of `cfg` running attention in `mode` over `cache` (whose
-    /// shapes size the attention workspace).
+    /// shapes size the attention workspace), for a dense model; a quantised model's come from
+    /// [`Model::buffers`].
     pub fn new(
         stream: &Arc<CudaStream>,
         cfg: &ModelConfig,
@@ -557,6 +675,7 @@ impl<T: RunDType> Buffers<T> {
             cu_seqlens: zi(&[cache.batch + 1])?,
             attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
             status: DeviceStatus::new(stream)?,
+            quant: QuantBuffers::default(),
         })
     }
 
@@ -708,6 +827,20 @@ impl<T: RunDType> Model<T> {
         })
     }
 
+    /// [`Buffers::new`] plus the scratch this model's [`Quant`] mode needs for a pass over `m`
+    /// tokens ([`Quant::buffer_bytes`]).
+    pub fn buffers(
+        &self,
+        stream: &Arc<CudaStream>,
+        m: usize,
+        cache: &Cache<T>,
+        mode: AttnMode,
+    ) -> Result<Buffers<T>> {
+        let mut b = Buffers::new(stream, &self.cfg, m, cache, mode)?;
+        b.quant = QuantBuffers::new(stream, &self.cfg, self.weights.quant, m)?;
+        Ok(b)
+    }
+
     /// The decoder stack over the tokens in `buf` (metadata already uploaded): reads
     /// `buf.ids`, writes this step's K/V into `cache`, leaves the final-normed hidden states
     /// in `buf.x`. Queues work on `stream` only; never synchronises (so a decode step can
@@ -738,9 +871,14 @@ impl<T: RunDType> Model<T> {
         // final one is written to `x`.
         let fused = small
             && self.fuse_norm
-            && w.layers
-                .iter()
-                .all(|l| l.bo.is_none() && l.b_gate_up.is_none() && l.b_down.is_none());
+            && w.layers.iter().all(|l| {
+                l.bo.is_none()
+                    && l.b_gate_up.is_none()
+                    && l.b_down.is_none()
+                    && [&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down]
+                        .iter()
+                        .all(|p| p.as_dense().is_some())
+            });
         if fused {
             self.forward_fused_layers(stream, buf, cache, mode, &dparams)?;
             norm::rms_norm(stream, &buf.h, &w.final_norm, self.eps, &mut buf.x)?;
@@ -750,52 +888,142 @@ impl<T: RunDType> Model<T> {
             Some(l) => &l.attn_norm,
             None => &w.final_norm,
         };
-        norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
+        // A W8A8 layer normalises (and quantises) h itself.
+        if !w.layers.first().is_some_and(|l| l.wqkv.is_w8a8()) {
+            norm::rms_norm(stream, &buf.h, first_norm, self.eps, &mut buf.x)?;
+        }
+        let small = m <= self.gemv_max_m;
         for (l, lw) in w.layers.iter().enumerate() {
-            if small {
-                T::dense_linear(stream, &buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
-            } else {
-                blas.linear(&buf.x, &lw.wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?;
+            // qkv = x·Wqkvᵀ (+ bqkv).
+            match (&lw.wqkv, small) {
+                (Linear::Dense(wqkv), true) => {
+                    T::dense_linear(stream, &buf.x, wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?
+                }
+                (Linear::W8A8(wqkv), _) => linear::w8a8_qkv(
+                    stream,
+                    blas,
+                    &mut buf.quant,
+                    &buf.h,
+                    &lw.attn_norm,
+                    self.eps,
+                    wqkv,
+                    lw.bqkv.as_ref(),
+                    &mut buf.qkv,
+                )?,
+                (wqkv, _) => wqkv.forward(
+                    stream,
+                    blas,
+                    &buf.x,
+                    lw.bqkv.as_ref(),
+                    &mut buf.qkv,
+                    &mut buf.quant,
+                )?,
             }
             self.attention(stream, buf, &mut cache.layers[l], mode, &dparams)?;
             // h += attn·Woᵀ; x = rms_norm(h).
-            if small && lw.bo.is_none() {
-                T::dense_linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
-                norm::rms_norm(stream, &buf.h, &lw.ffn_norm, self.eps, &mut buf.x)?;
-            } else {
-                blas.linear(&buf.attn, &lw.wo, lw.bo.as_ref(), &mut buf.tmp)?;
-                norm::add_rms_norm(
+            match (&lw.wo, small && lw.bo.is_none()) {
+                (Linear::Dense(wo), true) => {
+                    T::dense_linear_add(stream, &buf.attn, wo, &mut buf.h)?;
+                    norm::rms_norm(stream, &buf.h, &lw.ffn_norm, self.eps, &mut buf.x)?;
+                }
+                // Leaves x quantised in the scratch (in buf.x too only with a bias).
+                (Linear::W8A8(wo), _) => linear::w8a8_o(
                     stream,
-                    &buf.tmp,
+                    blas,
+                    &mut buf.quant,
+                    &buf.attn,
+                    wo,
+                    lw.bo.as_ref(),
                     &mut buf.h,
                     &lw.ffn_norm,
                     self.eps,
+                    &mut buf.tmp,
                     &mut buf.x,
-                )?;
+                )?,
+                (wo, _) => {
+                    wo.forward(
+                        stream,
+                        blas,
+                        &buf.attn,
+                        lw.bo.as_ref(),
+                        &mut buf.tmp,
+                        &mut buf.quant,
+                    )?;
+                    norm::add_rms_norm(
+                        stream,
+                        &buf.tmp,
+                        &mut buf.h,
+                        &lw.ffn_norm,
+                        self.eps,
+                        &mut buf.x,
+                    )?;
+                }
             }
             // act = silu(x·Wgᵀ) * (x·Wuᵀ).
-            if small && lw.b_gate_up.is_none() {
-                T::dense_linear_swiglu(stream, &buf.x, &lw.w_gate_up, &mut buf.act)?;
-            } else {
-                blas.linear(
-                    &buf.x,
-                    &lw.w_gate_up,
+            match (&lw.w_gate_up, small && lw.b_gate_up.is_none()) {
+                (Linear::Dense(wgu), true) => {
+                    T::dense_linear_swiglu(stream, &buf.x, wgu, &mut buf.act)?
+                }
+                // Leaves act quantised in the scratch.
+                (Linear::W8A8(wgu), _) => linear::w8a8_gate_up(
+                    stream,
+                    blas,
+                    &mut buf.quant,
+                    wgu,
                     lw.b_gate_up.as_ref(),
                     &mut buf.gate_up,
-                )?;
-                activation::swiglu_fused(stream, &buf.gate_up, &mut buf.act)?;
+                    &mut buf.act,
+                )?,
+                (wgu, _) => {
+                    wgu.forward(
+                        stream,
+                        blas,
+                        &buf.x,
+                        lw.b_gate_up.as_ref(),
+                        &mut buf.gate_up,
+                        &mut buf.quant,
+                    )?;
+                    activation::swiglu_fused(stream, &buf.gate_up, &mut buf.act)?;
+                }
             }
             // h += act·Wdownᵀ; x = rms_norm(h) with the next layer's (or the final) weight.
             let next = match w.layers.get(l + 1) {
                 Some(n) => &n.attn_norm,
                 None => &w.final_norm,
             };
-            if small && lw.b_down.is_none() {
-                T::dense_linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
-                norm::rms_norm(stream, &buf.h, next, self.eps, &mut buf.x)?;
-            } else {
-                blas.linear(&buf.act, &lw.w_down, lw.b_down.as_ref(), &mut buf.tmp)?;
-                norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
+            match (&lw.w_down, small && lw.b_down.is_none()) {
+                (Linear::Dense(wd), true) => {
+                    T::dense_linear_add(stream, &buf.act, wd, &mut buf.h)?;
+                    norm::rms_norm(stream, &buf.h, next, self.eps, &mut buf.x)?;
+                }
+                (Linear::W8A8(wd), _) => {
+                    // A next W8A8 layer normalises h itself.
+                    let need_x = !w.layers.get(l + 1).is_some_and(|n| n.wqkv.is_w8a8());
+                    linear::w8a8_down(
+                        stream,
+                        blas,
+                        &mut buf.quant,
+                        wd,
+                        lw.b_down.as_ref(),
+                        &mut buf.h,
+                        next,
+                        self.eps,
+                        need_x,
+                        &mut buf.tmp,
+                        &mut buf.x,
+                    )?;
+                }
+                (wd, _) => {
+                    wd.forward(
+                        stream,
+                        blas,
+                        &buf.act,
+                        lw.b_down.as_ref(),
+                        &mut buf.tmp,
+                        &mut buf.quant,
+                    )?;
+                    norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next, self.eps, &mut buf.x)?;
+                }
             }
         }
         Ok(())
@@ -887,26 +1115,21 @@ impl<T: RunDType> Model<T> {
     ) -> Result<()> {
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let eps = self.eps;
+            let (wqkv, wo) = (dense(&lw.wqkv)?, dense(&lw.wo)?);
+            let (wgu, wd) = (dense(&lw.w_gate_up)?, dense(&lw.w_down)?);
             T::dense_rms_norm_linear(
                 stream,
                 &buf.h,
                 &lw.attn_norm,
                 eps,
-                &lw.wqkv,
+                wqkv,
                 lw.bqkv.as_ref(),
                 &mut buf.qkv,
             )?;
             self.attention(stream, buf, &mut cache.layers[l], mode, dparams)?;
-            T::dense_linear_add(stream, &buf.attn, &lw.wo, &mut buf.h)?;
-            T::dense_rms_norm_linear_swiglu(
-                stream,
-                &buf.h,
-                &lw.ffn_norm,
-                eps,
-                &lw.w_gate_up,
-                &mut buf.act,
-            )?;
-            T::dense_linear_add(stream, &buf.act, &lw.w_down, &mut buf.h)?;
+            T::dense_linear_add(stream, &buf.attn, wo, &mut buf.h)?;
+            T::dense_rms_norm_linear_swiglu(stream, &buf.h, &lw.ffn_norm, eps, wgu, &mut buf.act)?;
+            T::dense_linear_add(stream, &buf.act, wd, &mut buf.h)?;
         }
         Ok(())
     }

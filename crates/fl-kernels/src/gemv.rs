@@ -20,6 +20,9 @@
 //! reference [`crate::reference::gemv`](mod@crate::reference::gemv) dequantises the same way.
 //! [`QuantWeight::upload`] puts one on the device.
 //!
+//! Past [`MAX_M`] tokens (prefill), [`dequantize`] writes the weight out densely once, for a
+//! tensor-core GEMM (`fl_blas::Blas::linear`) to read.
+//!
 //! ```no_run
 //! use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
 //! use fl_kernels::{f16, DeviceTensor, Gpu};
@@ -41,7 +44,7 @@ use cudarc::driver::CudaStream;
 use fl_kernels_sys::fl_gemv_format;
 use half::f16;
 
-use crate::dtype::HalfDType;
+use crate::dtype::{FloatDType, HalfDType};
 use crate::error::check;
 use crate::tensor::{as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
@@ -649,4 +652,86 @@ pub fn gemv<T: HalfDType>(
         )
     };
     check("gemv", status)
+}
+
+/// Dequantises a whole weight into a dense tensor: `out[r, j] = T(W[r, j])` for the `[n, k]`
+/// weight `W` that `w` stands for (exactly [`reference::gemv::dequantize`](crate::reference::gemv::dequantize):
+/// `(q − zero) · scale` in f32, one rounded product for [`QuantFormat::Int8`] and exact for
+/// the others, then one rounding to `T`).
+///
+/// The prefill path of a weight-only quantised linear layer: past [`MAX_M`] tokens the GEMV
+/// stops paying (it is memory-bound, a GEMM is not), so the weight is dequantised into a
+/// scratch buffer and a dense tensor-core GEMM reads it (`fl_blas::Blas::linear`). Reads the
+/// quantised bytes once and writes `n · k` values of `T`, 16 bytes per store.
+///
+/// Shapes: `out [n, k]` (the weight's shape). Dtypes: `out` `f32`, `f16` or `bf16`.
+///
+/// Errors: [`Error::Shape`] naming `out` when it is not `[n, k]`.
+///
+/// ```no_run
+/// use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
+/// use fl_kernels::{f16, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (n, k) = (11008, 4096);
+/// let fmt = QuantFormat::Int4 { group: 128, zero_point: false };
+/// let q = gemv::quantize(&vec![0.01f32; n * k], n, k, fmt)?;
+/// let w = QuantWeight::upload(s, &q)?;
+/// let mut dense = DeviceTensor::<f16>::zeros(s, &[n, k])?;
+/// gemv::dequantize(s, &w, &mut dense)?; // then e.g. blas.linear(&x, &dense, None, &mut y)
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn dequantize<T: FloatDType>(
+    stream: &CudaStream,
+    w: &QuantWeight,
+    out: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (n, k) = (w.n, w.k);
+    expect_shape("out", out, &[n, k])?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (ni, ki) = (as_i64("w", n)?, as_i64("w", k)?);
+    let group = match w.format {
+        QuantFormat::Int4 { group, .. } => group as i32,
+        _ => 0,
+    };
+    let (pw, _gw) = w.data.ptr(stream);
+    let (ps, _gs) = match (&w.scales_f32, &w.scales_f16) {
+        (Some(s), _) => {
+            let (p, g) = s.ptr(stream);
+            (p, Some(g))
+        }
+        (None, Some(s)) => {
+            let (p, g) = s.ptr(stream);
+            (p, Some(g))
+        }
+        _ => (0, None),
+    };
+    let (pz, _gz) = match &w.zeros {
+        Some(z) => {
+            let (p, g) = z.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (po, _go) = out.ptr_mut(stream);
+    // SAFETY: out holds n·k elements of T (checked above); the weight's buffers were sized by
+    // QuantizedHost::new for its format and [n, k]; every buffer lives until the guards drop,
+    // after the launch is queued on `stream`. out is a distinct allocation (&mut).
+    let status = unsafe {
+        fl_kernels_sys::fl_gemv_dequantize(
+            T::ID,
+            w.format.ffi(),
+            pw as _,
+            ps as _,
+            pz as _,
+            group,
+            po as _,
+            ni,
+            ki,
+            raw_stream(stream),
+        )
+    };
+    check("gemv::dequantize", status)
 }

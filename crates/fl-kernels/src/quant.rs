@@ -560,6 +560,75 @@ pub fn dequant_add<T: HalfDType>(
     check("quant::dequant_add", status)
 }
 
+/// Dequantises a GEMM output to `T`, with an optional bias:
+/// `out[t, i] = T(deq(t, i) + f32(bias[i]))` (without bias `T(deq(t, i))`), one f32 add and one
+/// rounding, bit for bit [`reference::quant::dequantize_to`](crate::reference::quant::dequantize_to).
+///
+/// For a projection whose consumer is not one of the fused kernels above: the QKV projection
+/// before `kv_cache::rope_append` (which rotates, splits and writes the cache from a `T`
+/// tensor), or any projection with a bias (the fused kernels take none).
+///
+/// Shapes: `d.acc` and `out` `[tokens, width]`, `d.act_scale [tokens]`, `d.weight_scale
+/// [width]`, `bias [width]`. Dtypes: `out`, `bias` `f16` or `bf16`.
+///
+/// Errors: [`Error::Shape`] naming `acc`, `act_scale`, `weight_scale`, `bias` or `out`.
+///
+/// ```no_run
+/// use fl_kernels::{quant::{self, Dequant}, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let acc = DeviceTensor::from_host(s, &[100i32, -200], &[1, 2])?;
+/// let a_s = DeviceTensor::from_host(s, &[0.5f32], &[1])?;
+/// let w_s = DeviceTensor::from_host(s, &[0.01f32, 0.01], &[2])?;
+/// let bias = DeviceTensor::from_host(s, &[f16::from_f32(1.0); 2], &[2])?;
+/// let mut out = DeviceTensor::<f16>::zeros(s, &[1, 2])?;
+/// let deq = Dequant { acc: &acc, act_scale: &a_s, weight_scale: &w_s };
+/// quant::dequantize(s, deq, Some(&bias), &mut out)?;
+/// assert_eq!(out.to_host(s)?, vec![f16::from_f32(1.5), f16::from_f32(0.0)]);
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn dequantize<T: HalfDType>(
+    stream: &CudaStream,
+    d: Dequant<'_>,
+    bias: Option<&DeviceTensor<T>>,
+    out: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let (tokens, width) = check_dequant(&d)?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[width])?;
+    }
+    expect_shape("out", out, &[tokens, width])?;
+    let (t, w) = (as_i64("acc", tokens)?, as_i64("acc", width)?);
+    let (pa, _ga) = d.acc.ptr(stream);
+    let (psa, _gsa) = d.act_scale.ptr(stream);
+    let (psw, _gsw) = d.weight_scale.ptr(stream);
+    let (pb, _gb) = match bias {
+        Some(b) => {
+            let (p, g) = b.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (po, _go) = out.ptr_mut(stream);
+    // SAFETY: acc and out hold tokens * width elements, act_scale tokens, weight_scale and bias
+    // (when given; NULL otherwise) width (checked above); out is a distinct &mut borrow, so it
+    // overlaps no input; the guards outlive the launch call.
+    let status = unsafe {
+        fl_kernels_sys::fl_dequantize(
+            T::ID,
+            pa as _,
+            psa as _,
+            psw as _,
+            pb as _,
+            po as _,
+            t,
+            w,
+            raw_stream(stream),
+        )
+    };
+    check("quant::dequantize", status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -151,6 +151,82 @@ fn gemv_on_hand_made_gguf_blocks() {
     }
 }
 
+/// Element-wise bound of `gemv::dequantize` against the exact (f64) reference value: one
+/// rounding to `T` (`T::EPS` relative), after at most one f32 rounding (int8's q · scale).
+fn check_dequantize<T: fl_kernels::FloatDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight) {
+    let s = gpu.stream();
+    let (n, k) = (q.n(), q.k());
+    let mut out = DeviceTensor::filled(s, &[n, k], T::from_f32(f32::NAN)).unwrap();
+    gemv::dequantize(s, dw, &mut out).unwrap();
+    let got = out.to_host(s).unwrap();
+    let want = reference::gemv::dequantize(q);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let err = (g.to_f64() - w).abs();
+        assert!(
+            err <= w.abs() * (T::EPS + 6e-8),
+            "dequantize {} <{}> [{n}, {k}] element ({}, {}): {} vs {w}",
+            q.format().name(),
+            T::NAME,
+            i / k,
+            i % k,
+            g.to_f64()
+        );
+    }
+}
+
+#[test]
+fn dequantize_matches_reference_every_format_dtype_and_shape() {
+    let Some(gpu) = gpu_or_skip("dequantize_matches_reference_every_format_dtype_and_shape") else {
+        return;
+    };
+    let mut r = rng("gemv_dequantize");
+    for &f in FORMATS {
+        for &(n, k) in SHAPES {
+            if k % f.k_multiple() != 0 {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            check_dequantize::<f16>(&gpu, &q, &dw);
+            check_dequantize::<bf16>(&gpu, &q, &dw);
+            check_dequantize::<f32>(&gpu, &q, &dw);
+        }
+    }
+}
+
+#[test]
+fn dequantize_then_dense_product_is_the_gemv() {
+    // The two paths of a weight-only layer agree: y = x · dequantize(W)ᵀ computed on the host
+    // from the GPU's dense weight equals gemv(x, W) within the GEMV's rounding.
+    let Some(gpu) = gpu_or_skip("dequantize_then_dense_product_is_the_gemv") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("gemv_dequantize_product");
+    let (m, n, k) = (3, 67, 384);
+    for &f in FORMATS {
+        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+        let dw = QuantWeight::upload(s, &q).unwrap();
+        let mut dense = DeviceTensor::<f32>::zeros(s, &[n, k]).unwrap();
+        gemv::dequantize(s, &dw, &mut dense).unwrap();
+        let wd = dense.to_host(s).unwrap();
+        let x: Vec<f16> = random(&mut r, m * k);
+        let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+        let mut y = DeviceTensor::filled(s, &[m, n], f16::NAN).unwrap();
+        gemv::gemv(s, &dx, &dw, &mut y).unwrap();
+        let want: Vec<f64> = (0..m * n)
+            .map(|i| {
+                let (t, c) = (i / n, i % n);
+                (0..k)
+                    .map(|j| x[t * k + j].to_f64() * wd[c * k + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let err = rel_l2(&y.to_host(s).unwrap(), &want);
+        assert!(err < bound::<f16>(), "{}: rel L2 {err:e}", f.name());
+    }
+}
+
 #[test]
 fn gemv_shape_errors_name_the_argument() {
     let Some(gpu) = gpu_or_skip("gemv_shape_errors_name_the_argument") else {
@@ -187,6 +263,14 @@ fn gemv_shape_errors_name_the_argument() {
     let x0 = DeviceTensor::<f16>::zeros(s, &[0, 64]).unwrap();
     let mut y0 = DeviceTensor::<f16>::zeros(s, &[0, 8]).unwrap();
     gemv::gemv(s, &x0, &w, &mut y0).unwrap();
+    // dequantize: out must be the weight's [n, k].
+    let mut dense = DeviceTensor::<f16>::zeros(s, &[8, 64]).unwrap();
+    gemv::dequantize(s, &w, &mut dense).unwrap();
+    let mut bad = DeviceTensor::<f16>::zeros(s, &[64, 8]).unwrap();
+    assert!(matches!(
+        gemv::dequantize(s, &w, &mut bad),
+        Err(Error::Shape { arg: "out", .. })
+    ));
 }
 
 #[test]
@@ -641,4 +725,136 @@ fn kernel_nibble_unpacking_matches_the_formats_on_every_byte() {
     };
     assert!(host_unpack(zp, &b, 16).is_none());
     assert!(host_unpack(zp, &b, -1).is_none());
+}
+
+/// `fl_gemv_dequantize_host`: the GPU dequantisation kernel's own per-unit code, run on the
+/// host over `q`'s buffers; `Err(status)` when the launcher's checks refuse.
+fn host_dequantize(q: &QuantizedHost, k_override: Option<i64>) -> Result<Vec<f32>, i32> {
+    use fl_kernels_sys::fl_gemv_format as F;
+    let (f, group) = match q.format() {
+        QuantFormat::Int8 => (F::FL_GEMV_INT8, 0),
+        QuantFormat::Int4 {
+            group,
+            zero_point: false,
+        } => (F::FL_GEMV_INT4, group as i32),
+        QuantFormat::Int4 {
+            group,
+            zero_point: true,
+        } => (F::FL_GEMV_INT4_ZP, group as i32),
+        QuantFormat::Q8_0 => (F::FL_GEMV_Q8_0, 0),
+        QuantFormat::Q4_0 => (F::FL_GEMV_Q4_0, 0),
+    };
+    let scales: *const std::ffi::c_void = match q.scales() {
+        Scales::F32(s) => s.as_ptr() as _,
+        Scales::F16(s) => s.as_ptr() as _,
+        Scales::None => std::ptr::null(),
+    };
+    let zeros: *const std::ffi::c_void = if q.zeros().is_empty() {
+        std::ptr::null()
+    } else {
+        q.zeros().as_ptr() as _
+    };
+    let mut out = vec![f32::NAN; q.n() * q.k()];
+    // SAFETY: a host-only function over host buffers: data, scales and zeros are those of a
+    // consistent QuantizedHost of [n, k] (k_override only ever makes the call refuse or read
+    // less), `half::f16` has the layout of `__half`, and `out` holds n·k floats.
+    let st = unsafe {
+        fl_kernels_sys::fl_gemv_dequantize_host(
+            f,
+            q.data().as_ptr() as _,
+            scales,
+            zeros,
+            group,
+            out.as_mut_ptr(),
+            q.n() as i64,
+            k_override.unwrap_or(q.k() as i64),
+        )
+    };
+    if st == fl_kernels_sys::FL_OK as i32 {
+        Ok(out)
+    } else {
+        Err(st)
+    }
+}
+
+/// CPU test of the GPU dequantisation kernel's own per-unit code (byte and nibble order,
+/// scale and zero indexing per row and group, GGUF block offsets): every format, shapes whose
+/// rows start off 16-byte boundaries (GGUF) and hold several groups, against
+/// reference::gemv::dequantize. Every value is `(q − z) · scale` rounded once to f32 (exact
+/// except int8's product), so the kernel's f32 value must equal the reference rounded to f32.
+/// Runs without a GPU.
+#[test]
+fn kernel_dequantize_code_matches_the_reference_on_the_host() {
+    let mut r = rng("gemv_dequantize_host");
+    for &f in FORMATS {
+        for &(n, k) in &[(1, 128), (7, 384), (5, 640), (3, 1152)] {
+            if k % f.k_multiple() != 0 {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let got = host_dequantize(&q, None).unwrap();
+            let want = reference::gemv::dequantize(&q);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    (*w as f32).to_bits(),
+                    "{} [{n}, {k}] element ({}, {}): {g} vs {w}",
+                    f.name(),
+                    i / k,
+                    i % k
+                );
+            }
+        }
+    }
+    // The launcher's checks, run by the hook too: k not a multiple of 32 (or of the group).
+    let q = gemv::quantize(&random_weights(&mut r, 2, 128), 2, 128, FORMATS[3]).unwrap();
+    assert!(host_dequantize(&q, Some(96)).is_err(), "k % group != 0");
+    assert!(host_dequantize(&q, Some(100)).is_err(), "k % 32 != 0");
+}
+
+/// Without a GPU (CI): `fl_gemv_dequantize` must get past its host-side checks to the launch
+/// for every format and dtype and return the launch's CUDA error (no driver), never end the
+/// process (a `__device__`-only helper reached from a launcher compiles, on the host, to
+/// `exit(1)`). With a GPU this is skipped: the GPU tests take the same paths.
+#[test]
+fn dequantize_launcher_reaches_the_launch_without_a_gpu() {
+    use fl_kernels_sys::{fl_dtype, fl_gemv_format as F};
+    if fl_kernels::gpu_available() {
+        return;
+    }
+    let p = |i: usize| (0x10_0000 + 0x1000 * i) as *mut std::ffi::c_void;
+    for (f, group) in [
+        (F::FL_GEMV_INT8, 0),
+        (F::FL_GEMV_INT4, 128),
+        (F::FL_GEMV_INT4_ZP, 32),
+        (F::FL_GEMV_Q8_0, 0),
+        (F::FL_GEMV_Q4_0, 0),
+    ] {
+        for dt in [
+            fl_dtype::FL_DTYPE_F32,
+            fl_dtype::FL_DTYPE_F16,
+            fl_dtype::FL_DTYPE_BF16,
+        ] {
+            // SAFETY: host-side checks and a failing launch only (no GPU): the fake device
+            // addresses are never dereferenced on the host.
+            let st = unsafe {
+                fl_kernels_sys::fl_gemv_dequantize(
+                    dt,
+                    f,
+                    p(0),
+                    p(1),
+                    p(2),
+                    group,
+                    p(3),
+                    3,
+                    256,
+                    std::ptr::null_mut(),
+                )
+            };
+            assert!(
+                st > 0,
+                "{f:?} {dt:?}: status {st}, expected a CUDA error from the launch"
+            );
+        }
+    }
 }

@@ -217,6 +217,29 @@ fn check_deq_add<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut i
     );
 }
 
+fn check_dequantize<T: HalfDType>(
+    gpu: &Gpu,
+    tokens: usize,
+    width: usize,
+    with_bias: bool,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let a = Acc::new(gpu, r, tokens, width);
+    let bias: Vec<T> = random_nonzero(r, width, 1e-3, 2.0);
+    let dbias = DeviceTensor::from_host(s, &bias, &[width]).unwrap();
+    let mut out = DeviceTensor::<T>::filled(s, &[tokens, width], T::from_f32(f32::NAN)).unwrap();
+    let b = with_bias.then_some(&dbias);
+    quant::dequantize(s, a.deq(), b, &mut out).unwrap();
+    let want = rq::dequantize_to(&a.acc, &a.sa, &a.sw, with_bias.then_some(&bias[..]));
+    assert_eq!(
+        to_f64(&out.to_host(s).unwrap()),
+        to_f64(&want),
+        "dequantize {tokens}x{width} bias {with_bias} <{}>: not bit-exact",
+        T::NAME
+    );
+}
+
 fn check_deq_rope<T: HalfDType>(
     gpu: &Gpu,
     tokens: usize,
@@ -317,6 +340,24 @@ fn dequant_add_is_bit_exact() {
     });
 }
 
+#[test]
+fn dequantize_is_bit_exact() {
+    let Some(gpu) = gpu_or_skip("dequantize_is_bit_exact") else {
+        return;
+    };
+    let mut r = rng("dequantize");
+    all_sizes(&gpu, &mut |g, rows, w| {
+        check_dequantize::<f16>(g, rows, w, rows % 2 == 1, &mut r);
+        check_dequantize::<bf16>(g, rows, w, rows % 2 == 0, &mut r);
+    });
+    // Both bias cases on the vector and the scalar path.
+    for w in [4096, 4095] {
+        for b in [false, true] {
+            check_dequantize::<f16>(&gpu, 5, w, b, &mut r);
+        }
+    }
+}
+
 /// (q_heads, kv_heads, head_dim, rotary_dim): GQA, MHA, MQA, partial rotary; vector path
 /// (rotary_dim / 2 and head_dim multiples of 4) and scalar path.
 const ROPE_CASES: &[(usize, usize, usize, usize)] = &[
@@ -414,6 +455,20 @@ fn errors_name_the_argument() {
     );
     assert_eq!(
         arg(quant::dequant_add(s, bad_sw, &mut res).unwrap_err()),
+        "weight_scale"
+    );
+    let bias_bad = DeviceTensor::<f16>::zeros(s, &[7]).unwrap();
+    let mut out_bad = DeviceTensor::<f16>::zeros(s, &[2, 7]).unwrap();
+    assert_eq!(
+        arg(quant::dequantize(s, good, Some(&bias_bad), &mut res).unwrap_err()),
+        "bias"
+    );
+    assert_eq!(
+        arg(quant::dequantize(s, good, None, &mut out_bad).unwrap_err()),
+        "out"
+    );
+    assert_eq!(
+        arg(quant::dequantize(s, bad_sw, None, &mut res).unwrap_err()),
         "weight_scale"
     );
     let mut res_bad = DeviceTensor::<f16>::zeros(s, &[2, 4]).unwrap();
@@ -517,6 +572,7 @@ fn quant_gpu_proptest() {
                 check_deq_add_rms::<bf16>(&gpu, rows, w, &mut r);
                 check_deq_add::<f16>(&gpu, rows, w, &mut r);
                 check_deq_silu(&gpu, rows, w, &mut r);
+                check_dequantize::<bf16>(&gpu, rows, w, seed % 2 == 0, &mut r);
                 Ok(())
             },
         )
@@ -589,6 +645,28 @@ fn launchers_reach_the_launch_on_every_path_without_a_gpu() {
                         s,
                     ),
                     sys::fl_dequant_add(dtype, p(0) as _, p(1) as _, p(2) as _, p(3), 3, width, s),
+                    sys::fl_dequantize(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        p(3),
+                        p(4),
+                        3,
+                        width,
+                        s,
+                    ),
+                    sys::fl_dequantize(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        std::ptr::null(),
+                        p(4),
+                        3,
+                        width,
+                        s,
+                    ),
                     sys::fl_dequant_rope(
                         dtype,
                         p(0) as _,
@@ -659,6 +737,32 @@ proptest! {
         let (wq, ws) = rq::quantize_rows(&w, k);
         prop_assert_eq!(q, wq);
         prop_assert_eq!(s, ws);
+    }
+
+    #[test]
+    fn reference_dequantize_to_is_deq_plus_bias((m, n) in strategies::matrix(8, 300), seed in any::<u64>()) {
+        // T(deq + bias) is the exact f64 value up to the one rounding to T and three f32
+        // roundings before it; without bias it is T(deq), which equals dequant_add on a zero
+        // residual.
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let acc = random_acc(&mut r, m * n, 400_000);
+        let sa = random_scales(&mut r, m, 1e-3, 1e-2);
+        let sw = random_scales(&mut r, n, 1e-4, 1e-3);
+        let bias: Vec<f16> = random_nonzero(&mut r, n, 1e-3, 2.0);
+        let got = rq::dequantize_to(&acc, &sa, &sw, Some(&bias[..]));
+        for (i, g) in got.iter().enumerate() {
+            let d = acc[i] as f64 * sa[i / n] as f64 * sw[i % n] as f64;
+            let exact = d + bias[i % n].to_f64();
+            let err = (g.to_f64() - exact).abs();
+            // One rounding to f16 (EPS relative), three f32 roundings (of deq and the sum), the
+            // f16 subnormal spacing near 0.
+            let bound = exact.abs() * f16::EPS + (d.abs() + exact.abs()) * 2e-7 + 1e-7;
+            prop_assert!(err <= bound, "{i}: {g} vs {exact}");
+        }
+        let plain = rq::dequantize_to::<bf16>(&acc, &sa, &sw, None);
+        let zero = vec![bf16::ZERO; m * n];
+        prop_assert_eq!(to_f64(&plain), to_f64(&rq::dequant_add(&acc, &sa, &sw, &zero)));
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use fl_engine::engine::{Engine, Request, Step, StepNeeds};
+use fl_engine::linear::Quant;
 use fl_engine::model::RunDType;
 use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
@@ -133,8 +134,12 @@ struct ModelArgs {
     /// f32, no TF32, for checks against an fp32 reference).
     #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
     dtype: String,
-    /// Weight quantisation on load.
-    #[arg(long, default_value = "none", value_parser = ["none", "int8", "int4", "w8a8"])]
+    /// Quantise the decoder's linear layers on load: weight-only int8 (per output channel),
+    /// int4 (symmetric, groups of 128 along k; int4-g64, int4-g32), llama.cpp q8_0 / q4_0, or
+    /// w8a8 (int8 weights and per-token int8 activations, int8 tensor-core GEMMs). The
+    /// embedding and the LM head stay dense. Needs --dtype f16 or bf16.
+    #[arg(long, default_value = "none",
+          value_parser = clap::builder::PossibleValuesParser::new(Quant::NAMES))]
     quant: String,
     /// Decode without the CUDA graph (each kernel launched every step).
     #[arg(long)]
@@ -415,17 +420,19 @@ fn bench<T: RunDType>(
     let pct = 100.0 * floor_ms / ms_per_step;
     if json {
         println!(
-            "{{\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"dtype\":\"{}\",\"prefill_tokens_per_s\":{prefill_tps:.1},\"prefill_ms\":{:.3},\"decode_tokens_per_s\":{decode_tps:.1},\"ms_per_step\":{ms_per_step:.4},\"floor_ms\":{floor_ms:.4},\"pct_of_floor\":{pct:.1},\"copy_gbps\":{:.1},\"graph\":{}}}",
+            "{{\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"dtype\":\"{}\",\"quant\":\"{}\",\"prefill_tokens_per_s\":{prefill_tps:.1},\"prefill_ms\":{:.3},\"decode_tokens_per_s\":{decode_tps:.1},\"ms_per_step\":{ms_per_step:.4},\"floor_ms\":{floor_ms:.4},\"pct_of_floor\":{pct:.1},\"copy_gbps\":{:.1},\"graph\":{}}}",
             <T as fl_kernels::DType>::NAME,
+            e.model.weights.quant,
             out.prefill_s * 1e3,
             bw / 1e9,
             out.graph
         );
     } else {
         println!(
-            "model {} ({}, {:.2} GB of weights read per step), copy bandwidth {:.0} GB/s",
+            "model {} ({}, --quant {}, {:.2} GB of weights read per step), copy bandwidth {:.0} GB/s",
             e.model.cfg.architecture.model_type(),
             <T as fl_kernels::DType>::NAME,
+            e.model.weights.quant,
             weight_bytes / 1e9,
             bw / 1e9
         );

@@ -75,6 +75,29 @@ pub fn dequantize(acc: &[i32], act_scale: &[f32], weight_scale: &[f32]) -> Vec<f
         .collect()
 }
 
+/// What [`quant::dequantize`](crate::quant::dequantize) writes: `T(deq + f32(bias[i]))` per
+/// element of the `[tokens, width]` GEMM output (`T(deq)` without bias), one f32 add and one
+/// rounding (bit-exact with the kernel).
+pub fn dequantize_to<T: FloatDType>(
+    acc: &[i32],
+    act_scale: &[f32],
+    weight_scale: &[f32],
+    bias: Option<&[T]>,
+) -> Vec<T> {
+    let width = weight_scale.len();
+    if let Some(b) = bias {
+        assert_eq!(b.len(), width, "reference::quant::dequantize_to: bias");
+    }
+    dequantize(acc, act_scale, weight_scale)
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| match bias {
+            Some(b) => T::from_f32(d + b[i % width].to_f32()),
+            None => T::from_f32(d),
+        })
+        .collect()
+}
+
 /// Per-token quantisation of `x [tokens, width]` (values widened to f32 exactly): the kernel
 /// matches this bit for bit (no reduction other than a max).
 pub fn quantize_per_token<T: FloatDType>(x: &[T], width: usize) -> (Vec<i8>, Vec<f32>) {
