@@ -28,16 +28,38 @@
 //    (or 8 elements on the scalar path). Kernel 1 writes the chunk's (max, sum) to the
 //    workspace; kernel 2 merges the row's partials and writes its chunk, re-reading x (from
 //    L2). The workspace is sized for the shortest chunk (2048 elements).
+//    With `prefetch` (FL_SOFTMAX_LONG=cluster_pf) each block also asks the L2 for its part of
+//    the cluster's next row (cp.async.bulk.prefetch) as soon as it has issued the loads of
+//    the current row, so the next row's DRAM reads overlap this row's reductions, cluster
+//    barrier and writes.
+//  - twopass (many long rows: rows >= SMs, 16-byte vectors, and the rows in flight fit in
+//    ~60% of L2; any long row when forced): one block of 1024 threads per row, one block per
+//    SM, looping over rows. Pass 1 reads the row once: the first 2 vectors per thread (32 KB;
+//    more would spill under the 64-register cap of 1024 threads) stay in registers, the rest
+//    streams through an online (max, sum) with 4 vectors per thread in flight (64 KB per
+//    SM), loaded with an L2 evict_last policy; block merge; pass 2 writes the register part
+//    and re-reads the rest (from L2: at most SMs x (row - 32 KB) bytes are live, under ~60%
+//    of L2; loads marked evict-first, stores streaming). DRAM sees one read and one write of
+//    the data; no cross-SM barrier, no cluster scheduling.
 //  - generic: anything else (unaligned, odd n, long rows with many rows before sm_90, no
 //    workspace). Block of up to 1024 threads per row: one online (max, sum) pass, merged
 //    over the block, then a pass that re-reads x and writes y. For long rows the grid is
 //    capped at one block per SM so that the rows in flight fit in L2 and the second read
 //    mostly hits it.
+// Long-row path override (read once per process, for A/B runs; any value is correct, only
+// speed moves): FL_SOFTMAX_LONG = cluster (the cluster path wherever it applies, else split /
+// generic: the behaviour before twopass existed), cluster_pf (the same with the next-row L2
+// prefetch), twopass (twopass for every row the register path does not take, on any GPU),
+// portable (split / generic only, as before sm_90). Unset or anything else: automatic
+// (twopass for many long rows as above, else cluster, split, generic). fl_softmax_path
+// selects the same per call (tests).
 // Every element of y is written by the thread that reads the same element of x, so y may
 // alias x when the dtypes are equal.
 #include <atomic>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include <cooperative_groups.h>
 
@@ -53,6 +75,9 @@ constexpr int64_t kSplitMaxRows = 128;  // split path only for fewer rows than t
 constexpr int kCluster = 8;             // cluster path: blocks per cluster (portable maximum)
 constexpr int kClusterThreads = 256;    // cluster path: threads per block
 constexpr int kClusterMaxVpt = 16;      // cluster path: most vectors per thread
+constexpr int kTpThreads = 1024;        // twopass: threads per block (one block per SM)
+constexpr int kTpKeep = 2;              // twopass: vectors per thread kept in registers
+constexpr int kTpUnroll = 4;            // twopass: vectors per thread in flight (streamed part)
 
 // The larger of a and b; NaN when either is NaN.
 __device__ __forceinline__ float nanmax(float a, float b) { return (a > b || a != a) ? a : b; }
@@ -217,6 +242,82 @@ __device__ __forceinline__ void write_range(const Tin *x, Tout *y, int64_t begin
     }
 }
 
+// ------------------------------------------------------------------ cache-hinted accesses
+// L2 policy for data read now and again soon (the twopass path's streamed part).
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// 16-byte load kept in L2 with `pol` (not allocated in L1).
+template <typename V> __device__ __forceinline__ V ld16_keep(const V *p, uint64_t pol) {
+    static_assert(sizeof(V) == 16, "16-byte vectors only");
+    uint4 r;
+    asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(pol));
+    V v;
+    memcpy(&v, &r, 16);
+    return v;
+}
+
+// 16-byte load of data read for the last time (cache-streaming: evict-first).
+template <typename V> __device__ __forceinline__ V ld16_last(const V *p) {
+    static_assert(sizeof(V) == 16, "16-byte vectors only");
+    uint4 r;
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    V v;
+    memcpy(&v, &r, 16);
+    return v;
+}
+
+// Stores N f32 values to p as T in 16-byte streaming stores (evict-first; p 16-byte aligned).
+template <typename T, int N>
+__device__ __forceinline__ void store_f32_stream(T *p, const float (&v)[N]) {
+    constexpr int W = 16 / (int)sizeof(T);
+    static_assert(N % W == 0, "whole 16-byte stores only");
+#pragma unroll
+    for (int c = 0; c < N / W; ++c) {
+        Vec<T, W> o;
+#pragma unroll
+        for (int j = 0; j < W; ++j) o.v[j] = from_f32<T>(v[c * W + j]);
+        uint4 r;
+        memcpy(&r, &o, 16);
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + c * W), "r"(r.x),
+                     "r"(r.y), "r"(r.z), "r"(r.w)
+                     : "memory");
+    }
+}
+
+// Adds the vectors b[u] (u < U) with first + u * stride < end to the running statistics
+// (one rescale per call; the values are widened on the fly, never all held as f32).
+template <typename T, int N, int U>
+__device__ __forceinline__ void update_vecs(Stats &t, const Vec<T, N> (&b)[U], int first,
+                                            int stride, int end, float scale) {
+    float vm = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (first + u * stride < end) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) vm = nanmax(vm, to_f32(b[u].v[j]));
+        }
+    }
+    const float m = nanmax(t.m, vm);
+    if (m == -INFINITY) return;  // nothing but -inf so far: s stays 0
+    float s = t.s * exp2f((t.m - m) * scale);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        if (first + u * stride < end) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) s += exp2f((to_f32(b[u].v[j]) - m) * scale);
+        }
+    }
+    t = {m, s};
+}
+
 // ------------------------------------------------------------------ register path
 template <typename Tin, typename Tout, int VPT>
 __global__ void __launch_bounds__(1024)
@@ -277,6 +378,87 @@ __global__ void __launch_bounds__(1024)
     }
 }
 
+// ------------------------------------------------------------------ twopass path
+// Block of kTpThreads per row, rows strided over the grid (grid <= SMs, one block per SM).
+// VEC: thread t keeps vectors t + k * T (k < kTpKeep) in registers and streams vectors
+// kTpKeep * T + t + u * T ... in groups of kTpUnroll; y written by the thread that read the
+// same elements of x (in place allowed).
+template <typename Tin, typename Tout, bool VEC>
+__global__ void __launch_bounds__(kTpThreads, 1)
+    softmax_twopass_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
+    __shared__ float scratch[64];
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const Tin *xr = x + row * n;
+        Tout *yr = y + row * n;
+        if constexpr (VEC) {
+            // 32-bit offsets within the row (the host takes this path only for n < 2^31).
+            constexpr int N = vec16<Tin>();
+            using V = Vec<Tin, N>;
+            const V *xv = reinterpret_cast<const V *>(xr);
+            const int T = blockDim.x, tid = threadIdx.x;
+            const int nvec = (int)(n / N);
+            const int kept_end = nvec < kTpKeep * T ? nvec : kTpKeep * T;
+            const uint64_t pol = l2_evict_last_policy();
+            // Pass 1: the kept prefix (read once: evict-first), then the streamed rest.
+            V kept[kTpKeep];
+#pragma unroll
+            for (int k = 0; k < kTpKeep; ++k) {
+                const int i = tid + k * T;
+                if (i < kept_end) kept[k] = ld16_last(xv + i);
+            }
+            Stats t{-INFINITY, 0.f};
+            for (int i = kept_end + tid; i < nvec; i += kTpUnroll * T) {
+                V buf[kTpUnroll];
+#pragma unroll
+                for (int u = 0; u < kTpUnroll; ++u) {
+                    const int k = i + u * T;
+                    if (k < nvec) buf[u] = ld16_keep(xv + k, pol);
+                }
+                update_vecs<Tin, N, kTpUnroll>(t, buf, i, T, nvec, scale);
+            }
+            update_vecs<Tin, N, kTpKeep>(t, kept, tid, T, kept_end, scale);
+            t = block_merge(t, scratch, scale);
+            const bool zero = (t.m == -INFINITY);
+            const float inv = 1.f / t.s;  // inf for a masked row (unused); NaN for a NaN row
+            // Pass 2: the kept prefix from registers, the rest re-read (from L2).
+#pragma unroll
+            for (int k = 0; k < kTpKeep; ++k) {
+                const int i = tid + k * T;
+                if (i < kept_end) {
+                    float o[N];
+#pragma unroll
+                    for (int j = 0; j < N; ++j)
+                        o[j] = prob(to_f32(kept[k].v[j]), t.m, inv, scale, zero);
+                    store_f32_stream<Tout, N>(yr + (int64_t)i * N, o);
+                }
+            }
+            for (int i = kept_end + tid; i < nvec; i += kTpUnroll * T) {
+                V buf[kTpUnroll];
+#pragma unroll
+                for (int u = 0; u < kTpUnroll; ++u) {
+                    const int k = i + u * T;
+                    if (k < nvec) buf[u] = ld16_last(xv + k);
+                }
+#pragma unroll
+                for (int u = 0; u < kTpUnroll; ++u) {
+                    const int k = i + u * T;
+                    if (k < nvec) {
+                        float o[N];
+#pragma unroll
+                        for (int j = 0; j < N; ++j)
+                            o[j] = prob(to_f32(buf[u].v[j]), t.m, inv, scale, zero);
+                        store_f32_stream<Tout, N>(yr + (int64_t)k * N, o);
+                    }
+                }
+            }
+        } else {
+            const Stats t =
+                block_merge(thread_stats<Tin, false>(xr, 0, n, scale), scratch, scale);
+            write_range<Tin, Tout, false>(xr, yr, 0, n, t.m, 1.f / t.s, scale);
+        }
+    }
+}
+
 // ------------------------------------------------------------------ split path
 // grid (chunks, rows), `chunk` elements per block (a multiple of the vector width when VEC);
 // ws[row * chunks + c] = (max, sum) of chunk c.
@@ -312,7 +494,9 @@ __global__ void __launch_bounds__(kChunkThreads)
 // grid: a multiple of kCluster blocks, cluster dims (kCluster, 1, 1); cluster c handles rows
 // c, c + clusters, ... Block rank r of a cluster holds vectors [r * 256 * VPT, (r + 1) * 256 *
 // VPT) of the row, thread t vectors r * 256 * VPT + k * 256 + t, k < VPT (coalesced).
-template <typename Tin, typename Tout, int VPT>
+// PF: after issuing a row's loads, warp 0 asks the L2 for this block's part of the
+// cluster's next row (4 KB bulk prefetches, no registers, no completion to wait for).
+template <typename Tin, typename Tout, int VPT, bool PF>
 __global__ void __launch_bounds__(kClusterThreads, 2)
     softmax_cluster_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -340,6 +524,19 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
         for (int k = 0; k < VPT; ++k) {
             const int64_t i = base + k * kClusterThreads;
             if (i < nvec) r[k] = xv[i];
+        }
+        if (PF && threadIdx.x < 32 && row + clusters < rows) {
+            const int64_t first = (int64_t)rank * (kClusterThreads * VPT);
+            int64_t cnt = nvec - first;
+            if (cnt > kClusterThreads * VPT) cnt = kClusterThreads * VPT;
+            const char *p =
+                reinterpret_cast<const char *>(x + (row + clusters) * n) + first * 16;
+            const int64_t bytes = cnt * 16;  // <= 0 for a block past the row's end
+            for (int64_t off = (int64_t)lane * 4096; off < bytes; off += 32 * 4096) {
+                const unsigned sz = (unsigned)(bytes - off < 4096 ? bytes - off : 4096);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(sz)
+                             : "memory");
+            }
         }
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
@@ -415,6 +612,7 @@ constexpr int kMaxDevices = 64;
 struct DeviceFacts {
     int sms;           // multiprocessors
     bool cluster_ok;   // cluster path usable: cc >= 9, cluster launch, sm_90+ kernel image
+    int64_t l2_bytes;  // L2 cache size
 };
 
 inline int current_device() {
@@ -429,40 +627,72 @@ inline int current_device() {
 inline DeviceFacts device_facts() {
     static std::atomic<int> sms_cache[kMaxDevices];      // 0 unknown, else SM count
     static std::atomic<int> cluster_cache[kMaxDevices];  // 0 unknown, 1 no, 2 yes
+    static std::atomic<int> l2_cache[kMaxDevices];       // 0 unknown, else L2 bytes
+    constexpr int64_t kDefaultL2 = 40LL << 20;
     const int dev = current_device();
     const bool cached = dev >= 0 && dev < kMaxDevices;
     if (cached) {
         const int s = sms_cache[dev].load(std::memory_order_relaxed);
         const int c = cluster_cache[dev].load(std::memory_order_relaxed);
-        if (s > 0 && c > 0) return {s, c == 2};
+        const int l = l2_cache[dev].load(std::memory_order_relaxed);
+        if (s > 0 && c > 0 && l > 0) return {s, c == 2, (int64_t)l};
     }
-    int sms = 0, major = 0, cl = 0;
+    int sms = 0, major = 0, cl = 0, l2 = 0;
     bool ok = dev >= 0;
     ok = ok && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
     ok = ok && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess;
     if (ok && major >= 9 && cudaDeviceGetAttribute(&cl, cudaDevAttrClusterLaunch, dev) != cudaSuccess)
         cl = 0;
+    if (ok && (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) != cudaSuccess || l2 < 1))
+        l2 = (int)kDefaultL2;
     bool cluster_ok = ok && major >= 9 && cl != 0;
     if (cluster_ok) {
         // The image loaded for this device must hold sm_90+ code: a build with only
         // compute_80 PTX would JIT the kernel's empty (pre-sm_90) body.
         cudaFuncAttributes fa{};
-        cluster_ok = cudaFuncGetAttributes(&fa, softmax_cluster_kernel<float, float, 4>) ==
+        cluster_ok = cudaFuncGetAttributes(&fa, softmax_cluster_kernel<float, float, 4, false>) ==
                          cudaSuccess &&
                      fa.binaryVersion >= 90;
     }
     cudaGetLastError();  // clear any lookup error: the launch reports its own errors
-    if (!ok || sms < 1) return {132, false};  // not cached: looked up again next call
+    if (!ok || sms < 1) return {132, false, kDefaultL2};  // not cached: looked up again next call
     if (cached) {
         sms_cache[dev].store(sms, std::memory_order_relaxed);
         cluster_cache[dev].store(cluster_ok ? 2 : 1, std::memory_order_relaxed);
+        l2_cache[dev].store(l2, std::memory_order_relaxed);
     }
-    return {sms, cluster_ok};
+    return {sms, cluster_ok, (int64_t)l2};
+}
+
+// The long-row path forced by FL_SOFTMAX_LONG (read once; FL_SOFTMAX_LONG_AUTO when unset).
+inline int env_long_path() {
+    static const int v = [] {
+        const char *e = getenv("FL_SOFTMAX_LONG");
+        if (!e) return FL_SOFTMAX_LONG_AUTO;
+        if (!strcmp(e, "cluster")) return FL_SOFTMAX_LONG_CLUSTER;
+        if (!strcmp(e, "cluster_pf")) return FL_SOFTMAX_LONG_CLUSTER_PREFETCH;
+        if (!strcmp(e, "twopass")) return FL_SOFTMAX_LONG_TWOPASS;
+        if (!strcmp(e, "portable")) return FL_SOFTMAX_LONG_PORTABLE;
+        return FL_SOFTMAX_LONG_AUTO;
+    }();
+    return v;
+}
+
+// Twopass grid: one block per SM at most, and no more rows in flight than fit in ~60% of
+// L2 (each holds its row minus the register-kept prefix there until pass 2 re-reads it).
+inline int64_t twopass_grid(int64_t rows, int64_t row_bytes, bool vec, const DeviceFacts &dev) {
+    const int64_t kept = vec ? (int64_t)kTpKeep * kTpThreads * 16 : 0;
+    int64_t live = row_bytes - kept;
+    if (live < (16 << 10)) live = 16 << 10;
+    int64_t fit = dev.l2_bytes * 6 / 10 / live;
+    if (fit < 1) fit = 1;
+    int64_t g = dev.sms < fit ? dev.sms : fit;
+    return rows < g ? rows : g;
 }
 
 template <typename Tin, typename Tout, int VPT>
 cudaError_t launch_cluster(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale,
-                           int sms, cudaStream_t s) {
+                           int sms, bool prefetch, cudaStream_t s) {
     // Clusters loop over rows: at most 2 clusters per SM (16 blocks per SM, more than fit at
     // once, so the hardware keeps every SM busy; beyond that the blocks loop).
     const int64_t cap = 2 * (int64_t)sms;
@@ -479,12 +709,16 @@ cudaError_t launch_cluster(const Tin *x, Tout *y, int64_t rows, int64_t n, float
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<Tin, Tout, VPT>, x, y, rows, n, scale);
+    if (prefetch)
+        return cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<Tin, Tout, VPT, true>, x, y, rows,
+                                  n, scale);
+    return cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<Tin, Tout, VPT, false>, x, y, rows, n,
+                              scale);
 }
 
 template <typename Tin, typename Tout>
 fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, void *ws,
-                  int64_t ws_bytes, cudaStream_t s) {
+                  int64_t ws_bytes, int path, cudaStream_t s) {
     constexpr int N = vec16<Tin>();
     const bool vec_ok = n % N == 0 && aligned16(x) && aligned16(y);
     const int64_t nvec = n / N;
@@ -502,17 +736,32 @@ fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, v
         return launch_status();
     }
     const DeviceFacts dev = device_facts();
+    if (path == FL_SOFTMAX_LONG_AUTO) path = env_long_path();
+    const int64_t tp_grid = twopass_grid(rows, n * (int64_t)sizeof(Tin), vec_ok, dev);
+    bool twopass = path == FL_SOFTMAX_LONG_TWOPASS;
+    if (path == FL_SOFTMAX_LONG_AUTO)  // many long rows, every SM busy with rows that fit L2
+        twopass = vec_ok && rows >= dev.sms && tp_grid >= dev.sms;
+    if (twopass) {
+        const unsigned grid = row_grid(tp_grid);
+        if (vec_ok && n <= INT32_MAX)  // the vector kernel indexes a row in 32 bits
+            softmax_twopass_kernel<Tin, Tout, true><<<grid, kTpThreads, 0, s>>>(x, y, rows, n, scale);
+        else
+            softmax_twopass_kernel<Tin, Tout, false><<<grid, kTpThreads, 0, s>>>(x, y, rows, n, scale);
+        return launch_status();
+    }
+    const bool prefetch = path == FL_SOFTMAX_LONG_CLUSTER_PREFETCH;
     // Cluster path: nvec > 4096 here, so a cluster of 8 x 256 threads needs >= 4 vectors per
     // thread (VPT 2 would hold only the register path's 4096 vectors).
     constexpr int64_t kPerVpt = (int64_t)kCluster * kClusterThreads;  // vectors per VPT step
-    if (vec_ok && dev.cluster_ok && nvec <= kPerVpt * kClusterMaxVpt) {
+    if (path != FL_SOFTMAX_LONG_PORTABLE && vec_ok && dev.cluster_ok &&
+        nvec <= kPerVpt * kClusterMaxVpt) {
         cudaError_t e;
         if (nvec <= kPerVpt * 4)
-            e = launch_cluster<Tin, Tout, 4>(x, y, rows, n, scale, dev.sms, s);
+            e = launch_cluster<Tin, Tout, 4>(x, y, rows, n, scale, dev.sms, prefetch, s);
         else if (nvec <= kPerVpt * 8)
-            e = launch_cluster<Tin, Tout, 8>(x, y, rows, n, scale, dev.sms, s);
+            e = launch_cluster<Tin, Tout, 8>(x, y, rows, n, scale, dev.sms, prefetch, s);
         else
-            e = launch_cluster<Tin, Tout, 16>(x, y, rows, n, scale, dev.sms, s);
+            e = launch_cluster<Tin, Tout, 16>(x, y, rows, n, scale, dev.sms, prefetch, s);
         if (e == cudaSuccess) return launch_status();
         // Refused (e.g. no room for a cluster on a partitioned GPU): a launch-configuration
         // error, not sticky. Clear it and take the other paths.
@@ -570,11 +819,14 @@ extern "C" int64_t fl_softmax_workspace_size(int64_t rows, int64_t n) {
     return fl::softmax_detail::workspace_bytes(rows, n);
 }
 
-extern "C" fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
-                                int64_t rows, int64_t n, float temperature, void *workspace,
-                                int64_t workspace_bytes, fl_stream stream) {
+extern "C" fl_status fl_softmax_path(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
+                                     int64_t rows, int64_t n, float temperature, void *workspace,
+                                     int64_t workspace_bytes, int32_t long_path,
+                                     fl_stream stream) {
     using namespace fl::softmax_detail;
     if (rows < 0 || n < 1 || workspace_bytes < 0) return FL_ERR_INVALID_ARGUMENT;
+    if (long_path < FL_SOFTMAX_LONG_AUTO || long_path > FL_SOFTMAX_LONG_PORTABLE)
+        return FL_ERR_INVALID_ARGUMENT;
     if (!(temperature >= FLT_MIN) || !std::isfinite(temperature)) return FL_ERR_INVALID_ARGUMENT;
     if (y_dtype != x_dtype && y_dtype != FL_DTYPE_F32) return FL_ERR_UNSUPPORTED_DTYPE;
     if (rows == 0) return FL_OK;
@@ -586,9 +838,16 @@ extern "C" fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtyp
         if (y_dtype == x_dtype)
             return softmax<scalar_t, scalar_t>(static_cast<const scalar_t *>(x),
                                                static_cast<scalar_t *>(y), rows, n, scale,
-                                               workspace, workspace_bytes, s);
+                                               workspace, workspace_bytes, long_path, s);
         return softmax<scalar_t, float>(static_cast<const scalar_t *>(x), static_cast<float *>(y),
-                                        rows, n, scale, workspace, workspace_bytes, s);
+                                        rows, n, scale, workspace, workspace_bytes, long_path, s);
     });
     return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+extern "C" fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
+                                int64_t rows, int64_t n, float temperature, void *workspace,
+                                int64_t workspace_bytes, fl_stream stream) {
+    return fl_softmax_path(x_dtype, x, y_dtype, y, rows, n, temperature, workspace,
+                           workspace_bytes, FL_SOFTMAX_LONG_AUTO, stream);
 }

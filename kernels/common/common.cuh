@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "../include/fl_kernels.h"
 
 namespace fl {
@@ -175,6 +177,29 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s
                                             float &y1) {
     y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
     y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
+}
+
+// Multiprocessors of the current device, looked up once per device (132 when the lookup
+// fails; a lookup error is cleared, the launch reports its own).
+inline int sm_count() {
+    static std::atomic<int> cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 132;
+    }
+    if (dev >= 0 && dev < 64) {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c > 0) return c;
+    }
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms < 1) {
+        cudaGetLastError();
+        return 132;
+    }
+    if (dev >= 0 && dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+    return sms;
 }
 
 }  // namespace fl

@@ -11,7 +11,11 @@
 //!
 //! How it runs: rows of up to 32768 (f16/bf16) or 16384 (f32) elements whose length is a
 //! multiple of the 16-byte vector width are read once into registers, one block per row,
-//! and written once. On Hopper (sm_90+), longer such rows of up to 262144 (f16/bf16) or
+//! and written once. Many longer such rows (at least one per SM, short enough that one row
+//! per SM fits ~60% of L2, e.g. 2048 x 128256 bf16) run one block per row and SM: a pass
+//! reading the row (its first 32 KB kept in registers) for the row's (max, sum), then a
+//! pass re-reading the rest from L2 and writing; DRAM sees one read and one write. On
+//! Hopper (sm_90+), other such rows of up to 262144 (f16/bf16) or
 //! 131072 (f32) elements are spread over a thread-block cluster of 8 blocks per row, each
 //! holding its eighth of the row in registers; the blocks exchange their (max, sum) through
 //! distributed shared memory, so the row is read once and written once whatever the number
@@ -94,6 +98,54 @@ fn rows_n<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
     }
 }
 
+/// Which kernel runs rows too long for the register path (testing and A/B benchmarking only:
+/// every path gives the same result up to f32 summation order). [`LongPath::Auto`] is what
+/// [`softmax`] and [`softmax_f32`] do: the `FL_SOFTMAX_LONG` environment variable
+/// (`cluster`, `cluster_pf`, `twopass`, `portable`; read once per process) if set, else
+/// twopass for many long rows (rows >= SMs, rows in flight fitting ~60% of L2), else the
+/// cluster path on sm_90+, the split or the generic path. A path that cannot run on the
+/// device or shape falls back as `Auto` would (see `fl_softmax.h`).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LongPath {
+    /// The environment's choice, else automatic.
+    Auto,
+    /// Thread-block clusters (sm_90+, 16-byte vectors, up to 32768 vectors a row).
+    Cluster,
+    /// Clusters, each block prefetching its part of the next row into L2.
+    ClusterPrefetch,
+    /// One block per row, online (max, sum) pass then a re-reading write pass.
+    TwoPass,
+    /// Split (few rows, with a workspace) or generic: what runs before sm_90.
+    Portable,
+}
+
+impl LongPath {
+    fn to_ffi(self) -> i32 {
+        (match self {
+            LongPath::Auto => fl_kernels_sys::FL_SOFTMAX_LONG_AUTO,
+            LongPath::Cluster => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER,
+            LongPath::ClusterPrefetch => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
+            LongPath::TwoPass => fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS,
+            LongPath::Portable => fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE,
+        }) as i32
+    }
+}
+
+/// [`softmax`] / [`softmax_f32`] with the long-row path forced (`O` is `T` or `f32`; any
+/// other output dtype is [`Error`] from the launcher). For tests and benchmarks.
+#[doc(hidden)]
+pub fn softmax_with_path<T: FloatDType, O: FloatDType>(
+    stream: &Arc<CudaStream>,
+    x: &DeviceTensor<T>,
+    temperature: f32,
+    out: &mut DeviceTensor<O>,
+    workspace: Option<&mut SoftmaxWorkspace>,
+    path: LongPath,
+) -> Result<()> {
+    launch("softmax", stream, x, temperature, out, workspace, path)
+}
+
 fn launch<T: FloatDType, O: FloatDType>(
     op: &'static str,
     stream: &Arc<CudaStream>,
@@ -101,6 +153,7 @@ fn launch<T: FloatDType, O: FloatDType>(
     temperature: f32,
     out: &mut DeviceTensor<O>,
     workspace: Option<&mut SoftmaxWorkspace>,
+    path: LongPath,
 ) -> Result<()> {
     let (rows, n) = rows_n(x)?;
     expect_shape("out", out, x.shape())?;
@@ -139,7 +192,7 @@ fn launch<T: FloatDType, O: FloatDType>(
     // workspace holds ws_bytes bytes (0 and null when none is needed) and is borrowed
     // mutably, so nothing else uses it while the launch is queued; every guard outlives it.
     let status = unsafe {
-        fl_kernels_sys::fl_softmax(
+        fl_kernels_sys::fl_softmax_path(
             T::ID,
             px as _,
             O::ID,
@@ -149,6 +202,7 @@ fn launch<T: FloatDType, O: FloatDType>(
             temperature,
             pws as _,
             ws_bytes,
+            path.to_ffi(),
             raw_stream(stream),
         )
     };
@@ -186,7 +240,15 @@ pub fn softmax<T: FloatDType>(
     out: &mut DeviceTensor<T>,
     workspace: Option<&mut SoftmaxWorkspace>,
 ) -> Result<()> {
-    launch("softmax", stream, x, temperature, out, workspace)
+    launch(
+        "softmax",
+        stream,
+        x,
+        temperature,
+        out,
+        workspace,
+        LongPath::Auto,
+    )
 }
 
 /// Softmax as [`softmax`], with f32 output whatever the input dtype (bf16 or f16 logits ->
@@ -216,5 +278,13 @@ pub fn softmax_f32<T: FloatDType>(
     out: &mut DeviceTensor<f32>,
     workspace: Option<&mut SoftmaxWorkspace>,
 ) -> Result<()> {
-    launch("softmax_f32", stream, x, temperature, out, workspace)
+    launch(
+        "softmax_f32",
+        stream,
+        x,
+        temperature,
+        out,
+        workspace,
+        LongPath::Auto,
+    )
 }

@@ -2,7 +2,7 @@
 //! (masked rows, NaN), every path (register, split, generic), and property tests of the
 //! reference (these run without a GPU).
 
-use fl_kernels::softmax::SoftmaxWorkspace;
+use fl_kernels::softmax::{LongPath, SoftmaxWorkspace};
 use fl_kernels::testing::{gpu_or_skip, random_nonzero, rel_l2, rng, strategies, tolerance};
 use fl_kernels::{bf16, f16, reference, softmax, DeviceTensor, Error, FloatDType, Gpu};
 use proptest::prelude::*;
@@ -54,17 +54,38 @@ fn run<T: FloatDType>(
     out: Out,
     ws: Option<&mut SoftmaxWorkspace>,
 ) -> Vec<f32> {
+    run_path(gpu, x, shape, t, out, ws, LongPath::Auto)
+}
+
+/// [`run`] with the long-row path forced (`Auto`: the public functions).
+fn run_path<T: FloatDType>(
+    gpu: &Gpu,
+    x: &[T],
+    shape: &[usize],
+    t: f32,
+    out: Out,
+    ws: Option<&mut SoftmaxWorkspace>,
+    path: LongPath,
+) -> Vec<f32> {
     let s = gpu.stream();
     let dx = DeviceTensor::from_host(s, x, shape).unwrap();
     match out {
         Out::F32 => {
             let mut y = DeviceTensor::<f32>::filled(s, shape, f32::NAN).unwrap();
-            softmax::softmax_f32(s, &dx, t, &mut y, ws).unwrap();
+            if path == LongPath::Auto {
+                softmax::softmax_f32(s, &dx, t, &mut y, ws).unwrap();
+            } else {
+                softmax::softmax_with_path(s, &dx, t, &mut y, ws, path).unwrap();
+            }
             y.to_host(s).unwrap()
         }
         Out::Same => {
             let mut y = DeviceTensor::<T>::filled(s, shape, T::from_f32(f32::NAN)).unwrap();
-            softmax::softmax(s, &dx, t, &mut y, ws).unwrap();
+            if path == LongPath::Auto {
+                softmax::softmax(s, &dx, t, &mut y, ws).unwrap();
+            } else {
+                softmax::softmax_with_path(s, &dx, t, &mut y, ws, path).unwrap();
+            }
             y.to_host(s).unwrap().iter().map(|v| v.to_f32()).collect()
         }
     }
@@ -79,13 +100,27 @@ fn check<T: FloatDType>(
     ws: Option<&mut SoftmaxWorkspace>,
     r: &mut impl rand::Rng,
 ) {
+    check_path::<T>(gpu, rows, n, t, out, ws, LongPath::Auto, r)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_path<T: FloatDType>(
+    gpu: &Gpu,
+    rows: usize,
+    n: usize,
+    t: f32,
+    out: Out,
+    ws: Option<&mut SoftmaxWorkspace>,
+    path: LongPath,
+    r: &mut impl rand::Rng,
+) {
     let x: Vec<T> = logits(r, rows * n);
-    let got = run(gpu, &x, &[rows, n], t, out, ws);
+    let got = run_path(gpu, &x, &[rows, n], t, out, ws, path);
     let want = reference::softmax::softmax(&x, n, t);
     let e = rel_l2(&got, &want);
     assert!(
         e < tol::<T>(out),
-        "softmax {rows}x{n} {} {out:?} t={t}: rel L2 {e:e}",
+        "softmax {rows}x{n} {} {out:?} t={t} {path:?}: rel L2 {e:e}",
         T::NAME
     );
     // Each row sums to 1 (to the output's rounding).
@@ -95,7 +130,7 @@ fn check<T: FloatDType>(
         let sum: f64 = row.iter().map(|&v| v as f64).sum();
         assert!(
             (sum - 1.0).abs() < slack,
-            "softmax {rows}x{n} {} {out:?}: row {i} sums to {sum}",
+            "softmax {rows}x{n} {} {out:?} {path:?}: row {i} sums to {sum}",
             T::NAME
         );
     }
@@ -154,6 +189,124 @@ fn softmax_cluster_path_rows_and_lengths() {
     check::<f16>(&gpu, 300, 131_072, 1.0, Out::Same, None, &mut r);
 }
 
+/// Every forced long-row path (whatever the device would pick): all dtypes, f32 out, odd
+/// and vector lengths (odd lengths take each path's scalar fallback), one to many rows
+/// (300 rows: clusters loop over rows, so the prefetch of the next row runs; twopass blocks
+/// loop over rows). Off sm_90 the cluster paths fall back to split / generic.
+#[test]
+fn softmax_every_long_path_matches_reference() {
+    let Some(gpu) = gpu_or_skip("softmax_every_long_path_matches_reference") else {
+        return;
+    };
+    let mut r = rng("softmax_paths");
+    let mut ws = SoftmaxWorkspace::new();
+    for path in [
+        LongPath::Cluster,
+        LongPath::ClusterPrefetch,
+        LongPath::TwoPass,
+        LongPath::Portable,
+    ] {
+        for &n in &[
+            1usize, 7, 4095, 4104, 16_388, 32_776, 40_001, 65_536, 128_256, 128_257, 131_072,
+            262_144,
+        ] {
+            for &rows in &[1usize, 3] {
+                check_path::<f32>(&gpu, rows, n, 1.0, Out::Same, Some(&mut ws), path, &mut r);
+                check_path::<f16>(&gpu, rows, n, 0.7, Out::Same, None, path, &mut r);
+                check_path::<bf16>(&gpu, rows, n, 1.0, Out::Same, Some(&mut ws), path, &mut r);
+                check_path::<bf16>(&gpu, rows, n, 0.5, Out::F32, None, path, &mut r);
+            }
+        }
+        // Many rows: more than 2 clusters per SM on any GPU up to 150 SMs, and more rows
+        // than twopass blocks (<= SMs).
+        check_path::<bf16>(&gpu, 300, 128_256, 1.0, Out::Same, None, path, &mut r);
+        check_path::<bf16>(&gpu, 300, 128_256, 1.0, Out::F32, None, path, &mut r);
+        check_path::<f32>(&gpu, 300, 131_072, 0.9, Out::Same, None, path, &mut r);
+        check_path::<f16>(&gpu, 300, 32_776, 1.1, Out::Same, None, path, &mut r);
+        check_path::<f16>(&gpu, 170, 40_003, 1.0, Out::F32, None, path, &mut r);
+    }
+}
+
+/// In place (y aliases x, allowed when the dtypes agree) on every long-row path, through the
+/// raw launcher: each element is written by the thread that read it, after the row's
+/// statistics are complete.
+#[test]
+fn softmax_in_place_on_every_long_path() {
+    let Some(gpu) = gpu_or_skip("softmax_in_place_on_every_long_path") else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::DevicePtrMut;
+    let s = gpu.stream();
+    let mut r = rng("softmax_in_place");
+    for (path, code) in [
+        (LongPath::Auto, fl_kernels_sys::FL_SOFTMAX_LONG_AUTO),
+        (LongPath::Cluster, fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER),
+        (
+            LongPath::ClusterPrefetch,
+            fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
+        ),
+        (LongPath::TwoPass, fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS),
+        (LongPath::Portable, fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE),
+    ] {
+        for &(rows, n) in &[(300usize, 65_536usize), (3, 128_256), (140, 40_001)] {
+            let x: Vec<bf16> = logits(&mut r, rows * n);
+            let mut d = DeviceTensor::from_host(s, &x, &[rows, n]).unwrap();
+            {
+                let (p, _g) = d.as_slice_mut().device_ptr_mut(s);
+                // SAFETY: d holds rows * n bf16, read and written in place (same dtype);
+                // no workspace.
+                let st = unsafe {
+                    fl_kernels_sys::fl_softmax_path(
+                        fl_kernels_sys::fl_dtype::FL_DTYPE_BF16,
+                        p as _,
+                        fl_kernels_sys::fl_dtype::FL_DTYPE_BF16,
+                        p as _,
+                        rows as i64,
+                        n as i64,
+                        1.0,
+                        std::ptr::null_mut(),
+                        0,
+                        code as i32,
+                        s.cu_stream() as _,
+                    )
+                };
+                assert_eq!(st, 0, "{path:?}");
+            }
+            let got: Vec<f32> = d.to_host(s).unwrap().iter().map(|v| v.to_f32()).collect();
+            let want = reference::softmax::softmax(&x, n, 1.0);
+            let e = rel_l2(&got, &want);
+            assert!(e < 1e-2, "in place {rows}x{n} {path:?}: rel L2 {e:e}");
+        }
+    }
+    // An unknown path is an argument error.
+    let x = DeviceTensor::<f32>::zeros(s, &[1, 8]).unwrap();
+    let mut y = DeviceTensor::<f32>::zeros(s, &[1, 8]).unwrap();
+    {
+        use fl_kernels::cudarc::driver::DevicePtr;
+        let (px, _g1) = x.as_slice().device_ptr(s);
+        let (py, _g2) = y.as_slice_mut().device_ptr_mut(s);
+        for bad in [-1i32, 5, 100] {
+            // SAFETY: rejected before any launch.
+            let st = unsafe {
+                fl_kernels_sys::fl_softmax_path(
+                    fl_kernels_sys::fl_dtype::FL_DTYPE_F32,
+                    px as _,
+                    fl_kernels_sys::fl_dtype::FL_DTYPE_F32,
+                    py as _,
+                    1,
+                    8,
+                    1.0,
+                    std::ptr::null_mut(),
+                    0,
+                    bad,
+                    s.cu_stream() as _,
+                )
+            };
+            assert_eq!(st, fl_kernels_sys::FL_ERR_INVALID_ARGUMENT, "path {bad}");
+        }
+    }
+}
+
 /// The raw launcher with no workspace: few long rows take the one-block-per-row path.
 #[test]
 fn softmax_without_workspace_takes_the_generic_path() {
@@ -202,7 +355,8 @@ fn softmax_special_values_on_every_path() {
     };
     let mut r = rng("softmax_special");
     // (n, dtype path): 100 register, 40_000 split (vectors) or cluster (sm_90+), 40_001
-    // split (scalar), 131_072 and 262_144 cluster (sm_90+; f32 262_144 split).
+    // split (scalar), 131_072 and 262_144 cluster (sm_90+; f32 262_144 split); and each of
+    // them forced onto every long-row path.
     for &n in &[100usize, 4096, 40_000, 40_001, 131_072, 262_144] {
         let rows = 5;
         let mut x: Vec<f32> = logits(&mut r, rows * n);
@@ -225,28 +379,43 @@ fn softmax_special_values_on_every_path() {
         let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
         let want_b = reference::softmax::softmax(&xb, n, 1.0);
         let mut ws = SoftmaxWorkspace::new();
-        let got = run(&gpu, &x, &[rows, n], 1.0, Out::Same, Some(&mut ws));
-        let got_b = run(&gpu, &xb, &[rows, n], 1.0, Out::F32, None);
-        for (name, got, want) in [("f32", &got, &want), ("bf16->f32", &got_b, &want_b)] {
-            assert!(
-                got[..n].iter().all(|&v| v == 0.0),
-                "{name} n={n}: masked row not 0"
-            );
-            assert!(
-                got[n..2 * n - 1].iter().all(|&v| v == 0.0) && got[2 * n - 1] == 1.0,
-                "{name} n={n}: one-hot row wrong"
-            );
-            let row2 = &got[2 * n..3 * n];
-            assert!(
-                row2[..3 * n / 4].iter().all(|&v| v == 0.0),
-                "{name} n={n}: masked part"
-            );
-            let e = rel_l2(row2, &want[2 * n..3 * n]);
-            assert!(e < 1e-5, "{name} n={n}: partly masked row rel L2 {e:e}");
-            assert!(
-                got[3 * n..].iter().all(|v| v.is_nan()),
-                "{name} n={n}: NaN/+inf rows"
-            );
+        for path in [
+            LongPath::Auto,
+            LongPath::Cluster,
+            LongPath::ClusterPrefetch,
+            LongPath::TwoPass,
+            LongPath::Portable,
+        ] {
+            let got = run_path(&gpu, &x, &[rows, n], 1.0, Out::Same, Some(&mut ws), path);
+            let got_b = run_path(&gpu, &xb, &[rows, n], 1.0, Out::F32, None, path);
+            let got_h = run_path(&gpu, &xb, &[rows, n], 1.0, Out::Same, None, path);
+            // (name, output, reference, rel L2 bound of the partly masked row)
+            for (name, got, want, bound) in [
+                ("f32", &got, &want, 1e-5),
+                ("bf16->f32", &got_b, &want_b, 1e-5),
+                ("bf16", &got_h, &want_b, 1e-2),
+            ] {
+                let name = format!("{name} {path:?}");
+                assert!(
+                    got[..n].iter().all(|&v| v == 0.0),
+                    "{name} n={n}: masked row not 0"
+                );
+                assert!(
+                    got[n..2 * n - 1].iter().all(|&v| v == 0.0) && got[2 * n - 1] == 1.0,
+                    "{name} n={n}: one-hot row wrong"
+                );
+                let row2 = &got[2 * n..3 * n];
+                assert!(
+                    row2[..3 * n / 4].iter().all(|&v| v == 0.0),
+                    "{name} n={n}: masked part"
+                );
+                let e = rel_l2(row2, &want[2 * n..3 * n]);
+                assert!(e < bound, "{name} n={n}: partly masked row rel L2 {e:e}");
+                assert!(
+                    got[3 * n..].iter().all(|v| v.is_nan()),
+                    "{name} n={n}: NaN/+inf rows"
+                );
+            }
         }
         // The reference agrees on the special rows.
         assert!(want[..n].iter().all(|&v| v == 0.0) && want[3 * n..].iter().all(|v| v.is_nan()));
