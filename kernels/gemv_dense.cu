@@ -163,21 +163,15 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
         rs1 = rsqrtf(s1 * inv_k + eps);
         __syncthreads();  // `red` is reused by the partial tiles below
     }
-    // 16 bytes of x at column kk of a row: plain, or normalised as fl_rms_norm rounds it.
-    auto load_x = [&](const T *row, int64_t kk, float rs) -> uint4 {
-        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + kk));
-        if constexpr (!NORM) {
-            return v;
-        } else {
-            const uint4 gv = __ldg(reinterpret_cast<const uint4 *>(gamma + kk));
-            const T *e = reinterpret_cast<const T *>(&v);
-            const T *ge = reinterpret_cast<const T *>(&gv);
-            uint4 o;
-            T *oe = reinterpret_cast<T *>(&o);
+    // x normalised as fl_rms_norm rounds it: T(h * rs * gamma), 8 values of 16 bytes.
+    auto normalise = [&](uint4 v, uint4 gv, float rs) -> uint4 {
+        const T *e = reinterpret_cast<const T *>(&v);
+        const T *ge = reinterpret_cast<const T *>(&gv);
+        uint4 o;
+        T *oe = reinterpret_cast<T *>(&o);
 #pragma unroll
-            for (int q = 0; q < 8; ++q) oe[q] = from_f32<T>(to_f32<T>(e[q]) * rs * to_f32<T>(ge[q]));
-            return o;
-        }
+        for (int q = 0; q < 8; ++q) oe[q] = from_f32<T>(to_f32<T>(e[q]) * rs * to_f32<T>(ge[q]));
+        return o;
     };
 
     float acc[NT][4];
@@ -188,16 +182,26 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
 
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     for (int64_t c0 = (int64_t)warp * U; c0 < chunks; c0 += (int64_t)nwarps * U) {
-        uint4 wv[U][NT], xa[U], xb[U];
+        uint4 wv[U][NT], xa[U], xb[U], ga[NORM ? U : 1];
+        // Every load of the batch is issued before any value is used (the normalisation of
+        // x must not stall the weight stream).
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t kk = (c0 + u) * 32 + 8 * t;  // k is a multiple of 8: all in or out
             const bool kin = kk < k;
 #pragma unroll
             for (int j = 0; j < NT; ++j) wv[u][j] = (kin && vrow[j]) ? ld_stream(wrow[j] + kk, policy) : zero;
-            xa[u] = (kin && vx0) ? load_x(xr0, kk, rs0) : zero;
+            xa[u] = (kin && vx0) ? __ldg(reinterpret_cast<const uint4 *>(xr0 + kk)) : zero;
             xb[u] = zero;
-            if (M16) xb[u] = (kin && vx1) ? load_x(xr1, kk, rs1) : zero;
+            if (M16) xb[u] = (kin && vx1) ? __ldg(reinterpret_cast<const uint4 *>(xr1 + kk)) : zero;
+            if constexpr (NORM) ga[u] = (kin && vx0) ? __ldg(reinterpret_cast<const uint4 *>(gamma + kk)) : zero;
+        }
+        if constexpr (NORM) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                xa[u] = normalise(xa[u], ga[u], rs0);
+                if (M16) xb[u] = normalise(xb[u], ga[u], rs1);
+            }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {

@@ -22,8 +22,8 @@
 //! ([`kv_cache::rope_append`]). Gate and up are stacked too (`[2 * intermediate, hidden]`).
 //! Up to [`Model::gemv_max_m`] tokens (decode), the projections run on the dense GEMV of
 //! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them, and (when
-//! the o/gate/up/down projections have no bias, as in LLaMA) each RMSNorm fused into the
-//! GEMV that reads it, so a decode layer is 6 kernels: norm+QKV, split+RoPE+append,
+//! the o/gate/up/down projections have no bias, as in LLaMA, and [`Model::fuse_norm`] is
+//! on) each RMSNorm fused into the GEMV that reads it, so a decode layer is 6 kernels: norm+QKV, split+RoPE+append,
 //! attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on cuBLASLt. The dense
 //! GEMV is f16/bf16 only: an f32 model runs every projection on cuBLASLt (f32 compute, no
 //! TF32) with the separate SwiGLU and add+RMSNorm kernels, and keeps its KV cache in f32
@@ -790,8 +790,11 @@ pub struct Model<T: RunDType> {
     pub gemv_max_m: usize,
     /// On the dense-GEMV path, fuse each RMSNorm into the projection that reads it
     /// ([`gemv_dense::rms_norm_linear`], [`gemv_dense::rms_norm_linear_swiglu`]): two kernels
-    /// fewer per layer. Used when no layer has an o/gate/up/down bias. Default on;
-    /// `FL_GEMV_NORM=0` turns it off (for A/B runs).
+    /// fewer per layer. Used when no layer has an o/gate/up/down bias and every projection
+    /// is dense. Default **off**: its first version made llama-2-7b batch-1 decode slower on
+    /// the H100 (167 vs 189 tokens/s; the normalisation stalled each batch of weight loads).
+    /// The loads are now all issued before the normalisation, which is not yet measured.
+    /// `FL_GEMV_NORM=1` turns it on.
     pub fuse_norm: bool,
 }
 
@@ -816,7 +819,7 @@ impl<T: RunDType> Model<T> {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_M)
             .min(if T::DENSE_GEMV { gemv_dense::MAX_M } else { 0 });
-        let fuse_norm = std::env::var("FL_GEMV_NORM").map_or(true, |v| v != "0");
+        let fuse_norm = std::env::var("FL_GEMV_NORM").is_ok_and(|v| v == "1");
         Ok(Model {
             cfg,
             weights,

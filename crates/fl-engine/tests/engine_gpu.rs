@@ -237,3 +237,29 @@ fn bad_requests_are_errors_naming_the_argument() {
     e.generate(&req(vec![prompt(3, 1)], 3), none, &mut |_| true)
         .expect("valid request");
 }
+
+#[test]
+fn fused_norm_decode_matches_unfused() {
+    // Model::fuse_norm (RMSNorm inside the dense GEMVs) against the separate norm kernels:
+    // the same decode logits (within rounding: rstd is summed in another order) for a batch
+    // of 3 (the GEMV path, decoded in a graph).
+    if gpu_or_skip("fused_norm_decode_matches_unfused").is_none() {
+        return;
+    }
+    let mut e = engine::<f16>();
+    let prompts = vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)];
+    e.model.fuse_norm = false;
+    let (_, plain, _) = run(&mut e, &req(prompts.clone(), 6));
+    e.model.fuse_norm = true;
+    let (_, fused, _) = run(&mut e, &req(prompts, 6));
+    assert_eq!(plain.len(), fused.len());
+    for (s, (a, b)) in plain.iter().zip(&fused).enumerate() {
+        for p in 0..a.len() {
+            let err = rel_l2(&b[p], &to_f64(&a[p]));
+            assert!(
+                err < 1e-2,
+                "step {s} prompt {p}: fused vs unfused rel L2 {err}"
+            );
+        }
+    }
+}
