@@ -86,6 +86,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 template <typename T, int D, int G, bool PAGED>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_kernel(Params p) {
+    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int LPK = lanes_per_key(D);
     constexpr int WPW = 32 / LPK;          // workers per warp
     constexpr int NW = kWarps * WPW;       // workers per CTA
@@ -434,6 +435,7 @@ template <> struct Mma<__nv_bfloat16> {
 
 template <typename T, int D, int G, bool PAGED>
 __global__ void __launch_bounds__(32, mma_ctas_per_sm(D)) decode_mma_kernel(Params p) {
+    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int S = mma_stages(D);
     constexpr int LD = D + 8;             // padded row, elements
     constexpr int KD = D / 16;            // k-steps of Q K^T
@@ -651,6 +653,7 @@ __global__ void __launch_bounds__(32, mma_ctas_per_sm(D)) decode_mma_kernel(Para
 constexpr int kCombineThreads = 256;
 template <typename T, int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
+    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int D4 = D / 4;
     constexpr int R = kCombineThreads / D4;
     static_assert(D % 4 == 0 && R >= 1, "head_dim");

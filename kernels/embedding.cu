@@ -1,7 +1,7 @@
 // Embedding lookup: a row gather out[i] = table[ids[i]] with the ids checked on the device.
 // Memory-bound raw copy (no arithmetic, so bit-exact for every dtype), in 16-byte words when
 // pointers and the row size allow (else 8/4/2/1-byte words). Two kernels:
-//  - tiles (default): blocks of 256 threads laid out as R rows x tpr threads (tpr a multiple
+//  - tiles: blocks of 256 threads laid out as R rows x tpr threads (tpr a multiple
 //    of 32, so a warp never straddles rows); each thread moves U words of its row (U = 8, 4,
 //    2 or 1: the largest that still gives >= 2 blocks per SM), all U loads issued before the
 //    stores; table rows read through the non-coherent path without L1 allocation. At 4096
@@ -9,8 +9,9 @@
 //    one id load per warp: a quarter of the blocks (and id -> row dependent-load chains) of
 //    the rows kernel, twice the bytes in flight per thread (48 registers: 5 blocks per SM,
 //    160 KB in flight per SM against the rows kernel's 2048 threads x 64 B = 128 KB).
-//  - rows: one block per (token, chunk of the row), 4 words per thread (fl::copy_row_chunk,
-//    shared with padding.cu): the kernel before tiles existed.
+//  - rows (default): one block per (token, chunk of the row), 4 words per thread
+//    (fl::copy_row_chunk, shared with padding.cu). Measured on the H100 it beats tiles at
+//    4096 x 4096 f16 (26.4 vs 27.3 us) and 65536 x 4096 (98% vs 95% of copy).
 // Override (read once per process, for A/B runs; every choice is bit-exact):
 // FL_EMBEDDING_PATH = rows | tiles | tiles_cs (tiles with streaming, evict-first stores).
 // fl_embedding_lookup_path selects the same per call (tests).
@@ -191,7 +192,8 @@ extern "C" fl_status fl_embedding_lookup_path(fl_dtype dtype, const int32_t *ids
     const int32_t limit = vocab > 0x7fffffffLL ? 0x7fffffff : (int32_t)vocab;
     cudaStream_t s = fl::as_stream(stream);
     if (path == FL_EMBEDDING_PATH_AUTO) path = env_path();
-    if (path == FL_EMBEDDING_PATH_AUTO) path = FL_EMBEDDING_PATH_TILES;
+    // rows measured faster than tiles at every n >= 64 on the H100 (bench/RESULTS.md).
+    if (path == FL_EMBEDDING_PATH_AUTO) path = FL_EMBEDDING_PATH_ROWS;
     if (path == FL_EMBEDDING_PATH_ROWS) {
         dim3 grid, block;
         if (!fl::row_grid(n, row_words, &grid, &block)) return FL_ERR_INVALID_ARGUMENT;

@@ -94,7 +94,7 @@ template <typename T, int EPI, int NT, bool M16, bool NORM>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1)
 gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ bias,
                   T *__restrict__ y, int m, int64_t n, int64_t k, const T *__restrict__ gamma,
-                  float eps) {
+                  float eps, int pdl) {
     static_assert(EPI != SWIGLU || NT == 2, "SwiGLU pairs a gate tile with an up tile");
     constexpr int U = unroll<NT>();
     __shared__ float red[kMaxWarps * NT * 128];
@@ -120,10 +120,12 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     const uint64_t policy = evict_first_policy();
     const int64_t chunks = (k + 31) >> 5;
 
-    // RMSNorm prologue: rstd of the token rows this lane loads (rs0: row g, rs1: row g + 8).
-    float rs0 = 0.f, rs1 = 0.f;
-    if constexpr (NORM) {
-        // Start this warp's first weight lines towards L2 while the CTA reduces.
+    // The next kernel of the stream may be launched as soon as every CTA of this one runs.
+    pdl_trigger();
+    // Start this warp's first weight lines towards L2 while the CTA reduces the norm or (a
+    // programmatic dependent launch) waits for the kernel before it: the weights are never
+    // written by an earlier kernel, x, h and y are.
+    if (NORM || pdl) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t kk = ((int64_t)warp * U + u) * 32 + 8 * t;
@@ -133,6 +135,12 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
                     if (vrow[j]) asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow[j] + kk));
             }
         }
+    }
+    if (pdl) pdl_wait();
+
+    // RMSNorm prologue: rstd of the token rows this lane loads (rs0: row g, rs1: row g + 8).
+    float rs0 = 0.f, rs1 = 0.f;
+    if constexpr (NORM) {
         // Each thread sums the squares of 8-value chunks tid, tid + blockDim, ... of every
         // token row; warp sums go to shared memory (reusing `red`) and are added in warp order.
         float *ss = red;  // [nwarps][16]
@@ -321,8 +329,25 @@ fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t 
     const int64_t ctas = ceil_div(n, EPI == SWIGLU ? 8 : 8 * NT);
     if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
     const int warps = pick_warps<T, EPI, NT, M16, NORM>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
-    gemv_dense_kernel<T, EPI, NT, M16, NORM>
-        <<<(unsigned)ctas, 32 * warps, 0, s>>>(x, w, bias, y, m, n, k, na.gamma, na.eps);
+    // Programmatic dependent launch on sm_90 (see pdl_enabled): the CTAs may be scheduled
+    // during the previous kernel's tail and prefetch their first weight lines before waiting.
+    const int pdl = pdl_enabled() ? 1 : 0;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)ctas);
+    cfg.blockDim = dim3(32 * warps);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, gemv_dense_kernel<T, EPI, NT, M16, NORM>, x, w,
+                                             bias, y, m, n, k, na.gamma, na.eps, pdl);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (fl_status)e;
+    }
     return launch_status();
 }
 

@@ -32,8 +32,8 @@
 //    the cluster's next row (cp.async.bulk.prefetch) as soon as it has issued the loads of
 //    the current row, so the next row's DRAM reads overlap this row's reductions, cluster
 //    barrier and writes.
-//  - twopass (many long rows: rows >= SMs, 16-byte vectors, and the rows in flight fit in
-//    ~60% of L2; any long row when forced): one block of 1024 threads per row, one block per
+//  - twopass (only when forced; sized for many long rows: rows >= SMs, 16-byte vectors, the
+//    rows in flight in ~60% of L2): one block of 1024 threads per row, one block per
 //    SM, looping over rows. Pass 1 reads the row once: the first 2 vectors per thread (32 KB;
 //    more would spill under the 64-register cap of 1024 threads) stay in registers, the rest
 //    streams through an online (max, sum) with 4 vectors per thread in flight (64 KB per
@@ -51,7 +51,8 @@
 // generic: the behaviour before twopass existed), cluster_pf (the same with the next-row L2
 // prefetch), twopass (twopass for every row the register path does not take, on any GPU),
 // portable (split / generic only, as before sm_90). Unset or anything else: automatic
-// (twopass for many long rows as above, else cluster, split, generic). fl_softmax_path
+// (cluster, split, generic: the measured order; twopass and cluster_pf were slower on the
+// H100, see bench/RESULTS.md). fl_softmax_path
 // selects the same per call (tests).
 // Every element of y is written by the thread that reads the same element of x, so y may
 // alias x when the dtypes are equal.
@@ -739,8 +740,9 @@ fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, v
     if (path == FL_SOFTMAX_LONG_AUTO) path = env_long_path();
     const int64_t tp_grid = twopass_grid(rows, n * (int64_t)sizeof(Tin), vec_ok, dev);
     bool twopass = path == FL_SOFTMAX_LONG_TWOPASS;
-    if (path == FL_SOFTMAX_LONG_AUTO)  // many long rows, every SM busy with rows that fit L2
-        twopass = vec_ok && rows >= dev.sms && tp_grid >= dev.sms;
+    // Automatic: never twopass. Measured on the H100 (bf16 2048 x 128256, 2026-11-23):
+    // cluster 428 us (82% of copy), twopass 488 us (72%), cluster_pf 513 us (68%); twopass
+    // stays selectable (FL_SOFTMAX_LONG=twopass, fl_softmax_path) for GPUs without clusters.
     if (twopass) {
         const unsigned grid = row_grid(tp_grid);
         if (vec_ok && n <= INT32_MAX)  // the vector kernel indexes a row in 32 bits

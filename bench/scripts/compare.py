@@ -50,6 +50,8 @@ def torch_cases(filt):
         spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        if not hasattr(mod, "cases"):  # e.g. torch_generate.py: a script, not an op table
+            continue
         for key, make in mod.cases():
             if matches(key, filt):
                 yield key, make

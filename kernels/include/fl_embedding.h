@@ -49,7 +49,7 @@ fl_status fl_embedding_lookup(fl_dtype dtype, const int32_t *ids, int64_t n, con
 
 /* Kernels of fl_embedding_lookup_path (same result, bit for bit; only speed differs):
  *   AUTO          the environment's FL_EMBEDDING_PATH if set (rows, tiles, tiles_cs),
- *                 else TILES (fl_embedding_lookup itself);
+ *                 else ROWS (fl_embedding_lookup itself);
  *   ROWS          one block per (token, chunk of the row), 4 words per thread;
  *   TILES         blocks of several rows, up to 8 words per thread, loads before stores;
  *   TILES_STREAM  TILES with streaming (evict-first) stores of the output. */

@@ -28,9 +28,8 @@ int64_t fl_softmax_workspace_size(int64_t rows, int64_t n);
  * rows run on one block each (slower). The workspace must not be used by anything else
  * until the launch has completed. On sm_90+ (compute capability >= 9) long rows with
  * 4096 < n / (16 / sizeof(x)) <= 32768 vectors (aligned x, y; n a multiple of 8 for f16/bf16,
- * of 4 for f32) are done by clusters of 8 blocks per row, reading x once; many such rows
- * (rows >= SMs) on any GPU take the twopass path instead (see FL_SOFTMAX_LONG_* below);
- * the result is the same either way (up to f32 summation order).
+ * of 4 for f32) are done by clusters of 8 blocks per row, reading x once (the twopass path of
+ * FL_SOFTMAX_LONG_* below is selectable, not automatic); the result is the same either way (up to f32 summation order).
  * y may alias x when y_dtype == x_dtype (in place); no other overlap is allowed. */
 fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y, int64_t rows,
                      int64_t n, float temperature, void *workspace, int64_t workspace_bytes,
@@ -39,8 +38,7 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 /* Long-row paths of fl_softmax_path (rows the register path does not take: n / vector width
  * > 4096, or n not a multiple of the vector width, or unaligned x / y):
  *   AUTO     the environment's FL_SOFTMAX_LONG if set (cluster, cluster_pf, twopass,
- *            portable), else automatic: twopass for rows >= SMs of 16-byte vectors whose
- *            rows in flight fit ~60% of L2, else cluster (sm_90+), split, generic;
+ *            portable), else automatic: cluster (sm_90+), split, generic;
  *   CLUSTER  cluster path where it applies (sm_90+, 16-byte vectors, n <= 32768 vectors),
  *            else split / generic;
  *   CLUSTER_PREFETCH  the same, each block prefetching its part of its cluster's next row

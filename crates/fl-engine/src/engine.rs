@@ -425,6 +425,16 @@ impl<T: RunDType> Engine<T> {
                 g.upload()?;
                 Ok(Some(g))
             }
+            // The capture was invalidated under the body (e.g. another thread of the process
+            // synchronised the device or freed memory while it ran: CUDA 901, "operation
+            // failed due to a previous error during capture"); nothing was executed, so the
+            // step runs eagerly, where a genuine argument error shows again.
+            (Err(e), Err(c)) => {
+                eprintln!(
+                    "fl: CUDA graph capture invalidated ({e}; {c}); decoding without a graph"
+                );
+                Ok(None)
+            }
             (Err(e), _) => Err(e),
             (Ok(()), Ok(None)) => Ok(None),
             (Ok(()), Err(e)) => {

@@ -16,6 +16,14 @@ use fl_engine::model::WeightSource;
 use fl_engine::presets::preset;
 use fl_kernels::testing::{gpu_or_skip, rel_l2};
 use fl_kernels::{bf16, f16};
+
+/// Engine tests run one at a time: a test's decode-step graph capture is invalidated when
+/// another thread of the process frees memory or synchronises the device meanwhile (the
+/// engine would then decode eagerly, and graph-vs-eager checks would compare eager twice).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
 use fl_sampling::SamplingParams;
 
 fn engine<T: fl_engine::model::RunDType>() -> Engine<T> {
@@ -115,6 +123,7 @@ fn ragged_batch_matches_single_f16() {
     if gpu_or_skip("ragged_batch_matches_single_f16").is_none() {
         return;
     }
+    let _serial = serial();
     ragged_batch_matches_single::<f16>();
 }
 
@@ -123,6 +132,7 @@ fn ragged_batch_matches_single_bf16() {
     if gpu_or_skip("ragged_batch_matches_single_bf16").is_none() {
         return;
     }
+    let _serial = serial();
     ragged_batch_matches_single::<bf16>();
 }
 
@@ -131,6 +141,7 @@ fn ragged_batch_matches_single_f32() {
     if gpu_or_skip("ragged_batch_matches_single_f32").is_none() {
         return;
     }
+    let _serial = serial();
     ragged_batch_matches_single::<f32>();
 }
 
@@ -139,6 +150,7 @@ fn decode_path_matches_prefill_path() {
     if gpu_or_skip("decode_path_matches_prefill_path").is_none() {
         return;
     }
+    let _serial = serial();
     decode_path_matches_prefill::<f16>();
 }
 
@@ -147,6 +159,7 @@ fn decode_path_matches_prefill_path_f32() {
     if gpu_or_skip("decode_path_matches_prefill_path_f32").is_none() {
         return;
     }
+    let _serial = serial();
     decode_path_matches_prefill::<f32>();
 }
 
@@ -173,6 +186,7 @@ fn graph_and_eager_decode_agree() {
     if gpu_or_skip("graph_and_eager_decode_agree").is_none() {
         return;
     }
+    let _serial = serial();
     graph_and_eager_agree::<f16>();
 }
 
@@ -181,6 +195,7 @@ fn graph_and_eager_decode_agree_f32() {
     if gpu_or_skip("graph_and_eager_decode_agree_f32").is_none() {
         return;
     }
+    let _serial = serial();
     graph_and_eager_agree::<f32>();
 }
 
@@ -220,6 +235,7 @@ fn bad_requests_are_errors_naming_the_argument() {
     if gpu_or_skip("bad_requests_are_errors_naming_the_argument").is_none() {
         return;
     }
+    let _serial = serial();
     let mut e = engine::<f16>();
     let none = StepNeeds::default();
     let msg = |r: Request, e: &mut Engine<f16>| {
@@ -240,17 +256,18 @@ fn bad_requests_are_errors_naming_the_argument() {
 
 #[test]
 fn fused_norm_decode_matches_unfused() {
-    // Model::fuse_norm (RMSNorm inside the dense GEMVs) against the separate norm kernels:
+    // Model::fuse_norm_max_m (RMSNorm inside the dense GEMVs) against the separate norm kernels:
     // the same decode logits (within rounding: rstd is summed in another order) for a batch
     // of 3 (the GEMV path, decoded in a graph).
     if gpu_or_skip("fused_norm_decode_matches_unfused").is_none() {
         return;
     }
+    let _serial = serial();
     let mut e = engine::<f16>();
     let prompts = vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)];
-    e.model.fuse_norm = false;
+    e.model.fuse_norm_max_m = 0;
     let (_, plain, _) = run(&mut e, &req(prompts.clone(), 6));
-    e.model.fuse_norm = true;
+    e.model.fuse_norm_max_m = 16;
     let (_, fused, _) = run(&mut e, &req(prompts, 6));
     assert_eq!(plain.len(), fused.len());
     for (s, (a, b)) in plain.iter().zip(&fused).enumerate() {

@@ -34,6 +34,14 @@ use fl_kernels::{bf16, f16};
 use fl_sampling::SamplingParams;
 use safetensors::tensor::TensorView;
 
+/// Engine tests run one at a time: a test's decode-step graph capture is invalidated when
+/// another thread of the process frees memory or synchronises the device meanwhile (the
+/// engine would then decode eagerly, and graph-vs-eager checks would compare eager twice).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The model: the tiny preset (2 layers, hidden 128, 2 query heads and 1 kv head of 64,
 /// vocabulary 256) with intermediate 384 (a multiple of 128, so that every mode fits), with
 /// or without every bias.
@@ -269,6 +277,7 @@ fn every_mode_matches_dense_on_its_dequantised_weights_f16() {
     if gpu_or_skip("every_mode_matches_dense_on_its_dequantised_weights_f16").is_none() {
         return;
     }
+    let _serial = serial();
     quantised_vs_dense::<f16>(&config(false), &Quant::NAMES[1..], "quant_gpu_f16");
 }
 
@@ -277,6 +286,7 @@ fn every_mode_matches_dense_on_its_dequantised_weights_bf16() {
     if gpu_or_skip("every_mode_matches_dense_on_its_dequantised_weights_bf16").is_none() {
         return;
     }
+    let _serial = serial();
     quantised_vs_dense::<bf16>(
         &config(false),
         &["int8", "int4", "q4_0", "w8a8"],
@@ -291,6 +301,7 @@ fn biases_are_added_after_the_quantised_product() {
     if gpu_or_skip("biases_are_added_after_the_quantised_product").is_none() {
         return;
     }
+    let _serial = serial();
     quantised_vs_dense::<f16>(&config(true), &["int8", "int4", "w8a8"], "quant_gpu_bias");
 }
 
@@ -302,6 +313,7 @@ fn quantised_decode_matches_quantised_prefill() {
     if gpu_or_skip("quantised_decode_matches_quantised_prefill").is_none() {
         return;
     }
+    let _serial = serial();
     let cfg = config(false);
     for name in ["int8", "int4", "q4_0", "w8a8"] {
         let q = Quant::parse(name).expect("mode");
@@ -335,6 +347,7 @@ fn quantised_graph_and_eager_decode_agree() {
     if gpu_or_skip("quantised_graph_and_eager_decode_agree").is_none() {
         return;
     }
+    let _serial = serial();
     let cfg = config(false);
     for name in ["int4", "q8_0", "w8a8"] {
         let q = Quant::parse(name).expect("mode");
@@ -379,6 +392,7 @@ fn dummy_weights_load_and_run_in_every_mode() {
     if gpu_or_skip("dummy_weights_load_and_run_in_every_mode").is_none() {
         return;
     }
+    let _serial = serial();
     for cfg in [config(false), preset("tiny").expect("tiny")] {
         for &name in Quant::NAMES {
             let q = Quant::parse(name).expect("mode");

@@ -102,8 +102,8 @@ fn rows_n<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
 /// every path gives the same result up to f32 summation order). [`LongPath::Auto`] is what
 /// [`softmax`] and [`softmax_f32`] do: the `FL_SOFTMAX_LONG` environment variable
 /// (`cluster`, `cluster_pf`, `twopass`, `portable`; read once per process) if set, else
-/// twopass for many long rows (rows >= SMs, rows in flight fitting ~60% of L2), else the
-/// cluster path on sm_90+, the split or the generic path. A path that cannot run on the
+/// the cluster path on sm_90+, the split or the generic path (twopass only when asked for: it
+/// measured slower than the cluster path on the H100). A path that cannot run on the
 /// device or shape falls back as `Auto` would (see `fl_softmax.h`).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
