@@ -21,7 +21,51 @@
 // products of each c go to their own accumulator). Per int4 value: LOP3 + FADD once, then one
 // FFMA (+ the x conversion) per token. The unpacking is __host__ __device__ so that a host
 // test runs the very same code (fl_gemv_unpack_unit_host).
+//
+// The tensor-core path (namespace tc; fl_gemv_quant_path, FL_GEMV_PATH): the CUDA-core kernel
+// above costs an f32 FMA per weight per token, so at 16 tokens it is compute-bound (5-14% of
+// copy bandwidth on an H100). The tensor-core kernel computes the same
+//   y[t, r] = sum_chunks scale(r, chunk) * sum_{j in chunk} x[t, j] * (q[r, j] - z(r, chunk))
+// with mma.sync m16n8k16 (f32 accumulation), laid out like the dense GEMV (gemv_dense.cu):
+// - The <= 16 tokens are the M side (A = x, token rows >= m zero; rows 8..15 only loaded when
+//   m > 8), 8 weight rows the N side (B); a CTA owns NT = 1 or 2 tiles of 8 rows (x loads
+//   shared by the tiles) and its W warps split k, warp w taking U consecutive 32-wide chunks
+//   out of every W * U; partial tiles are summed in shared memory in warp order
+//   (deterministic) and each output is rounded once.
+// - Lane (g = lane / 4, t = lane % 4) owns weight row g and 8 values of each chunk: int8 k =
+//   8t..8t+7 (one 8-byte load), int4 k = 8t..8t+7 (one 4-byte load), Q8_0 quants 8t..8t+7 of
+//   the block (two or three aligned 4-byte loads + funnel shift: blocks are 2-byte aligned;
+//   block i's quants start at 2 mod 4 for even i, so the third word is loaded only then),
+//   Q4_0 quant bytes 4t..4t+3 = values 4t..4t+3 (low nibbles) and 16+4t..16+4t+3 (high).
+//   Weights stream with ld.global.nc.L1::no_allocate + L2 evict_first, every load of a
+//   batch (U chunks x NT tiles: 16-64 bytes of weights per lane, plus x and scales) issued
+//   before any is used.
+// - Dequantisation to the mma's type (f16 for f16 x, bf16 for bf16 x) is exact, two values
+//   per instruction: f16: a nibble masked in place under 0x6400 is 1024 + q (1024 + 16 q for a
+//   nibble at bits 4..7, scaled by 1/16 in the same fma); one fma2 subtracts 1024 + z (or
+//   64 + z) giving q - z exactly (|q - z| <= 15). Bytes: (q ^ 0x80) under 0x64 (PRMT) is
+//   1024 + q + 128, minus 1152. bf16 (7-bit mantissa): nibbles are shifted to bits 0..3, under
+//   0x4300 = 128 + q, minus 128 + z; a signed byte is (128 + low 7 bits) - (128 or 256 by its
+//   sign bit), both built with PRMT/LOP3. All these integers (|v| <= 128) are exact in f16
+//   and bf16, and the fma's exact result is an integer, so no rounding happens.
+// - The k order inside a lane's 8 values follows the cheap unpacking, and x is permuted to
+//   match (PRMT of 16-bit halves; a dot product only needs A and B to agree): int8 / Q8_0 take
+//   pairs (0,1),(2,3),(4,5),(6,7) as loaded; int4 pairs (v0,v4),(v1,v5),(v2,v6),(v3,v7) (v_i =
+//   nibble i of the word: value 8t + i); Q4_0 (4t,4t+2),(16+4t,16+4t+2),(4t+1,4t+3),
+//   (16+4t+1,16+4t+3). Mma 1 takes pairs 0, 1 as k-slots {2t,2t+1}, {2t+8,2t+9}; mma 2 pairs
+//   2, 3.
+// - Scales stay out of the mma (in f32): every 32-wide chunk lies inside one group (groups
+//   are 32/64/128 and aligned) or one GGUF block, so the mmas of a run of R chunks sharing a
+//   scale (R = min(group / 32, 4) for int4, 1 for GGUF) go to a temporary f32 accumulator
+//   started at 0, then acc += tmp * scale(column) for the lane's columns 2t, 2t + 1. The
+//   products x * (q - z) are exact in the mma (11-bit x 5/8-bit integers); the zero point is
+//   applied as the integer q - z (exact), not as z * sum(x). int8's per-row scale multiplies
+//   the final sum once.
+// - Host: NT = 2 when n / 16 >= SMs, warps per CTA from occupancy (as the dense GEMV).
+//   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores for m >= 2 and for 4-bit formats at
+//   m = 1; FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path force a kernel.
 #include <cstring>
+#include <type_traits>
 
 #include "common/common.cuh"
 
@@ -335,6 +379,456 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
     return launch_m<F, T, 16>(xt, wt, scales, zt, yt, m, n, k, group, s);
 }
 
+// ---------------------------------------------------------------- tensor-core kernel
+// See the header comment ("The tensor-core path"). Lane (g = lane / 4, t = lane % 4) of a warp
+// streams the bytes of weight row g of each tile that hold its 8 values of every 32-wide
+// chunk, turns them into 4 registers of two exact f16 / bf16 integers (q - z) (the B
+// fragments of two m16n8k16 mmas), loads the x values of the same k (the A fragments: token
+// rows g and g + 8), and accumulates x . (q - z) in f32; the scale of columns 2t, 2t + 1 (the
+// accumulator elements a lane holds) is applied outside the mma, once per run of chunks that
+// share it.
+namespace tc {
+
+constexpr int kMaxWarps = 16;
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+// Weight-stream loads: read-only, not kept in L1, evicted first from L2 (the same loads as
+// gemv_dense.cu's ld_stream, at 4 and 8 bytes).
+__device__ __forceinline__ uint32_t ld_stream32(const void *p, uint64_t policy) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_stream64(const void *p, uint64_t policy) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(v.x), "=r"(v.y)
+        : "l"(p), "l"(policy));
+    return v;
+}
+
+// d += A (16 x 16, row) . B (16 x 8, col), f32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// a * b + c on two packed 16-bit floats (round to nearest; exact for every use below: the
+// exact results are small integers).
+template <typename T> __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c);
+template <> __device__ __forceinline__ uint32_t fma2<__half>(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+template <> __device__ __forceinline__ uint32_t fma2<__nv_bfloat16>(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Bit patterns (both halves) of the constants below.
+template <typename T> struct Bits;
+template <> struct Bits<__half> {
+    static constexpr uint32_t one = 0x3C003C00u;        // 1
+    static constexpr uint32_t sixteenth = 0x2C002C00u;  // 1/16
+    static constexpr uint32_t magic = 0x64006400u;      // 1024: 1024 + v for v < 1024 in the mantissa
+};
+template <> struct Bits<__nv_bfloat16> {
+    static constexpr uint32_t one = 0x3F803F80u;
+    static constexpr uint32_t sixteenth = 0x3D803D80u;
+    static constexpr uint32_t magic = 0x43004300u;      // 128: 128 + v for v < 128 in the mantissa
+};
+
+// The per-(row, group) constants of the nibble conversion for zero point z (0..15), both
+// halves: lo = -(magic + z) (nibble at bits 0..3 of a half), hi = the constant for a nibble
+// at bits 4..7 (f16: (1024 + 16 q) / 16 - (64 + z); bf16: the nibble is shifted down first).
+struct NibZ {
+    uint32_t lo, hi;
+};
+template <typename T> __device__ __forceinline__ NibZ nib_z(uint32_t z) {
+    const uint32_t zz = z * 0x00010001u;
+    if constexpr (std::is_same<T, __half>::value) {
+        return {zz | 0xE400E400u, (zz << 4) | 0xD400D400u};  // -(1024 + z), -(64 + z)
+    } else {
+        return {zz | 0xC300C300u, zz | 0xC300C300u};  // -(128 + z)
+    }
+}
+
+// The 8 nibbles of word w as 4 pairs of exact 16-bit floats (nib - z):
+//   b[0] = (nibble 0, nibble 4), b[1] = (nibble 1, nibble 5), b[2] = (nibble 2, nibble 6),
+//   b[3] = (nibble 3, nibble 7),  nibble i = bits 4i..4i+3 of w.
+// f16: (w & 0x000f000f) | 1024 = 1024 + q, exact (q < 1024 in the 10-bit mantissa); a nibble
+// left at bits 4..7 gives 1024 + 16 q, which one fma scales by 1/16 (exact) and offsets.
+// bf16 (7-bit mantissa): bits 4..7 would reach the exponent, so every nibble is shifted to
+// bits 0..3 first: 128 + q.
+template <typename T> __device__ __forceinline__ void nib_pairs(uint32_t w, NibZ z, uint32_t (&b)[4]) {
+    constexpr uint32_t mg = Bits<T>::magic, one = Bits<T>::one;
+    const uint32_t w8 = w >> 8;
+    if constexpr (std::is_same<T, __half>::value) {
+        b[0] = fma2<T>((w & 0x000F000Fu) | mg, one, z.lo);
+        b[1] = fma2<T>((w & 0x00F000F0u) | mg, Bits<T>::sixteenth, z.hi);
+        b[2] = fma2<T>((w8 & 0x000F000Fu) | mg, one, z.lo);
+        b[3] = fma2<T>((w8 & 0x00F000F0u) | mg, Bits<T>::sixteenth, z.hi);
+    } else {
+        b[0] = fma2<T>((w & 0x000F000Fu) | mg, one, z.lo);
+        b[1] = fma2<T>(((w >> 4) & 0x000F000Fu) | mg, one, z.lo);
+        b[2] = fma2<T>((w8 & 0x000F000Fu) | mg, one, z.lo);
+        b[3] = fma2<T>(((w >> 12) & 0x000F000Fu) | mg, one, z.lo);
+    }
+}
+
+// The 4 signed bytes of word q as 2 pairs of exact 16-bit floats: b[0] = (byte 0, byte 1),
+// b[1] = (byte 2, byte 3).
+// f16: u = q ^ 0x80 (= q + 128 in 0..255) placed under 0x64 is 1024 + u; minus 1152 = q.
+// bf16 (128 + v only for v < 128): the low 7 bits v under 0x43 give 128 + v, the sign bit under
+// 0x43 gives 128 or 256 (0x4380), and q = (128 + v) - (128 + 128 s) exactly.
+template <typename T> __device__ __forceinline__ void byte_pairs(uint32_t q, uint32_t &b0, uint32_t &b1) {
+    constexpr uint32_t one = Bits<T>::one;
+    if constexpr (std::is_same<T, __half>::value) {
+        const uint32_t u = q ^ 0x80808080u;
+        b0 = fma2<T>(__byte_perm(u, 0x64646464u, 0x4140), one, 0xE480E480u);  // - 1152
+        b1 = fma2<T>(__byte_perm(u, 0x64646464u, 0x4342), one, 0xE480E480u);
+    } else {
+        const uint32_t p0 = __byte_perm(q, 0x43434343u, 0x4140);
+        const uint32_t p1 = __byte_perm(q, 0x43434343u, 0x4342);
+        b0 = fma2<T>(p0 & 0xFF7FFF7Fu, one, (p0 & 0xFF80FF80u) ^ 0x80008000u);
+        b1 = fma2<T>(p1 & 0xFF7FFF7Fu, one, (p1 & 0xFF80FF80u) ^ 0x80008000u);
+    }
+}
+
+// Chunks (32 k values) per warp per batch: every load of a batch is issued before any is used.
+// Weight bytes per lane in flight: U * NT * (4 int4 / Q4_0, 8 int8 / Q8_0). Chosen so that no
+// instance spills under the 128-register cap (launch bounds 512 threads): per-chunk scales
+// (R < 4: int4 with group 32 / 64, the GGUF formats) and 16 tokens take registers.
+template <int F, int NT, bool M16, int R> __host__ __device__ constexpr int unroll() {
+    return F == I8    ? (NT == 1 ? 8 : 4)
+         : F == Q80   ? ((NT == 1 && !M16) ? 8 : 4)
+         : R == 4     ? ((NT == 2 && M16) ? 4 : 8)
+                      : ((NT == 1 && !M16) ? 8 : 4);
+}
+// Raw weight words per lane per chunk per tile.
+template <int F> __host__ __device__ constexpr int wwords() {
+    return F == I8 ? 2 : F == Q80 ? 3 : F == Q40 ? 2 : 1;
+}
+// Bytes per GGUF block, per row of chunks.
+template <int F> __host__ __device__ constexpr int block_bytes() { return F == Q80 ? 34 : 18; }
+
+// grid.x = ceil(n / (8 * NT)), block = 32 * W (W <= kMaxWarps). M16: some token >= 8.
+// R: chunks per scale run (int4: min(group / 32, U); 1 for the GGUF formats, unused for int8).
+template <int F, typename T, int NT, bool M16, int R>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
+               const uint8_t *__restrict__ zeros, T *__restrict__ y, int m, int64_t n, int64_t k,
+               int group) {
+    constexpr int U = unroll<F, NT, M16, R>(), WQ = wwords<F>();
+    constexpr bool kScaled = F != I8;  // per-chunk (group / block) scales
+    constexpr int NR = kScaled ? U / R : 1;
+    static_assert(U % R == 0 && U >= 4, "scale runs must tile a batch");
+    __shared__ float red[kMaxWarps * NT * 128];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
+    const int64_t chunks = k >> 5;
+    const int64_t groups = (F == I4 || F == I4Z) ? k / group : 0;
+    // log2 of the chunks per group (group = 32, 64 or 128).
+    const int gshift = (F == I4 || F == I4Z) ? __ffs(group >> 5) - 1 : 0;
+
+    // This lane's weight row (g) and accumulator columns (2t, 2t + 1) in each tile.
+    int64_t wrow[NT], col0[NT];
+    bool vrow[NT], vc0[NT], vc1[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int64_t r = base + 8 * j + g;
+        vrow[j] = r < n;
+        wrow[j] = vrow[j] ? r : 0;
+        col0[j] = base + 8 * j + 2 * t;
+        vc0[j] = col0[j] < n;
+        vc1[j] = col0[j] + 1 < n;
+    }
+    const T *xr0 = x + (int64_t)(g < m ? g : 0) * k;
+    const T *xr1 = x + (int64_t)(g + 8 < m ? g + 8 : 0) * k;
+    const bool vx0 = g < m, vx1 = M16 && g + 8 < m;
+    const uint64_t policy = evict_first_policy();
+    const __half *sc16 = static_cast<const __half *>(scales);
+    const NibZ zsym = nib_z<T>(8u);
+
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
+
+    for (int64_t c0 = (int64_t)warp * U; c0 < chunks; c0 += (int64_t)nwarps * U) {
+        uint32_t wq[U][NT][WQ];
+        uint32_t xa[U][4], xb[U][4];
+        float s0[NR][NT], s1[NR][NT];
+        uint32_t zr[F == I4Z ? NR : 1][NT];
+        // ---- every load of the batch
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int64_t c = c0 + u;
+            const bool kin = c < chunks;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const bool v = kin && vrow[j];
+#pragma unroll
+                for (int i = 0; i < WQ; ++i) wq[u][j][i] = 0u;
+                if constexpr (F == I8) {
+                    if (v) {
+                        const uint2 q = ld_stream64(w + wrow[j] * k + c * 32 + 8 * t, policy);
+                        wq[u][j][0] = q.x, wq[u][j][1] = q.y;
+                    }
+                } else if constexpr (F == I4 || F == I4Z) {
+                    if (v) wq[u][j][0] = ld_stream32(w + wrow[j] * (k >> 1) + c * 16 + 4 * t, policy);
+                } else {
+                    // GGUF: this lane's quants start at an even byte a; read the aligned
+                    // words covering them (the last one only when a is not 4-byte aligned).
+                    constexpr int QB = F == Q80 ? 8 : 4;  // quant bytes per lane
+                    const int64_t a = (wrow[j] * chunks + c) * block_bytes<F>() + 2 + QB * t;
+                    const uint8_t *pa = w + (a & ~(int64_t)3);
+                    if (v) {
+#pragma unroll
+                        for (int i = 0; i < WQ - 1; ++i) wq[u][j][i] = ld_stream32(pa + 4 * i, policy);
+                        if (a & 2) wq[u][j][WQ - 1] = ld_stream32(pa + 4 * (WQ - 1), policy);
+                    }
+                }
+            }
+            const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+            uint4 va = zero4, vb = zero4;
+            if constexpr (F == Q40) {
+                // k = 32c + 4t..4t+3 (low nibbles) and 32c + 16 + 4t..4t+3 (high nibbles).
+                if (kin && vx0) {
+                    const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 4 * t));
+                    const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 16 + 4 * t));
+                    va = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                }
+                if (M16 && kin && vx1) {
+                    const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 4 * t));
+                    const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 16 + 4 * t));
+                    vb = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                }
+            } else {
+                // k = 32c + 8t..8t+7.
+                if (kin && vx0) va = __ldg(reinterpret_cast<const uint4 *>(xr0 + c * 32 + 8 * t));
+                if (M16 && kin && vx1) vb = __ldg(reinterpret_cast<const uint4 *>(xr1 + c * 32 + 8 * t));
+            }
+            xa[u][0] = va.x, xa[u][1] = va.y, xa[u][2] = va.z, xa[u][3] = va.w;
+            xb[u][0] = vb.x, xb[u][1] = vb.y, xb[u][2] = vb.z, xb[u][3] = vb.w;
+        }
+        if constexpr (kScaled) {
+#pragma unroll
+            for (int r = 0; r < NR; ++r) {
+                const int64_t c = c0 + r * R;  // first chunk of the run
+                const bool kin = c < chunks;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    s0[r][j] = 0.f, s1[r][j] = 0.f;
+                    if constexpr (F == I4 || F == I4Z) {
+                        const int64_t gi = c >> gshift;
+                        if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(sc16 + col0[j] * groups + gi));
+                        if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(sc16 + (col0[j] + 1) * groups + gi));
+                        if constexpr (F == I4Z) zr[r][j] = (kin && vrow[j]) ? (uint32_t)__ldg(zeros + wrow[j] * groups + gi) : 8u;
+                    } else {
+                        const __half *d0 = reinterpret_cast<const __half *>(w + (col0[j] * chunks + c) * block_bytes<F>());
+                        const __half *d1 = reinterpret_cast<const __half *>(w + ((col0[j] + 1) * chunks + c) * block_bytes<F>());
+                        if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(d0));
+                        if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(d1));
+                    }
+                }
+            }
+        }
+        // ---- the products
+        float tmp[NT][4];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            // A fragments in the k order of the B fragments (see nib_pairs / byte_pairs).
+            uint32_t fa[4], fb[4];
+            if constexpr (F == I4 || F == I4Z) {
+                // b = (v0, v4), (v1, v5), (v2, v6), (v3, v7) of the lane's 8 values.
+                fa[0] = __byte_perm(xa[u][0], xa[u][2], 0x5410);
+                fa[1] = __byte_perm(xa[u][0], xa[u][2], 0x7632);
+                fa[2] = __byte_perm(xa[u][1], xa[u][3], 0x5410);
+                fa[3] = __byte_perm(xa[u][1], xa[u][3], 0x7632);
+                fb[0] = __byte_perm(xb[u][0], xb[u][2], 0x5410);
+                fb[1] = __byte_perm(xb[u][0], xb[u][2], 0x7632);
+                fb[2] = __byte_perm(xb[u][1], xb[u][3], 0x5410);
+                fb[3] = __byte_perm(xb[u][1], xb[u][3], 0x7632);
+            } else if constexpr (F == Q40) {
+                // b = (4t, 4t+2), (16+4t, 16+4t+2), (4t+1, 4t+3), (16+4t+1, 16+4t+3).
+                fa[0] = __byte_perm(xa[u][0], xa[u][1], 0x5410);
+                fa[1] = __byte_perm(xa[u][2], xa[u][3], 0x5410);
+                fa[2] = __byte_perm(xa[u][0], xa[u][1], 0x7632);
+                fa[3] = __byte_perm(xa[u][2], xa[u][3], 0x7632);
+                fb[0] = __byte_perm(xb[u][0], xb[u][1], 0x5410);
+                fb[1] = __byte_perm(xb[u][2], xb[u][3], 0x5410);
+                fb[2] = __byte_perm(xb[u][0], xb[u][1], 0x7632);
+                fb[3] = __byte_perm(xb[u][2], xb[u][3], 0x7632);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) fa[i] = xa[u][i], fb[i] = xb[u][i];
+            }
+            // mma A registers: (row g, slot 0), (row g + 8, slot 0), (row g, slot 1),
+            // (row g + 8, slot 1); slot 0 = k-slots 2t, 2t + 1, slot 1 = 2t + 8, 2t + 9.
+            const uint32_t a1[4] = {fa[0], fb[0], fa[1], fb[1]};
+            const uint32_t a2[4] = {fa[2], fb[2], fa[3], fb[3]};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                uint32_t b[4];
+                // GGUF: the quants of block index i start at 2 mod 4 for even i, 0 for odd i
+                // (34 and 18 are 2 mod 4, 8t and 4t 0 mod 4).
+                const unsigned sh = ((wrow[j] * chunks + c0 + u) & 1) ? 0u : 16u;
+                if constexpr (F == I8 || F == Q80) {
+                    uint32_t q0 = wq[u][j][0], q1 = wq[u][j][1];
+                    if constexpr (F == Q80) {
+                        q0 = __funnelshift_r(wq[u][j][0], wq[u][j][1], sh);
+                        q1 = __funnelshift_r(wq[u][j][1], wq[u][j][2], sh);
+                    }
+                    byte_pairs<T>(q0, b[0], b[1]);
+                    byte_pairs<T>(q1, b[2], b[3]);
+                } else {
+                    uint32_t q = wq[u][j][0];
+                    if constexpr (F == Q40) q = __funnelshift_r(wq[u][j][0], wq[u][j][1], sh);
+                    NibZ z = zsym;
+                    if constexpr (F == I4Z) z = nib_z<T>(zr[u / R][j]);
+                    nib_pairs<T>(q, z, b);
+                }
+                if constexpr (!kScaled) {
+                    mma<T>(acc[j], a1, b[0], b[1]);
+                    mma<T>(acc[j], a2, b[2], b[3]);
+                } else {
+                    // The products of one run of chunks (one scale per column) are summed
+                    // apart, then scaled into the accumulator: acc += tmp * scale.
+                    if (u % R == 0) {
+#pragma unroll
+                        for (int c = 0; c < 4; ++c) tmp[j][c] = 0.f;
+                    }
+                    mma<T>(tmp[j], a1, b[0], b[1]);
+                    mma<T>(tmp[j], a2, b[2], b[3]);
+                    if (u % R == R - 1) {
+                        const float sa = s0[u / R][j], sb = s1[u / R][j];
+                        acc[j][0] = fmaf(tmp[j][0], sa, acc[j][0]);
+                        acc[j][1] = fmaf(tmp[j][1], sb, acc[j][1]);
+                        acc[j][2] = fmaf(tmp[j][2], sa, acc[j][2]);
+                        acc[j][3] = fmaf(tmp[j][3], sb, acc[j][3]);
+                    }
+                }
+            }
+        }
+    }
+
+    // acc[j][c] is (token g + 8 * (c >= 2), column 8j + 2t + (c & 1)) of this warp's partial
+    // tile. Stored at red[warp][e] with e = (4j + c) * 32 + lane; summed over the warps in
+    // warp order (deterministic), then rounded once.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) red[warp * NT * 128 + (4 * j + c) * 32 + lane] = acc[j][c];
+    __syncthreads();
+    for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
+        const int ln = e & 31, c = (e >> 5) & 3, j = e >> 7;
+        const int tok = (ln >> 2) + (c >= 2 ? 8 : 0);
+        const int64_t col = base + 8 * j + 2 * (ln & 3) + (c & 1);
+        if (tok >= m || col >= n) continue;
+        float s = 0.f;
+        for (int v = 0; v < nwarps; ++v) s += red[v * NT * 128 + e];
+        if constexpr (F == I8) s *= __ldg(static_cast<const float *>(scales) + col);
+        y[(int64_t)tok * n + col] = from_f32<T>(s);
+    }
+}
+
+// Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): as the dense
+// GEMV picks them, the one whose grid fills the resident CTA slots best, score = ctas /
+// (waves * slots), a size leaving one CTA per SM over several waves scored 15% less, ties
+// (within 0.02) to smaller CTAs. Occupancy is looked up once per instance.
+template <int F, typename T, int NT, bool M16, int R>
+int pick_warps(int64_t ctas, int64_t batches, int sms) {
+    static std::atomic<int> occupancy[3];  // resident CTAs per SM for 4, 8, 16 warps (0: unknown)
+    int best = 4;
+    double best_score = -1.0;
+    for (int i = 0, wps = 4; i < 3; ++i, wps *= 2) {
+        if (wps > 4 && wps > batches) break;
+        int occ = occupancy[i].load(std::memory_order_relaxed);
+        if (occ <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_tc_kernel<F, T, NT, M16, R>,
+                                                              32 * wps, 0) != cudaSuccess || occ <= 0) {
+                (void)cudaGetLastError();  // not sticky; leave no error for launch_status
+                occ = 1;
+            }
+            occupancy[i].store(occ, std::memory_order_relaxed);
+        }
+        const int64_t slots = (int64_t)sms * occ;
+        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
+        if (occ == 1 && ctas > slots) score *= 0.85;
+        if (score > best_score + 0.02) {
+            best_score = score;
+            best = wps;
+        }
+    }
+    while (best > 1 && best > batches) best /= 2;
+    return best;
+}
+
+template <int F, typename T, int NT, bool M16, int R>
+fl_status launch_r(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                   int m, int64_t n, int64_t k, int group, int sms, cudaStream_t s) {
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    const int wps = pick_warps<F, T, NT, M16, R>(ctas, ceil_div(k / 32, unroll<F, NT, M16, R>()), sms);
+    gemv_tc_kernel<F, T, NT, M16, R><<<(unsigned)ctas, 32 * wps, 0, s>>>(x, w, scales, zeros, y, m,
+                                                                       n, k, group);
+    return launch_status();
+}
+
+template <int F, typename T, int NT, bool M16>
+fl_status launch_nt(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                    int m, int64_t n, int64_t k, int group, int sms, cudaStream_t s) {
+    if constexpr (F == I4 || F == I4Z) {
+        // Chunks per scale run: group / 32 (every batch holds at least 4 chunks).
+        if (group >= 128) return launch_r<F, T, NT, M16, 4>(x, w, scales, zeros, y, m, n, k, group, sms, s);
+        if (group == 64) return launch_r<F, T, NT, M16, 2>(x, w, scales, zeros, y, m, n, k, group, sms, s);
+    }
+    return launch_r<F, T, NT, M16, 1>(x, w, scales, zeros, y, m, n, k, group, sms, s);
+}
+
+template <int F, typename T>
+fl_status launch(const void *x, const void *w, const void *scales, const void *zeros, void *y,
+                 int m, int64_t n, int64_t k, int group, cudaStream_t s) {
+    const T *xt = static_cast<const T *>(x);
+    const uint8_t *wt = static_cast<const uint8_t *>(w), *zt = static_cast<const uint8_t *>(zeros);
+    T *yt = static_cast<T *>(y);
+    const int sms = sm_count();
+    // Two tiles of 8 rows per CTA (x loads shared by both, more weight bytes in flight) when
+    // that still gives a CTA per SM; one (twice the CTAs) for small n.
+    const bool nt2 = ceil_div(n, 16) >= sms;
+    if (m > 8) {
+        if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
+        return launch_nt<F, T, 1, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
+    }
+    if (nt2) return launch_nt<F, T, 2, false>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
+    return launch_nt<F, T, 1, false>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
+}
+
+}  // namespace tc
+
 // Host run of the nibble unpacking of one unit (see fl_gemv_unpack_unit_host).
 template <int F> void unpack_unit_host(const uint8_t *quants, float z, float *out) {
     uint32_t q[4];
@@ -511,7 +1005,17 @@ inline fl_status dequant_check(fl_gemv_format format, const void *w, const void 
 template <typename T>
 fl_status dispatch_format(fl_gemv_format format, const void *x, const void *w, const void *scales,
                           const void *zeros, void *y, int m, int64_t n, int64_t k, int group,
-                          cudaStream_t s) {
+                          bool mma, cudaStream_t s) {
+    if (mma) {
+        switch (format) {
+        case FL_GEMV_INT8: return tc::launch<I8, T>(x, w, scales, zeros, y, m, n, k, group, s);
+        case FL_GEMV_INT4: return tc::launch<I4, T>(x, w, scales, zeros, y, m, n, k, group, s);
+        case FL_GEMV_INT4_ZP: return tc::launch<I4Z, T>(x, w, scales, zeros, y, m, n, k, group, s);
+        case FL_GEMV_Q8_0: return tc::launch<Q80, T>(x, w, scales, zeros, y, m, n, k, group, s);
+        case FL_GEMV_Q4_0: return tc::launch<Q40, T>(x, w, scales, zeros, y, m, n, k, group, s);
+        }
+        return FL_ERR_INVALID_ARGUMENT;
+    }
     switch (format) {
     case FL_GEMV_INT8: return launch<I8, T>(x, w, scales, zeros, y, m, n, k, group, s);
     case FL_GEMV_INT4: return launch<I4, T>(x, w, scales, zeros, y, m, n, k, group, s);
@@ -520,6 +1024,29 @@ fl_status dispatch_format(fl_gemv_format format, const void *x, const void *w, c
     case FL_GEMV_Q4_0: return launch<Q40, T>(x, w, scales, zeros, y, m, n, k, group, s);
     }
     return FL_ERR_INVALID_ARGUMENT;
+}
+
+// The path forced by FL_GEMV_PATH (fma | mma; read once; FL_GEMV_PATH_AUTO when unset or
+// anything else).
+inline int env_path() {
+    static const int v = [] {
+        const char *e = getenv("FL_GEMV_PATH");
+        if (!e) return FL_GEMV_PATH_AUTO;
+        if (!strcmp(e, "fma")) return FL_GEMV_PATH_FMA;
+        if (!strcmp(e, "mma")) return FL_GEMV_PATH_MMA;
+        return FL_GEMV_PATH_AUTO;
+    }();
+    return v;
+}
+
+// Whether a launch takes the tensor-core kernel: forced by `path` or FL_GEMV_PATH, else for
+// m >= 2 (the CUDA-core kernel is compute-bound there) and for the 4-bit formats at m = 1
+// (instruction-bound there; int8 at m = 1 already runs near copy speed on CUDA cores).
+inline bool use_mma(int path, fl_gemv_format format, int64_t m) {
+    if (path == FL_GEMV_PATH_AUTO) path = env_path();
+    if (path == FL_GEMV_PATH_MMA) return true;
+    if (path == FL_GEMV_PATH_FMA) return false;
+    return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP || format == FL_GEMV_Q4_0;
 }
 
 }  // namespace gemv
@@ -544,7 +1071,16 @@ extern "C" fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const 
                                    const void *w, const void *scales, const void *zeros,
                                    int32_t group_size, void *y, int64_t m, int64_t n, int64_t k,
                                    fl_stream stream) {
+    return fl_gemv_quant_path(dtype, format, x, w, scales, zeros, group_size, y, m, n, k,
+                              FL_GEMV_PATH_AUTO, stream);
+}
+
+extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, const void *x,
+                                        const void *w, const void *scales, const void *zeros,
+                                        int32_t group_size, void *y, int64_t m, int64_t n,
+                                        int64_t k, int32_t path, fl_stream stream) {
     using namespace fl;
+    if (path < FL_GEMV_PATH_AUTO || path > FL_GEMV_PATH_MMA) return FL_ERR_INVALID_ARGUMENT;
     if (m < 0 || m > FL_GEMV_MAX_M || n < 0 || k <= 0 || k % 32 != 0)
         return FL_ERR_INVALID_ARGUMENT;
     const bool int4 = format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
@@ -563,9 +1099,10 @@ extern "C" fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const 
     if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
     if (int4 && (reinterpret_cast<uintptr_t>(scales) & 1u) != 0) return FL_ERR_MISALIGNED;
     const cudaStream_t s = as_stream(stream);
+    const bool mma = gemv::use_mma(path, format, m);
     if (dtype == FL_DTYPE_F16)
-        return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
-    return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, s);
+        return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
+    return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
 }
 
 extern "C" fl_status fl_gemv_unpack_unit_host(fl_gemv_format format, const uint8_t *quants,

@@ -9,6 +9,8 @@
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
+//! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
+//! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::ops::{bench_tensor, bench_values};
@@ -114,6 +116,45 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
             t_cublas.as_secs_f64() / t.as_secs_f64(),
             t_cublas.as_secs_f64() * 1e6 / ITERS as f64,
         );
+    }
+
+    // The two kernels forced (tensor cores vs CUDA-core FMAs) on the decode shapes, for the
+    // lead's A/B of the automatic choice.
+    if [(4096, 4096), (11008, 4096)].contains(&(n, k)) {
+        let fmts = [
+            QuantFormat::Int8,
+            QuantFormat::Int4 {
+                group: 128,
+                zero_point: false,
+            },
+        ];
+        for f in fmts {
+            let q = gemv::quantize(&host, n, k, f).unwrap();
+            let bytes = q.num_bytes();
+            let wq: Vec<QuantWeight> = (0..copies(bytes))
+                .map(|_| QuantWeight::upload(&s, &q).unwrap())
+                .collect();
+            let mut times = Vec::new();
+            for (name, path) in [("fma", gemv::GemvPath::Fma), ("mma", gemv::GemvPath::Mma)] {
+                let mut i = 0usize;
+                let mut run = || {
+                    i = (i + 1) % wq.len();
+                    gemv::gemv_with_path(&s, &x, &wq[i], &mut y, path)
+                };
+                g.throughput(Throughput::Bytes((bytes + io) as u64));
+                g.bench_function(BenchmarkId::new(format!("{}_{name}", f.name()), m), |b| {
+                    b.iter_custom(|it| time_on_device(&s, it, &mut run))
+                });
+                times.push(time_on_device(&s, ITERS, &mut run));
+            }
+            eprintln!(
+                "gemv {n}x{k} m={m} {:<12} fma {:8.2} us  mma {:8.2} us  ({:.2}x)",
+                f.name(),
+                times[0].as_secs_f64() * 1e6 / ITERS as f64,
+                times[1].as_secs_f64() * 1e6 / ITERS as f64,
+                times[0].as_secs_f64() / times[1].as_secs_f64(),
+            );
+        }
     }
     g.finish();
 }

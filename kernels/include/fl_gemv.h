@@ -56,6 +56,24 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         const void *scales, const void *zeros, int32_t group_size, void *y,
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
+/* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 summation order):
+ *   AUTO  the environment's FL_GEMV_PATH if set (fma, mma; read once per process), else the
+ *         tensor-core kernel for m >= 2 and for FL_GEMV_INT4 / FL_GEMV_INT4_ZP / FL_GEMV_Q4_0
+ *         at m = 1, the CUDA-core kernel for FL_GEMV_INT8 / FL_GEMV_Q8_0 at m = 1;
+ *   FMA   the CUDA-core kernel (f32 FMAs, one warp per output row);
+ *   MMA   the tensor-core kernel (mma.sync m16n8k16 on exact 16-bit integers (q - z), the
+ *         scales applied in f32 outside the mma). */
+#define FL_GEMV_PATH_AUTO 0
+#define FL_GEMV_PATH_FMA 1
+#define FL_GEMV_PATH_MMA 2
+
+/* fl_gemv_quant with the kernel chosen by the caller (FL_GEMV_PATH_*; AUTO is fl_gemv_quant
+ * itself). Any other path: FL_ERR_INVALID_ARGUMENT; otherwise the same arguments, checks and
+ * results. For tests and A/B benchmarks. */
+fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, const void *x, const void *w,
+                             const void *scales, const void *zeros, int32_t group_size, void *y,
+                             int64_t m, int64_t n, int64_t k, int32_t path, fl_stream stream);
+
 /* Dequantise a whole weight into a dense matrix (the prefill path: past FL_GEMV_MAX_M tokens a
  * dense tensor-core GEMM reads the result):
  *   out[r, j] = dtype(W[r, j]),   r < n, j < k,

@@ -585,6 +585,46 @@ pub fn gemv<T: HalfDType>(
     w: &QuantWeight,
     y: &mut DeviceTensor<T>,
 ) -> Result<()> {
+    gemv_with_path(stream, x, w, y, GemvPath::Auto)
+}
+
+/// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
+/// the same result up to f32 summation order). [`GemvPath::Auto`] is what [`gemv`] does: the
+/// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
+/// the tensor-core kernel for `m >= 2` and for the 4-bit formats (int4, Q4_0) at `m = 1`, the
+/// CUDA-core kernel for int8 / Q8_0 at `m = 1` (see `fl_gemv.h`).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemvPath {
+    /// The environment's choice, else automatic.
+    Auto,
+    /// The CUDA-core kernel: f32 FMAs, one warp per output row.
+    Fma,
+    /// The tensor-core kernel: `mma.sync` m16n8k16 on the exact integers `q − zero` in
+    /// f16 / bf16 (the activations' type), scales applied in f32 outside the mma.
+    Mma,
+}
+
+impl GemvPath {
+    fn to_ffi(self) -> i32 {
+        (match self {
+            GemvPath::Auto => fl_kernels_sys::FL_GEMV_PATH_AUTO,
+            GemvPath::Fma => fl_kernels_sys::FL_GEMV_PATH_FMA,
+            GemvPath::Mma => fl_kernels_sys::FL_GEMV_PATH_MMA,
+        }) as i32
+    }
+}
+
+/// [`gemv`] with the kernel forced (see [`GemvPath`]). Same shapes, dtypes and errors as
+/// [`gemv`]. For tests and benchmarks.
+#[doc(hidden)]
+pub fn gemv_with_path<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    w: &QuantWeight,
+    y: &mut DeviceTensor<T>,
+    path: GemvPath,
+) -> Result<()> {
     let (n, k) = (w.n, w.k);
     if x.shape().len() != 2 || x.shape()[1] != k {
         return Err(Error::Shape {
@@ -636,7 +676,7 @@ pub fn gemv<T: HalfDType>(
     // until the guards drop, after the launch is queued on `stream`. y is a distinct
     // allocation (&mut), so it overlaps no input.
     let status = unsafe {
-        fl_kernels_sys::fl_gemv_quant(
+        fl_kernels_sys::fl_gemv_quant_path(
             T::ID,
             w.format.ffi(),
             px as _,
@@ -648,6 +688,7 @@ pub fn gemv<T: HalfDType>(
             mi,
             ni,
             ki,
+            path.to_ffi(),
             raw_stream(stream),
         )
     };

@@ -2,7 +2,7 @@
 //! quantisers (error bounds, llama.cpp byte layouts, round trips) that run without a GPU.
 
 use fl_kernels::gemv::{
-    self, QuantFormat, QuantWeight, QuantizedHost, Scales, MAX_M, Q4_0_BLOCK_BYTES,
+    self, GemvPath, QuantFormat, QuantWeight, QuantizedHost, Scales, MAX_M, Q4_0_BLOCK_BYTES,
     Q8_0_BLOCK_BYTES,
 };
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, tolerance};
@@ -60,20 +60,232 @@ fn check<T: HalfDType>(
     m: usize,
     r: &mut impl rand::Rng,
 ) {
+    check_path::<T>(gpu, q, dw, m, r, GemvPath::Auto);
+}
+
+/// `check` with the kernel forced (`GemvPath::Auto`: what `gemv::gemv` does).
+fn check_path<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    m: usize,
+    r: &mut impl rand::Rng,
+    path: GemvPath,
+) {
     let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
     let x: Vec<T> = random(r, m * k);
     let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
     let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
-    gemv::gemv(s, &dx, dw, &mut y).unwrap();
+    gemv::gemv_with_path(s, &dx, dw, &mut y, path).unwrap();
     let got = y.to_host(s).unwrap();
     let want = reference::gemv::gemv(&x, m, q);
     let err = rel_l2(&got, &want);
     assert!(
         err < bound::<T>(),
-        "gemv {} <{}> m={m} n={n} k={k}: rel L2 {err:e}",
+        "gemv {} <{}> {path:?} m={m} n={n} k={k}: rel L2 {err:e}",
         q.format().name(),
         T::NAME
+    );
+}
+
+/// Every format and option: int8, int4 with groups 32 / 64 / 128 with and without a zero
+/// point, Q8_0, Q4_0.
+fn all_formats() -> Vec<QuantFormat> {
+    let mut v = vec![QuantFormat::Int8, QuantFormat::Q8_0, QuantFormat::Q4_0];
+    for group in [32, 64, 128] {
+        for zero_point in [false, true] {
+            v.push(QuantFormat::Int4 { group, zero_point });
+        }
+    }
+    v
+}
+
+#[test]
+fn gemv_each_path_matches_reference_every_format() {
+    // Both kernels forced (the tensor-core one and the CUDA-core one), every format, f16 and
+    // bf16, token counts on both sides of 8 (the second token-row half of the mma), odd n
+    // (partial 8-row tiles; n = 2113 gives the 2-tile CTAs), k not a power of two (k = 352
+    // puts GGUF blocks at both 4-byte parities within a row; 4224 = 33 * 128 leaves a
+    // partial batch of chunks).
+    let Some(gpu) = gpu_or_skip("gemv_each_path_matches_reference_every_format") else {
+        return;
+    };
+    let mut r = rng("gemv_paths");
+    let shapes: &[(usize, usize, &[usize])] = &[
+        (37, 96, &[1, 2, 5, 9, 16]),
+        (1000, 352, &[1, 2, 5, 9, 16]),
+        (37, 4224, &[1, 2, 5, 9, 16]),
+        (1, 128, &[1, 16]),
+        (2113, 384, &[1, 9, 16]),
+    ];
+    for f in all_formats() {
+        for &(n, k, ms) in shapes {
+            if k % f.k_multiple() != 0 {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for &m in ms {
+                for path in [GemvPath::Mma, GemvPath::Fma] {
+                    check_path::<f16>(&gpu, &q, &dw, m, &mut r, path);
+                    check_path::<bf16>(&gpu, &q, &dw, m, &mut r, path);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_mma_path_every_token_count_and_group() {
+    // The tensor-core kernel at each m in 1..=16 for every format (k = 640 = 5 groups of 128,
+    // 10 of 64, 20 of 32: scale runs of 4, 2 and 1 chunks).
+    let Some(gpu) = gpu_or_skip("gemv_mma_path_every_token_count_and_group") else {
+        return;
+    };
+    let mut r = rng("gemv_mma_m");
+    for f in all_formats() {
+        let (n, k) = (45, 640);
+        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        for m in 1..=MAX_M {
+            check_path::<f16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
+            check_path::<bf16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
+        }
+    }
+}
+
+#[test]
+fn gemv_mma_path_extreme_quants_are_exact() {
+    // Every quant at its extremes (int8 -128 / 127 from hand-made bytes, nibbles 0 / 15,
+    // zero points 0 / 15) with x = powers of two: each product and partial sum is exact in
+    // f32, so y must equal the f64 reference up to the one rounding to T.
+    let Some(gpu) = gpu_or_skip("gemv_mma_path_extreme_quants_are_exact") else {
+        return;
+    };
+    let s = gpu.stream();
+    let (n, k) = (24, 256);
+    let mut r = rng("gemv_mma_extreme");
+    use rand::Rng;
+    let int8: Vec<u8> = (0..n * k)
+        .map(|i| [0x80u8, 0x7F, 0xFF, 0x01][(i * 7 + i / 5) % 4])
+        .collect();
+    let q8 = QuantizedHost::new(
+        QuantFormat::Int8,
+        n,
+        k,
+        int8,
+        Scales::F32(&vec![0.5; n]),
+        vec![],
+    )
+    .unwrap();
+    let fmt4 = QuantFormat::Int4 {
+        group: 64,
+        zero_point: true,
+    };
+    let nib: Vec<u8> = (0..n * k / 2)
+        .map(|i| [0x0Fu8, 0xF0, 0xFF, 0x00][i % 4])
+        .collect();
+    let zeros: Vec<u8> = (0..n * k / 64)
+        .map(|i| if i % 2 == 0 { 0 } else { 15 })
+        .collect();
+    let sc = vec![f16::from_f32(0.25); n * k / 64];
+    let q4 = QuantizedHost::new(fmt4, n, k, nib, Scales::F16(&sc), zeros).unwrap();
+    for q in [q8, q4] {
+        let dw = QuantWeight::upload(s, &q).unwrap();
+        for m in [1, 16] {
+            let x: Vec<bf16> = (0..m * k)
+                .map(|_| bf16::from_f32(if r.random_bool(0.5) { 0.5 } else { -0.25 }))
+                .collect();
+            let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+            let mut y = DeviceTensor::filled(s, &[m, n], bf16::NAN).unwrap();
+            gemv::gemv_with_path(s, &dx, &dw, &mut y, GemvPath::Mma).unwrap();
+            let got = y.to_host(s).unwrap();
+            let want = reference::gemv::gemv(&x, m, &q);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_f32(),
+                    bf16::from_f64(*w).to_f32(),
+                    "{} m={m} element {i}",
+                    q.format().name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_mma_path_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("gemv_mma_path_gpu_proptest") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    let formats = all_formats();
+    runner
+        .run(
+            &(
+                0..formats.len(),
+                strategies::length(600),
+                1usize..=40,
+                1..=MAX_M,
+                any::<u64>(),
+            ),
+            |(fi, n, kb, m, seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let f = formats[fi];
+                let k = kb * f.k_multiple();
+                let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+                let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+                check_path::<f16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
+                check_path::<bf16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn gemv_path_launcher_rejects_an_unknown_path_without_a_gpu() {
+    // Checked before anything touches the device, so this runs on the CPU too.
+    use fl_kernels_sys::{
+        fl_dtype, fl_gemv_format, fl_gemv_quant_path, FL_ERR_INVALID_ARGUMENT, FL_GEMV_PATH_MMA,
+    };
+    let call = |path: i32, m: i64| {
+        // SAFETY: n = 0 or an invalid path: the launcher returns before reading any pointer
+        // or touching the (null) stream.
+        unsafe {
+            fl_gemv_quant_path(
+                fl_dtype::FL_DTYPE_F16,
+                fl_gemv_format::FL_GEMV_INT8,
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+                m,
+                0,
+                64,
+                path,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    assert_eq!(call(3, 1), FL_ERR_INVALID_ARGUMENT);
+    assert_eq!(call(-1, 1), FL_ERR_INVALID_ARGUMENT);
+    assert_eq!(
+        call(FL_GEMV_PATH_MMA as i32, 1),
+        0,
+        "n = 0 launches nothing"
+    );
+    assert_eq!(
+        call(FL_GEMV_PATH_MMA as i32, 17),
+        FL_ERR_INVALID_ARGUMENT,
+        "m > 16"
     );
 }
 
@@ -144,10 +356,12 @@ fn gemv_on_hand_made_gguf_blocks() {
     for (q, want) in [(q4, vec![96.0f32, 96.0]), (q8, vec![-32.0])] {
         let dw = QuantWeight::upload(s, &q).unwrap();
         let x = DeviceTensor::filled(s, &[1, q.k()], f16::ONE).unwrap();
-        let mut y = DeviceTensor::filled(s, &[1, q.n()], f16::NAN).unwrap();
-        gemv::gemv(s, &x, &dw, &mut y).unwrap();
-        let got: Vec<f32> = y.to_host(s).unwrap().iter().map(|v| v.to_f32()).collect();
-        assert_eq!(got, want, "{}", q.format().name());
+        for path in [GemvPath::Auto, GemvPath::Fma, GemvPath::Mma] {
+            let mut y = DeviceTensor::filled(s, &[1, q.n()], f16::NAN).unwrap();
+            gemv::gemv_with_path(s, &x, &dw, &mut y, path).unwrap();
+            let got: Vec<f32> = y.to_host(s).unwrap().iter().map(|v| v.to_f32()).collect();
+            assert_eq!(got, want, "{} {path:?}", q.format().name());
+        }
     }
 }
 
