@@ -775,6 +775,14 @@ pub const DEFAULT_GEMV_MAX_M: usize = 4;
 /// Default of [`Model::fuse_norm_max_m`].
 pub const DEFAULT_FUSE_NORM_MAX_M: usize = 1;
 
+/// The environment variable `name` as a token count, `default` when unset or not a number.
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(default)
+}
+
 /// A model ready to run: config, weights and the cuBLASLt handle, on one stream.
 pub struct Model<T: RunDType> {
     /// The configuration.
@@ -817,15 +825,12 @@ impl<T: RunDType> Model<T> {
             ));
         }
         let eps = cfg.rms_norm_eps as f32;
-        let gemv_max_m = std::env::var("FL_GEMV_MAX_M")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(DEFAULT_GEMV_MAX_M)
-            .min(if T::DENSE_GEMV { gemv_dense::MAX_M } else { 0 });
-        let fuse_norm_max_m = std::env::var("FL_GEMV_NORM")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(DEFAULT_FUSE_NORM_MAX_M);
+        let gemv_max_m = env_usize("FL_GEMV_MAX_M", DEFAULT_GEMV_MAX_M).min(if T::DENSE_GEMV {
+            gemv_dense::MAX_M
+        } else {
+            0
+        });
+        let fuse_norm_max_m = env_usize("FL_GEMV_NORM", DEFAULT_FUSE_NORM_MAX_M);
         Ok(Model {
             cfg,
             weights,
