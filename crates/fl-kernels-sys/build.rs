@@ -41,10 +41,22 @@ fn main() {
     watched.extend(collect(&kernels.join("common"), "cuh"));
     watched.extend(collect(&kernels.join("include"), "h"));
     watched.extend(collect(&kernels, "cuh"));
+    // Watched paths are given relative to this package (`../../kernels/...`): cargo resolves a
+    // relative path against the package root of the checkout being built. Absolute paths would
+    // tie the build script's output to the checkout that last ran it, and cargo shares that
+    // output between checkouts using one CARGO_TARGET_DIR (the unit's hash has no path in it):
+    // another clone's unchanged kernels then stood for this one's (stale bindings, seen when a
+    // CI clone and the working tree shared ~/.cache/fasterllama/target).
+    let rel = |f: &Path| -> PathBuf {
+        match f.strip_prefix(&kernels) {
+            Ok(tail) => Path::new("../../kernels").join(tail),
+            Err(_) => f.to_path_buf(),
+        }
+    };
     for f in &watched {
-        println!("cargo:rerun-if-changed={}", f.display());
+        println!("cargo:rerun-if-changed={}", rel(f).display());
     }
-    println!("cargo:rerun-if-changed={}", kernels.display());
+    println!("cargo:rerun-if-changed=../../kernels");
 
     let nvcc = find_nvcc().unwrap_or_else(|| {
         fail(
