@@ -100,14 +100,10 @@ __global__ void __launch_bounds__(kTileThreads)
 
 // The path forced by FL_EMBEDDING_PATH (read once; AUTO when unset or unknown).
 inline int env_path() {
-    static const int v = [] {
-        const char *e = getenv("FL_EMBEDDING_PATH");
-        if (!e) return FL_EMBEDDING_PATH_AUTO;
-        if (!strcmp(e, "rows")) return FL_EMBEDDING_PATH_ROWS;
-        if (!strcmp(e, "tiles")) return FL_EMBEDDING_PATH_TILES;
-        if (!strcmp(e, "tiles_cs")) return FL_EMBEDDING_PATH_TILES_STREAM;
-        return FL_EMBEDDING_PATH_AUTO;
-    }();
+    static const EnvChoice choices[] = {{"rows", FL_EMBEDDING_PATH_ROWS},
+                                        {"tiles", FL_EMBEDDING_PATH_TILES},
+                                        {"tiles_cs", FL_EMBEDDING_PATH_TILES_STREAM}};
+    static const int v = env_choice("FL_EMBEDDING_PATH", choices, FL_EMBEDDING_PATH_AUTO);
     return v;
 }
 

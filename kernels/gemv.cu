@@ -391,43 +391,11 @@ namespace tc {
 
 constexpr int kMaxWarps = 16;
 
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t p;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-// Weight-stream loads: read-only, not kept in L1, evicted first from L2 (the same loads as
-// gemv_dense.cu's ld_stream, at 4 and 8 bytes).
-__device__ __forceinline__ uint32_t ld_stream32(const void *p, uint64_t policy) {
-    uint32_t v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
-    return v;
-}
-__device__ __forceinline__ uint2 ld_stream64(const void *p, uint64_t policy) {
-    uint2 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-        : "=r"(v.x), "=r"(v.y)
-        : "l"(p), "l"(policy));
-    return v;
-}
-
-// d += A (16 x 16, row) . B (16 x 8, col), f32 accumulation.
+// Weight loads (ld_stream32 / ld_stream64 with an evict-first policy) and the m16n8k16 mma are
+// common.cuh's, shared with gemv_dense.cu.
 template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                   uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    mma_m16n8k16<T>(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
 // a * b + c on two packed 16-bit floats (round to nearest; exact for every use below: the
@@ -567,7 +535,7 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const T *xr0 = x + (int64_t)(g < m ? g : 0) * k;
     const T *xr1 = x + (int64_t)(g + 8 < m ? g + 8 : 0) * k;
     const bool vx0 = g < m, vx1 = M16 && g + 8 < m;
-    const uint64_t policy = evict_first_policy();
+    const uint64_t policy = l2_evict_first_policy();
     const __half *sc16 = static_cast<const __half *>(scales);
     const NibZ zsym = nib_z<T>(8u);
 
@@ -1029,13 +997,8 @@ fl_status dispatch_format(fl_gemv_format format, const void *x, const void *w, c
 // The path forced by FL_GEMV_PATH (fma | mma; read once; FL_GEMV_PATH_AUTO when unset or
 // anything else).
 inline int env_path() {
-    static const int v = [] {
-        const char *e = getenv("FL_GEMV_PATH");
-        if (!e) return FL_GEMV_PATH_AUTO;
-        if (!strcmp(e, "fma")) return FL_GEMV_PATH_FMA;
-        if (!strcmp(e, "mma")) return FL_GEMV_PATH_MMA;
-        return FL_GEMV_PATH_AUTO;
-    }();
+    static const EnvChoice choices[] = {{"fma", FL_GEMV_PATH_FMA}, {"mma", FL_GEMV_PATH_MMA}};
+    static const int v = env_choice("FL_GEMV_PATH", choices, FL_GEMV_PATH_AUTO);
     return v;
 }
 

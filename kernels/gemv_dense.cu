@@ -44,43 +44,7 @@ enum Epi : int { LINEAR = FL_GEMV_DENSE_LINEAR, SWIGLU = FL_GEMV_DENSE_SWIGLU, A
 template <int NT> __host__ __device__ constexpr int unroll() { return 8 / NT; }
 
 // ---------------------------------------------------------------- device helpers
-__device__ __forceinline__ uint64_t evict_first_policy() {
-    uint64_t p;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-
-// 16 bytes of the weight stream: read-only, not kept in L1, evicted first from L2.
-__device__ __forceinline__ uint4 ld_stream(const void *p, uint64_t policy) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p), "l"(policy));
-    return v;
-}
-
-// d += A (16 x 16, row) . B (16 x 8, col), f32 accumulation.
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma<__half>(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                            uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
-                                                   uint32_t a2, uint32_t a3, uint32_t b0,
-                                                   uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
+// The weight loads (ld_stream128, evict-first policy) and the m16n8k16 mma are common.cuh's.
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 // ---------------------------------------------------------------- the kernel
@@ -117,7 +81,7 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     const T *xr0 = x + (int64_t)(g < m ? g : 0) * k;
     const T *xr1 = x + (int64_t)(g + 8 < m ? g + 8 : 0) * k;
     const bool vx0 = g < m, vx1 = M16 && g + 8 < m;
-    const uint64_t policy = evict_first_policy();
+    const uint64_t policy = l2_evict_first_policy();
     const int64_t chunks = (k + 31) >> 5;
 
     // The next kernel of the stream may be launched as soon as every CTA of this one runs.
@@ -198,7 +162,7 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
             const int64_t kk = (c0 + u) * 32 + 8 * t;  // k is a multiple of 8: all in or out
             const bool kin = kk < k;
 #pragma unroll
-            for (int j = 0; j < NT; ++j) wv[u][j] = (kin && vrow[j]) ? ld_stream(wrow[j] + kk, policy) : zero;
+            for (int j = 0; j < NT; ++j) wv[u][j] = (kin && vrow[j]) ? ld_stream128(wrow[j] + kk, policy) : zero;
             xa[u] = (kin && vx0) ? __ldg(reinterpret_cast<const uint4 *>(xr0 + kk)) : zero;
             xb[u] = zero;
             if (M16) xb[u] = (kin && vx1) ? __ldg(reinterpret_cast<const uint4 *>(xr1 + kk)) : zero;
@@ -215,8 +179,8 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
         for (int u = 0; u < U; ++u) {
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
-                mma<T>(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
-                mma<T>(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
+                mma_m16n8k16<T>(acc[j], xa[u].x, xb[u].x, xa[u].y, xb[u].y, wv[u][j].x, wv[u][j].y);
+                mma_m16n8k16<T>(acc[j], xa[u].z, xb[u].z, xa[u].w, xb[u].w, wv[u][j].z, wv[u][j].w);
             }
         }
     }
@@ -270,17 +234,6 @@ inline int forced_nt() {
     return v;
 }
 
-inline int sm_count() {
-    static int cached[64] = {0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-    if (dev >= 0 && dev < 64 && cached[dev] > 0) return cached[dev];
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
-        sms = 132;
-    if (dev >= 0 && dev < 64) cached[dev] = sms;
-    return sms;
-}
 
 // Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): the one
 // whose grid fills the resident CTA slots best, score = ctas / (waves * slots), e.g. 768

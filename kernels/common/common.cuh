@@ -6,7 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <atomic>
 
@@ -203,6 +205,85 @@ inline int sm_count() {
     return sms;
 }
 
+
+// ---------------------------------------------------------------- weight streaming (sm_80+)
+// Loads of data read once per launch (a GEMV's weights): read-only, not allocated in L1, and
+// marked evict-first in L2 so the small, reused data (activations, KV) keeps the cache.
+// `policy` comes from l2_evict_first_policy() (one createpolicy per thread, hoisted).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t p;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+__device__ __forceinline__ uint32_t ld_stream32(const void *p, uint64_t policy) {
+    uint32_t v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_stream64(const void *p, uint64_t policy) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(v.x), "=r"(v.y)
+        : "l"(p), "l"(policy));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_stream128(const void *p, uint64_t policy) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "l"(policy));
+    return v;
+}
+
+// ---------------------------------------------------------------- tensor-core mma (sm_80+)
+// d += A (16 x 16, row-major fragment a0..a3) . B (16 x 8, col-major fragment b0, b1) with f32
+// accumulation: mma.sync.m16n8k16 on f16 or bf16 operands (T picks which). Fragment layouts
+// as in the PTX ISA ("Matrix fragments for mma.m16n8k16").
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                     uint32_t a2, uint32_t a3, uint32_t b0,
+                                                     uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                            uint32_t a2, uint32_t a3, uint32_t b0,
+                                                            uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------- environment knobs
+// One accepted value of a FL_* path knob and the code it selects.
+struct EnvChoice {
+    const char *name;
+    int value;
+};
+
+// The code that the environment variable `var` selects among `choices`, or `fallback` when it
+// is unset or empty. A value that names none of them also gives `fallback`, after a one-line
+// notice on stderr listing the accepted ones (a misspelt knob must not look like a measurement
+// of the path it meant). Call sites keep the result in a function-local static: knobs are read
+// once per process.
+template <int N>
+inline int env_choice(const char *var, const EnvChoice (&choices)[N], int fallback) {
+    const char *e = getenv(var);
+    if (!e || !e[0]) return fallback;
+    for (int i = 0; i < N; ++i)
+        if (!strcmp(e, choices[i].name)) return choices[i].value;
+    fprintf(stderr, "fl: %s=%s is not one of", var, e);
+    for (int i = 0; i < N; ++i) fprintf(stderr, "%s %s", i ? "," : "", choices[i].name);
+    fprintf(stderr, "; using the automatic choice\n");
+    return fallback;
+}
 
 // ---------------------------------------------------------------- programmatic dependent launch
 // On sm_90 a kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start

@@ -17,13 +17,8 @@ use fl_engine::presets::preset;
 use fl_kernels::testing::{gpu_or_skip, rel_l2};
 use fl_kernels::{bf16, f16};
 
-/// Engine tests run one at a time: a test's decode-step graph capture is invalidated when
-/// another thread of the process frees memory or synchronises the device meanwhile (the
-/// engine would then decode eagerly, and graph-vs-eager checks would compare eager twice).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+mod common;
+use common::serial;
 use fl_sampling::SamplingParams;
 
 fn engine<T: fl_engine::model::RunDType>() -> Engine<T> {

@@ -34,13 +34,8 @@ use fl_kernels::{bf16, f16};
 use fl_sampling::SamplingParams;
 use safetensors::tensor::TensorView;
 
-/// Engine tests run one at a time: a test's decode-step graph capture is invalidated when
-/// another thread of the process frees memory or synchronises the device meanwhile (the
-/// engine would then decode eagerly, and graph-vs-eager checks would compare eager twice).
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
+mod common;
+use common::serial;
 
 /// The model: the tiny preset (2 layers, hidden 128, 2 query heads and 1 kv head of 64,
 /// vocabulary 256) with intermediate 384 (a multiple of 128, so that every mode fits), with
