@@ -1,5 +1,5 @@
-// Elementwise ops: add, cast. Memory-bound; 16-byte vector accesses when every pointer
-// is 16-byte aligned, a scalar grid-stride loop otherwise (and for the tail).
+// Elementwise ops: add, cast; and prefetch_l2 (a hint that warms the L2 with a buffer). Memory-bound;
+// 16-byte vector accesses when every pointer is 16-byte aligned, a scalar grid-stride loop otherwise.
 #include "common/common.cuh"
 
 namespace fl {
@@ -81,6 +81,42 @@ fl_status cast(const S *src, D *dst, int64_t n, cudaStream_t s) {
 
 }  // namespace fl
 
+
+// ---------------------------------------------------------------- L2 prefetch
+namespace fl {
+// Bytes per prefetch request: one cp.async.bulk.prefetch (sm_90+) or 128 line prefetches.
+constexpr int64_t kPrefetchChunk = 16384;
+
+// Thread c of the grid asks the L2 for chunks c, c + threads, ... of [p, p + bytes) (bytes a
+// multiple of 16, p 16-byte aligned). Fire and forget: nothing is waited for, no register or
+// shared memory receives data, so the kernel ends as soon as the requests are issued and the
+// L2 fills while the kernels after it run.
+__global__ void prefetch_l2_kernel(const char *__restrict__ p, int64_t bytes) {
+    const int64_t threads = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c * kPrefetchChunk < bytes;
+         c += threads) {
+        const int64_t off = c * kPrefetchChunk;
+        const int64_t len = bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((uint32_t)len)
+                     : "memory");
+#else
+        for (int64_t i = 0; i < len; i += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off + i));
+#endif
+    }
+}
+
+fl_status prefetch_l2(const void *p, int64_t bytes, cudaStream_t s) {
+    const int64_t chunks = ceil_div(bytes, kPrefetchChunk);
+    const int threads = 128;
+    const int64_t blocks = ceil_div(chunks, (int64_t)threads);
+    const int64_t cap = 4 * (int64_t)sm_count();
+    prefetch_l2_kernel<<<(unsigned)(blocks < cap ? blocks : cap), threads, 0, s>>>(
+        static_cast<const char *>(p), bytes);
+    return launch_status();
+}
+}  // namespace fl
+
 extern "C" fl_status fl_add(fl_dtype dtype, const void *a, const void *b, void *out, int64_t n,
                             fl_stream stream) {
     if (n < 0 || (n > 0 && (!a || !b || !out))) return FL_ERR_INVALID_ARGUMENT;
@@ -103,4 +139,12 @@ extern "C" fl_status fl_cast(fl_dtype src_dtype, const void *src, fl_dtype dst_d
                                          static_cast<scalar_t *>(dst), n, fl::as_stream(stream)));
     });
     return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+extern "C" fl_status fl_prefetch_l2(const void *p, int64_t bytes, fl_stream stream) {
+    if (bytes < 0 || (bytes > 0 && !p)) return FL_ERR_INVALID_ARGUMENT;
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return FL_ERR_MISALIGNED;
+    bytes &= ~(int64_t)15;  // whole 16-byte units (a hint: the last < 16 bytes are left out)
+    if (bytes == 0) return FL_OK;
+    return fl::prefetch_l2(p, bytes, fl::as_stream(stream));
 }

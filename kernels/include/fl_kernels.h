@@ -56,6 +56,13 @@ fl_status fl_add(fl_dtype dtype, const void *a, const void *b, void *out, int64_
 fl_status fl_cast(fl_dtype src_dtype, const void *src, fl_dtype dst_dtype, void *dst, int64_t n,
                   fl_stream stream);
 
+/* Asks the L2 cache to fetch bytes [p, p + bytes) ahead of a kernel that will read them (e.g. the
+ * next projection's weights, issued before a short kernel that leaves DRAM idle). A hint: the
+ * kernel issues the requests (cp.async.bulk.prefetch.L2 on sm_90+, prefetch.global.L2 before)
+ * and ends without waiting for them; nothing is written; bytes past the last whole 16-byte unit
+ * are not requested. p must be 16-byte aligned (FL_ERR_MISALIGNED); bytes >= 0. */
+fl_status fl_prefetch_l2(const void *p, int64_t bytes, fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

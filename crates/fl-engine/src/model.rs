@@ -807,6 +807,13 @@ pub struct Model<T: RunDType> {
     /// for norm + GEMV; at 16 tokens it takes 64.7 us against 44.0 us (every CTA recomputes
     /// the 16 rows' rstd from L2). `FL_GEMV_NORM=N` sets it (`0` turns it off).
     pub fuse_norm_max_m: usize,
+    /// In decode passes on the dense-GEMV path (`m <= gemv_max_m`), ask the L2 for the first
+    /// this many bytes of each layer's o projection weight right before its RoPE + attention
+    /// ([`fl_kernels::elementwise::prefetch_l2`]): at small batch and context those two
+    /// kernels leave DRAM mostly idle, and the o GEMV that follows them then finds its weight
+    /// (32 MB on a 7B layer; H100's L2 holds 50 MB) partly in L2. Dense weights only. Default
+    /// 0 (off): an experiment not yet measured. `FL_PREFETCH_O_MB=N` sets N MB.
+    pub prefetch_o_bytes: usize,
 }
 
 impl<T: RunDType> Model<T> {
@@ -831,6 +838,7 @@ impl<T: RunDType> Model<T> {
             0
         });
         let fuse_norm_max_m = env_usize("FL_GEMV_NORM", DEFAULT_FUSE_NORM_MAX_M);
+        let prefetch_o_bytes = env_usize("FL_PREFETCH_O_MB", 0).saturating_mul(1 << 20);
         Ok(Model {
             cfg,
             weights,
@@ -838,6 +846,7 @@ impl<T: RunDType> Model<T> {
             eps,
             gemv_max_m,
             fuse_norm_max_m,
+            prefetch_o_bytes,
         })
     }
 
@@ -933,6 +942,7 @@ impl<T: RunDType> Model<T> {
                     &mut buf.quant,
                 )?,
             }
+            self.prefetch_o(stream, &lw.wo, m, mode)?;
             self.attention(stream, buf, &mut cache.layers[l], mode, &dparams)?;
             // h += attn·Woᵀ; x = rms_norm(h).
             match (&lw.wo, small && lw.bo.is_none()) {
@@ -1043,6 +1053,26 @@ impl<T: RunDType> Model<T> {
         Ok(())
     }
 
+    /// [`Model::prefetch_o_bytes`] of the o projection `wo`, in a decode pass of `m` tokens on
+    /// the dense-GEMV path; nothing otherwise.
+    fn prefetch_o(
+        &self,
+        stream: &Arc<CudaStream>,
+        wo: &Linear<T>,
+        m: usize,
+        mode: AttnMode,
+    ) -> Result<()> {
+        if self.prefetch_o_bytes == 0 || m > self.gemv_max_m || !matches!(mode, AttnMode::Decode)
+        {
+            return Ok(());
+        }
+        if let Some(w) = wo.as_dense() {
+            let bytes = self.prefetch_o_bytes.min(w.num_bytes());
+            fl_kernels::elementwise::prefetch_l2(stream, w, bytes)?;
+        }
+        Ok(())
+    }
+
     /// Split + RoPE + KV append of this pass's `qkv`, then attention into `buf.attn`
     /// (`[m, q_heads * head_dim]`).
     fn attention(
@@ -1140,6 +1170,7 @@ impl<T: RunDType> Model<T> {
                 lw.bqkv.as_ref(),
                 &mut buf.qkv,
             )?;
+            self.prefetch_o(stream, &lw.wo, buf.m, mode)?;
             self.attention(stream, buf, &mut cache.layers[l], mode, dparams)?;
             T::dense_linear_add(stream, &buf.attn, wo, &mut buf.h)?;
             T::dense_rms_norm_linear_swiglu(stream, &buf.h, &lw.ffn_norm, eps, wgu, &mut buf.act)?;

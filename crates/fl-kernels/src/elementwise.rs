@@ -1,11 +1,12 @@
-//! Elementwise ops: [`add`], [`add_assign`], [`cast`].
+//! Elementwise ops: [`add`], [`add_assign`], [`cast`]; and [`prefetch_l2`], a hint that warms
+//! the L2 cache with (the start of) a buffer.
 //!
 //! Memory-bound: 16-byte vector accesses when the buffers allow it, f32 arithmetic.
 //! CPU references: [`crate::reference::elementwise`](mod@crate::reference::elementwise).
 
 use cudarc::driver::CudaStream;
 
-use crate::dtype::FloatDType;
+use crate::dtype::{DType, FloatDType};
 use crate::error::check;
 use crate::tensor::{as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
@@ -100,4 +101,45 @@ pub fn cast<S: FloatDType, D: FloatDType>(
     let status =
         unsafe { fl_kernels_sys::fl_cast(S::ID, ps as _, D::ID, pd as _, n, raw_stream(stream)) };
     check("cast", status)
+}
+
+/// Asks the L2 cache to fetch the first `bytes` bytes of `x`, so that a later kernel on
+/// `stream` finds them there: e.g. the next projection's weights, requested just before a
+/// short kernel (RoPE, decode attention) that leaves DRAM idle. A hint only: the kernel
+/// issues the requests (`cp.async.bulk.prefetch.L2` on sm_90+, `prefetch.global.L2`
+/// before) and ends without waiting for them, nothing is written, and lines can be evicted
+/// before they are used. Bytes past the last whole 16-byte unit are not requested. H100's
+/// L2 holds 50 MB; asking for more than the kernels in between leave room for only evicts
+/// earlier lines.
+///
+/// Any dtype (weights of a quantised layout too). `bytes == 0` launches nothing.
+///
+/// Errors: [`Error::InvalidArgument`] naming `bytes` when it exceeds `x`'s size.
+///
+/// ```no_run
+/// use fl_kernels::{elementwise, DeviceTensor, Gpu};
+/// use half::f16;
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let w = DeviceTensor::<f16>::zeros(s, &[4096, 4096])?;
+/// elementwise::prefetch_l2(s, &w, 16 << 20)?; // the first 16 MB of w
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn prefetch_l2<T: DType>(stream: &CudaStream, x: &DeviceTensor<T>, bytes: usize) -> Result<()> {
+    if bytes > x.num_bytes() {
+        return Err(Error::invalid(
+            "bytes",
+            format!("{bytes} exceeds the tensor's {} bytes", x.num_bytes()),
+        ));
+    }
+    if bytes == 0 {
+        return Ok(());
+    }
+    let b = as_i64("bytes", bytes)?;
+    let (p, _g) = x.ptr(stream);
+    // SAFETY: [p, p + bytes) lies inside x's allocation (checked above) and the kernel only
+    // issues prefetch requests for it (no access is architecturally visible). Device
+    // allocations are 256-byte aligned, as the launcher requires (>= 16).
+    let status = unsafe { fl_kernels_sys::fl_prefetch_l2(p as _, b, raw_stream(stream)) };
+    check("prefetch_l2", status)
 }

@@ -1,4 +1,5 @@
-//! elementwise::{add, add_assign, cast} on the GPU against reference::elementwise, and
+//! elementwise::{add, add_assign, cast} on the GPU against reference::elementwise,
+//! elementwise::prefetch_l2 (changes nothing, errors name `bytes`), and
 //! property tests of the references (these run without a GPU).
 
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, to_f64, tolerance};
@@ -134,6 +135,48 @@ fn cast_matches_reference_every_pair() {
         check_cast::<bf16, f16>(&gpu, n, &mut r);
         check_cast::<f32, f32>(&gpu, n, &mut r);
     }
+}
+
+#[test]
+fn prefetch_l2_changes_nothing_and_the_next_kernel_reads_right() {
+    // A hint: the buffer's bytes stay what they were, a kernel queued right after it reads
+    // them correctly, every size works (partial 16-byte units, several chunks per thread,
+    // more chunks than the grid's threads: 64 MB), and too many bytes is an error on `bytes`.
+    let Some(gpu) = gpu_or_skip("prefetch_l2_changes_nothing_and_the_next_kernel_reads_right")
+    else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("prefetch");
+    for &n in &[1usize, 7, 8, 9, 8193, (1 << 20) + 3, (32 << 20) + 5] {
+        let a: Vec<f16> = random(&mut r, n);
+        let b: Vec<f16> = random(&mut r, n);
+        let da = DeviceTensor::from_host(s, &a, &[n]).unwrap();
+        let db = DeviceTensor::from_host(s, &b, &[n]).unwrap();
+        for bytes in [0, 1, 15, 17, da.num_bytes() / 2, da.num_bytes()] {
+            elementwise::prefetch_l2(s, &da, bytes).unwrap();
+            elementwise::prefetch_l2(s, &db, bytes).unwrap();
+        }
+        let mut out = DeviceTensor::filled(s, &[n], f16::NAN).unwrap();
+        elementwise::add(s, &da, &db, &mut out).unwrap();
+        assert_eq!(da.to_host(s).unwrap(), a, "prefetch_l2 changed a (n = {n})");
+        assert_eq!(
+            to_f64(&out.to_host(s).unwrap()),
+            to_f64(&reference::elementwise::add(&a, &b)),
+            "add after prefetch_l2, n = {n}"
+        );
+        match elementwise::prefetch_l2(s, &da, da.num_bytes() + 1) {
+            Err(Error::InvalidArgument { arg: "bytes", reason }) => {
+                assert!(reason.contains("exceeds"), "{reason}")
+            }
+            other => panic!("expected an error on `bytes`, got {other:?}"),
+        }
+    }
+    // Other dtypes (e.g. a quantised layer's raw bytes).
+    let q = DeviceTensor::<u8>::filled(s, &[4099], 7).unwrap();
+    elementwise::prefetch_l2(s, &q, 4099).unwrap();
+    assert!(q.to_host(s).unwrap().iter().all(|&v| v == 7));
+    s.synchronize().unwrap();
 }
 
 #[test]
