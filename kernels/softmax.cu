@@ -49,11 +49,15 @@
 // Long-row path override (read once per process, for A/B runs; any value is correct, only
 // speed moves): FL_SOFTMAX_LONG = cluster (the cluster path wherever it applies, else split /
 // generic: the behaviour before twopass existed), cluster_pf (the same with the next-row L2
-// prefetch), twopass (twopass for every row the register path does not take, on any GPU),
+// prefetch), cluster_db (the same with the next row's loads issued into a second register set
+// before the current row's writes; not yet measured), twopass (twopass for every row the register path does not take, on any GPU),
 // portable (split / generic only, as before sm_90). Unset or anything else: automatic
 // (cluster, split, generic: the measured order; twopass and cluster_pf were slower on the
 // H100, see bench/RESULTS.md). fl_softmax_path
-// selects the same per call (tests).
+// selects the same per call (tests). FL_SOFTMAX_CLUSTER_GRID (an experiment, not yet measured)
+// sets how many clusters the cluster path launches: unset 2 per SM (each loops over ~rows / (2
+// SMs) rows, and the rows are dealt out in whole-cluster units, so the last wave can leave SMs
+// idle), "rows" one per row, "resident" as many as fit at once, or a number.
 // Every element of y is written by the thread that reads the same element of x, so y may
 // alias x when the dtypes are equal.
 #include <atomic>
@@ -497,7 +501,10 @@ __global__ void __launch_bounds__(kChunkThreads)
 // VPT) of the row, thread t vectors r * 256 * VPT + k * 256 + t, k < VPT (coalesced).
 // PF: after issuing a row's loads, warp 0 asks the L2 for this block's part of the
 // cluster's next row (4 KB bulk prefetches, no registers, no completion to wait for).
-template <typename Tin, typename Tout, int VPT, bool PF>
+// DB (pipelined): the next row's loads go into a second register set before this row's
+// writes, so each block keeps DRAM reads in flight while it writes (VPT <= 8: 2 x 8 vectors
+// per thread fit the 128-register cap without spilling).
+template <typename Tin, typename Tout, int VPT, bool PF, bool DB>
 __global__ void __launch_bounds__(kClusterThreads, 2)
     softmax_cluster_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -515,16 +522,27 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
     const int64_t nvec = n / N;
     const int64_t base = (int64_t)rank * (kClusterThreads * VPT) + threadIdx.x;
     const int64_t clusters = gridDim.x / kCluster;
+    static_assert(!DB || VPT <= 8, "two register sets of VPT vectors");
     int buf = 0;
-    for (int64_t row = blockIdx.x / kCluster; row < rows; row += clusters) {
-        const V *xv = reinterpret_cast<const V *>(x + row * n);
-        Tout *yr = y + row * n;
-        V r[VPT];
-        float tmax = -INFINITY;
+    V r[VPT];
+    if (DB && blockIdx.x / kCluster < rows) {
+        const V *xv = reinterpret_cast<const V *>(x + (int64_t)(blockIdx.x / kCluster) * n);
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
             const int64_t i = base + k * kClusterThreads;
             if (i < nvec) r[k] = xv[i];
+        }
+    }
+    for (int64_t row = blockIdx.x / kCluster; row < rows; row += clusters) {
+        Tout *yr = y + row * n;
+        float tmax = -INFINITY;
+        if (!DB) {
+            const V *xv = reinterpret_cast<const V *>(x + row * n);
+#pragma unroll
+            for (int k = 0; k < VPT; ++k) {
+                const int64_t i = base + k * kClusterThreads;
+                if (i < nvec) r[k] = xv[i];
+            }
         }
         if (PF && threadIdx.x < 32 && row + clusters < rows) {
             const int64_t first = (int64_t)rank * (kClusterThreads * VPT);
@@ -576,6 +594,15 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
         const float s = __shfl_sync(0xffffffffu, t.s, 0);
         const bool zero = (m == -INFINITY);
         const float inv = 1.f / s;  // inf for a masked row (unused); NaN for a NaN/+inf row
+        V nx[DB ? VPT : 1];
+        if (DB && row + clusters < rows) {  // the next row's reads, in flight during the writes
+            const V *xn = reinterpret_cast<const V *>(x + (row + clusters) * n);
+#pragma unroll
+            for (int k = 0; k < (DB ? VPT : 0); ++k) {
+                const int64_t i = base + k * kClusterThreads;
+                if (i < nvec) nx[k] = xn[i];
+            }
+        }
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
             const int64_t i = base + k * kClusterThreads;
@@ -585,6 +612,10 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
                 for (int j = 0; j < N; ++j) o[j] = prob(to_f32(r[k].v[j]), m, inv, scale, zero);
                 store_f32<Tout, N>(yr + i * N, o);
             }
+        }
+        if (DB) {
+#pragma unroll
+            for (int k = 0; k < (DB ? VPT : 0); ++k) r[k] = nx[k];
         }
         buf ^= 1;
     }
@@ -651,7 +682,7 @@ inline DeviceFacts device_facts() {
         // The image loaded for this device must hold sm_90+ code: a build with only
         // compute_80 PTX would JIT the kernel's empty (pre-sm_90) body.
         cudaFuncAttributes fa{};
-        cluster_ok = cudaFuncGetAttributes(&fa, softmax_cluster_kernel<float, float, 4, false>) ==
+        cluster_ok = cudaFuncGetAttributes(&fa, softmax_cluster_kernel<float, float, 4, false, false>) ==
                          cudaSuccess &&
                      fa.binaryVersion >= 90;
     }
@@ -667,15 +698,12 @@ inline DeviceFacts device_facts() {
 
 // The long-row path forced by FL_SOFTMAX_LONG (read once; FL_SOFTMAX_LONG_AUTO when unset).
 inline int env_long_path() {
-    static const int v = [] {
-        const char *e = getenv("FL_SOFTMAX_LONG");
-        if (!e) return FL_SOFTMAX_LONG_AUTO;
-        if (!strcmp(e, "cluster")) return FL_SOFTMAX_LONG_CLUSTER;
-        if (!strcmp(e, "cluster_pf")) return FL_SOFTMAX_LONG_CLUSTER_PREFETCH;
-        if (!strcmp(e, "twopass")) return FL_SOFTMAX_LONG_TWOPASS;
-        if (!strcmp(e, "portable")) return FL_SOFTMAX_LONG_PORTABLE;
-        return FL_SOFTMAX_LONG_AUTO;
-    }();
+    static const EnvChoice choices[] = {{"cluster", FL_SOFTMAX_LONG_CLUSTER},
+                                        {"cluster_pf", FL_SOFTMAX_LONG_CLUSTER_PREFETCH},
+                                        {"cluster_db", FL_SOFTMAX_LONG_CLUSTER_PIPELINED},
+                                        {"twopass", FL_SOFTMAX_LONG_TWOPASS},
+                                        {"portable", FL_SOFTMAX_LONG_PORTABLE}};
+    static const int v = env_choice("FL_SOFTMAX_LONG", choices, FL_SOFTMAX_LONG_AUTO);
     return v;
 }
 
@@ -691,30 +719,60 @@ inline int64_t twopass_grid(int64_t rows, int64_t row_bytes, bool vec, const Dev
     return rows < g ? rows : g;
 }
 
+// The cluster kernel's variant: plain, next-row L2 prefetch, or pipelined (register double
+// buffer; VPT <= 8, else plain).
+enum ClusterVariant { kClusterPlain, kClusterPrefetch, kClusterPipelined };
+
+template <typename Tin, typename Tout, int VPT>
+auto cluster_kernel_for(ClusterVariant v) {
+    if (v == kClusterPrefetch) return softmax_cluster_kernel<Tin, Tout, VPT, true, false>;
+    if (v == kClusterPipelined && VPT <= 8)
+        return softmax_cluster_kernel<Tin, Tout, VPT, false, (VPT <= 8)>;
+    return softmax_cluster_kernel<Tin, Tout, VPT, false, false>;
+}
+
 template <typename Tin, typename Tout, int VPT>
 cudaError_t launch_cluster(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale,
-                           int sms, bool prefetch, cudaStream_t s) {
-    // Clusters loop over rows: at most 2 clusters per SM (16 blocks per SM, more than fit at
-    // once, so the hardware keeps every SM busy; beyond that the blocks loop).
-    const int64_t cap = 2 * (int64_t)sms;
-    const int64_t clusters = rows < cap ? rows : cap;
+                           int sms, ClusterVariant variant, cudaStream_t s) {
+    const auto kernel = cluster_kernel_for<Tin, Tout, VPT>(variant);
+    // Clusters loop over rows. How many clusters the grid holds (FL_SOFTMAX_CLUSTER_GRID, an
+    // experiment knob until measured): default 2 per SM (16 blocks per SM, more than fit at
+    // once, so the hardware keeps every SM busy; beyond that the blocks loop); "rows": one
+    // cluster per row (the scheduler balances single rows); "resident": as many as fit at
+    // once (cudaOccupancyMaxActiveClusters), each looping over rows; a number: that many.
+    int64_t cap = 2 * (int64_t)sms;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(clusters * kCluster), 1, 1);
-    cfg.blockDim = dim3(kClusterThreads, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = kCluster;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(kClusterThreads, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (prefetch)
-        return cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<Tin, Tout, VPT, true>, x, y, rows,
-                                  n, scale);
-    return cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<Tin, Tout, VPT, false>, x, y, rows, n,
-                              scale);
+    static const int64_t grid_env = [] {
+        const char *e = getenv("FL_SOFTMAX_CLUSTER_GRID");
+        if (e && e[0] >= '1' && e[0] <= '9') return (int64_t)atoll(e);
+        static const EnvChoice choices[] = {{"rows", -1}, {"resident", -2}};
+        return (int64_t)env_choice("FL_SOFTMAX_CLUSTER_GRID", choices, 0);
+    }();
+    if (grid_env == -1) {
+        cap = rows;
+    } else if (grid_env == -2) {
+        int resident = 0;
+        cfg.gridDim = dim3((unsigned)kCluster, 1, 1);
+        const cudaError_t oe = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
+        if (oe != cudaSuccess || resident <= 0) (void)cudaGetLastError();
+        else cap = resident;
+    } else if (grid_env > 0) {
+        cap = grid_env;
+    }
+    const int64_t clusters = rows < cap ? rows : cap;
+    if (clusters * kCluster > 0x7fffffffLL) return cudaErrorInvalidValue;
+    cfg.gridDim = dim3((unsigned)(clusters * kCluster), 1, 1);
+    return cudaLaunchKernelEx(&cfg, kernel, x, y, rows, n, scale);
 }
 
 template <typename Tin, typename Tout>
@@ -751,7 +809,9 @@ fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, v
             softmax_twopass_kernel<Tin, Tout, false><<<grid, kTpThreads, 0, s>>>(x, y, rows, n, scale);
         return launch_status();
     }
-    const bool prefetch = path == FL_SOFTMAX_LONG_CLUSTER_PREFETCH;
+    const ClusterVariant variant = path == FL_SOFTMAX_LONG_CLUSTER_PREFETCH  ? kClusterPrefetch
+                                   : path == FL_SOFTMAX_LONG_CLUSTER_PIPELINED ? kClusterPipelined
+                                                                               : kClusterPlain;
     // Cluster path: nvec > 4096 here, so a cluster of 8 x 256 threads needs >= 4 vectors per
     // thread (VPT 2 would hold only the register path's 4096 vectors).
     constexpr int64_t kPerVpt = (int64_t)kCluster * kClusterThreads;  // vectors per VPT step
@@ -759,11 +819,11 @@ fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, v
         nvec <= kPerVpt * kClusterMaxVpt) {
         cudaError_t e;
         if (nvec <= kPerVpt * 4)
-            e = launch_cluster<Tin, Tout, 4>(x, y, rows, n, scale, dev.sms, prefetch, s);
+            e = launch_cluster<Tin, Tout, 4>(x, y, rows, n, scale, dev.sms, variant, s);
         else if (nvec <= kPerVpt * 8)
-            e = launch_cluster<Tin, Tout, 8>(x, y, rows, n, scale, dev.sms, prefetch, s);
+            e = launch_cluster<Tin, Tout, 8>(x, y, rows, n, scale, dev.sms, variant, s);
         else
-            e = launch_cluster<Tin, Tout, 16>(x, y, rows, n, scale, dev.sms, prefetch, s);
+            e = launch_cluster<Tin, Tout, 16>(x, y, rows, n, scale, dev.sms, variant, s);
         if (e == cudaSuccess) return launch_status();
         // Refused (e.g. no room for a cluster on a partitioned GPU): a launch-configuration
         // error, not sticky. Clear it and take the other paths.
@@ -827,7 +887,7 @@ extern "C" fl_status fl_softmax_path(fl_dtype x_dtype, const void *x, fl_dtype y
                                      fl_stream stream) {
     using namespace fl::softmax_detail;
     if (rows < 0 || n < 1 || workspace_bytes < 0) return FL_ERR_INVALID_ARGUMENT;
-    if (long_path < FL_SOFTMAX_LONG_AUTO || long_path > FL_SOFTMAX_LONG_PORTABLE)
+    if (long_path < FL_SOFTMAX_LONG_AUTO || long_path > FL_SOFTMAX_LONG_CLUSTER_PIPELINED)
         return FL_ERR_INVALID_ARGUMENT;
     if (!(temperature >= FLT_MIN) || !std::isfinite(temperature)) return FL_ERR_INVALID_ARGUMENT;
     if (y_dtype != x_dtype && y_dtype != FL_DTYPE_F32) return FL_ERR_UNSUPPORTED_DTYPE;

@@ -37,12 +37,15 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 
 /* Long-row paths of fl_softmax_path (rows the register path does not take: n / vector width
  * > 4096, or n not a multiple of the vector width, or unaligned x / y):
- *   AUTO     the environment's FL_SOFTMAX_LONG if set (cluster, cluster_pf, twopass,
- *            portable), else automatic: cluster (sm_90+), split, generic;
+ *   AUTO     the environment's FL_SOFTMAX_LONG if set (cluster, cluster_pf, cluster_db,
+ *            twopass, portable), else automatic: cluster (sm_90+), split, generic;
  *   CLUSTER  cluster path where it applies (sm_90+, 16-byte vectors, n <= 32768 vectors),
  *            else split / generic;
  *   CLUSTER_PREFETCH  the same, each block prefetching its part of its cluster's next row
  *            into L2 while it works on the current one;
+ *   CLUSTER_PIPELINED  the same, each block loading its part of the next row into a second
+ *            register set before it writes the current one (rows up to 16384 vectors; longer
+ *            ones run the plain cluster kernel);
  *   TWOPASS  one block per row, one per SM (rows in flight fit ~60% of L2): an online
  *            (max, sum) pass, then a pass re-reading x (from L2) and writing y;
  *   PORTABLE split (with a workspace, few rows) or generic: what runs before sm_90.
@@ -52,6 +55,7 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 #define FL_SOFTMAX_LONG_CLUSTER_PREFETCH 2
 #define FL_SOFTMAX_LONG_TWOPASS 3
 #define FL_SOFTMAX_LONG_PORTABLE 4
+#define FL_SOFTMAX_LONG_CLUSTER_PIPELINED 5
 
 /* fl_softmax with the long-row path chosen by the caller (FL_SOFTMAX_LONG_*; AUTO is
  * fl_softmax itself). A path that cannot run on the device or shape falls back as described

@@ -101,7 +101,7 @@ fn rows_n<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
 /// Which kernel runs rows too long for the register path (testing and A/B benchmarking only:
 /// every path gives the same result up to f32 summation order). [`LongPath::Auto`] is what
 /// [`softmax`] and [`softmax_f32`] do: the `FL_SOFTMAX_LONG` environment variable
-/// (`cluster`, `cluster_pf`, `twopass`, `portable`; read once per process) if set, else
+/// (`cluster`, `cluster_pf`, `cluster_db`, `twopass`, `portable`; read once per process) if set, else
 /// the cluster path on sm_90+, the split or the generic path (twopass only when asked for: it
 /// measured slower than the cluster path on the H100). A path that cannot run on the
 /// device or shape falls back as `Auto` would (see `fl_softmax.h`).
@@ -114,6 +114,9 @@ pub enum LongPath {
     Cluster,
     /// Clusters, each block prefetching its part of the next row into L2.
     ClusterPrefetch,
+    /// Clusters, each block loading its part of the next row into registers before it
+    /// writes the current one (rows up to 16384 vectors; longer: plain clusters).
+    ClusterPipelined,
     /// One block per row, online (max, sum) pass then a re-reading write pass.
     TwoPass,
     /// Split (few rows, with a workspace) or generic: what runs before sm_90.
@@ -126,6 +129,7 @@ impl LongPath {
             LongPath::Auto => fl_kernels_sys::FL_SOFTMAX_LONG_AUTO,
             LongPath::Cluster => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER,
             LongPath::ClusterPrefetch => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
+            LongPath::ClusterPipelined => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED,
             LongPath::TwoPass => fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS,
             LongPath::Portable => fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE,
         }) as i32

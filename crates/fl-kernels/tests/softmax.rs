@@ -203,6 +203,7 @@ fn softmax_every_long_path_matches_reference() {
     for path in [
         LongPath::Cluster,
         LongPath::ClusterPrefetch,
+        LongPath::ClusterPipelined,
         LongPath::TwoPass,
         LongPath::Portable,
     ] {
@@ -244,6 +245,10 @@ fn softmax_in_place_on_every_long_path() {
         (
             LongPath::ClusterPrefetch,
             fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
+        ),
+        (
+            LongPath::ClusterPipelined,
+            fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED,
         ),
         (LongPath::TwoPass, fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS),
         (LongPath::Portable, fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE),
@@ -383,6 +388,7 @@ fn softmax_special_values_on_every_path() {
             LongPath::Auto,
             LongPath::Cluster,
             LongPath::ClusterPrefetch,
+            LongPath::ClusterPipelined,
             LongPath::TwoPass,
             LongPath::Portable,
         ] {
