@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# GPU calls of session 5 (binaries under $B/{bin,tests}, logs under $OUT):
+#   mmadiag  the bf16 engine quant test with the tensor-core GEMV forced (FL_GEMV_PATH=mma)
+#   smgrid   optable softmax, long rows, FL_SOFTMAX_LONG cluster / cluster_db x each
+#            FL_SOFTMAX_CLUSTER_GRID
+#   ncu      per-kernel GPU time of one eager batch-1 decode step of llama-2-7b (ncu, no clock
+#            or cache control), summed by kernel name, against the graph step time
+#   quantab  fl bench --quant {int8,int4,q4_0,q8_0} with FL_GEMV_PATH=fma / mma / auto
+#   prefetch fl bench llama-2-7b with FL_PREFETCH_O_MB = 0 / 8 / 16 / 32 (o weight to L2
+#            before RoPE + attention), batch 1 and 4
+#   tests    every test binary under $B/tests with FL_REQUIRE_GPU=1
+#   bench1   fl bench llama-2-7b, the issue-7 rows
+B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} FL_REQUIRE_GPU=1
+for sec in "$@"; do case "$sec" in
+mmadiag)
+  # both paths, so the margins can be compared (the test prints every mode's rel L2)
+  for p in fma mma; do
+    FL_GEMV_PATH=$p timeout 150 "$B/tests/fl-engine__quant_gpu" --test-threads=1 \
+      every_mode_matches_dense_on_its_dequantised_weights_bf16 --nocapture > "$OUT/mmadiag-$p.log" 2>&1
+    echo "mmadiag FL_GEMV_PATH=$p rc=$?"
+    grep -E "dequantised weights|panicked|test result" "$OUT/mmadiag-$p.log" | cut -c1-300 | head -20
+  done ;;
+smgrid)
+  for v in cluster cluster_db; do for g in default rows resident; do
+    if [ $g = default ]; then unset FL_SOFTMAX_CLUSTER_GRID; else export FL_SOFTMAX_CLUSTER_GRID=$g; fi
+    for rep in 1 2; do
+      FL_SOFTMAX_LONG=$v timeout 60 "$B/bin/optable" softmax 2>&1 | grep -E '(256|2048)x128256|"copy"' | sed -E 's/.*"key":"([^"]*)".*"us":([0-9.]+).*"pct_copy":([0-9.]+).*/\1 \2us \3%;/; s/.*"key":"copy".*"gbps":([0-9.]+).*/copy \1GB\/s;/' | tr '\n' ' ' | sed "s/^/$v grid=$g rep$rep: /" | cut -c1-900; echo
+    done
+  done; done; unset FL_SOFTMAX_CLUSTER_GRID ;;
+ncu)
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 280 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv --print-units base "$B/bin/fl" bench --model llama-2-7b --runs 1:128:3 --no-graph \
+    > "$OUT/ncu.csv" 2> "$OUT/ncu.err"
+  echo "ncu rc=$? lines=$(wc -l < "$OUT/ncu.csv")"; tail -3 "$OUT/ncu.err"
+  python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = []
+for r in csv.reader(open(sys.argv[1])):
+    if len(r) > 10 and r[0].isdigit():
+        rows.append(r)
+hdr = None
+for r in csv.reader(open(sys.argv[1])):
+    if r and r[0] == "ID": hdr = r; break
+if not hdr or not rows: print("no ncu rows"); sys.exit()
+ki, vi, mi = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Name")
+ks = [(r[ki], float(r[vi].replace(",", ""))) for r in rows if r[mi] == "gpu__time_duration.sum"]
+# each step starts with the embedding lookup; take the last complete step
+starts = [i for i, (n, _) in enumerate(ks) if "embedding" in n.lower()]
+print("kernels", len(ks), "embedding launches", len(starts))
+a, b = starts[-2], starts[-1]
+step = ks[a:b]
+tot = sum(t for _, t in step)
+print(f"step (second-to-last): {len(step)} kernels, {tot/1e3:.1f} us of kernel time")
+agg = collections.OrderedDict()
+for n, t in step:
+    key = n.split("(")[0].split("<")[0][-60:] + ("<" + n.split("<")[1][:70] if "<" in n else "")
+    c, s, mx, mn = agg.get(key, (0, 0.0, 0.0, 1e18))
+    agg[key] = (c + 1, s + t, max(mx, t), min(mn, t))
+for k, (c, s, mx, mn) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    print(f"{s/1e3:9.1f} us {c:4d}x  mean {s/c/1e3:7.2f}  min {mn/1e3:7.2f} max {mx/1e3:7.2f}  {k}")
+# first layer in order
+print("first 12 kernels of the step:")
+for n, t in step[:12]:
+    print(f"  {t/1e3:7.2f} us  {n[:150]}")
+PY
+  ;;
+quantab)
+  for q in int8 int4 q4_0 q8_0; do for p in fma mma auto; do
+    if [ $p = auto ]; then unset FL_GEMV_PATH; else export FL_GEMV_PATH=$p; fi
+    r=$(timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64,16:512:32 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "quant=$q path=$p $r"
+  done; done; unset FL_GEMV_PATH ;;
+prefetch)
+  for mb in 0 8 16 32 0; do
+    r=$(FL_PREFETCH_O_MB=$mb timeout 120 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "FL_PREFETCH_O_MB=$mb $r"
+  done ;;
+tests)
+  pass=0; fail=0
+  for t in "$B"/tests/*; do
+    n=$(basename "$t"); timeout 200 "$t" --test-threads=2 > "$OUT/test-$n.log" 2>&1; rc=$?
+    r=$(grep -E '^test result' "$OUT/test-$n.log" | awk '{p+=$4; f+=$6} END {print p+0, f+0}')
+    pass=$((pass + ${r% *})); fail=$((fail + ${r#* }))
+    [ $rc != 0 ] && { echo "$n rc=$rc"; grep -E "panicked|FAILED|failed" "$OUT/test-$n.log" | head -6; }
+  done
+  echo "TESTS: $pass passed, $fail failed"
+  # the softmax paths again under each cluster-grid setting (read once per process)
+  for g in rows resident 7; do
+    FL_SOFTMAX_CLUSTER_GRID=$g timeout 200 "$B/tests/fl-kernels__softmax" --test-threads=2 > "$OUT/test-softmax-$g.log" 2>&1
+    echo "softmax tests FL_SOFTMAX_CLUSTER_GRID=$g rc=$? $(grep -E '^test result' "$OUT/test-softmax-$g.log" | tail -1)"
+  done ;;
+bench1)
+  timeout 250 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,16:1024:64,64:1024:64,16:4032:64,1:4032:64,1:2048:2,16:512:2 2>&1 | grep -E "^batch|decode:|prefill:" | tee "$OUT/fl-bench.log" ;;
+esac; done
