@@ -8,8 +8,15 @@
 #   quantab  fl bench --quant {int8,int4,q4_0,q8_0} with FL_GEMV_PATH=fma / mma / auto
 #   prefetch fl bench llama-2-7b with FL_PREFETCH_O_MB = 0 / 8 / 16 / 32 (o weight to L2
 #            before RoPE + attention), batch 1 and 4
+#   sanitize compute-sanitizer memcheck on the new kernels (prefetch_l2, softmax cluster_db)
 #   tests    every test binary under $B/tests with FL_REQUIRE_GPU=1
 #   bench1   fl bench llama-2-7b, the issue-7 rows
+#   check    bench/scripts/check_transformers.py (f16, bf16, f32 against transformers)
+#   ops      optable vs torch (compare.py) for the op families named in $FL_OPS (default
+#            "softmax embedding")
+#   kbench   the criterion benches named in $FL_KBENCH (default "gemv gemv_dense"), short
+# The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
+# bench/RESULTS.md for the commit of each).
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} FL_REQUIRE_GPU=1
 for sec in "$@"; do case "$sec" in
@@ -77,6 +84,9 @@ prefetch)
     r=$(FL_PREFETCH_O_MB=$mb timeout 120 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
     echo "FL_PREFETCH_O_MB=$mb $r"
   done ;;
+sanitize)
+  timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__elementwise" prefetch --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  FL_SOFTMAX_LONG=cluster_db timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__softmax" softmax_in_place_on_every_long_path --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
 tests)
   pass=0; fail=0
   for t in "$B"/tests/*; do
@@ -93,4 +103,13 @@ tests)
   done ;;
 bench1)
   timeout 250 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,16:1024:64,64:1024:64,16:4032:64,1:4032:64,1:2048:2,16:512:2 2>&1 | grep -E "^batch|decode:|prefill:" | tee "$OUT/fl-bench.log" ;;
+check)
+  timeout 400 python3 "$B/scripts/check_transformers.py" --fl "$B/bin/fl" --workdir /tmp/flcheck > "$OUT/check.log" 2>&1
+  echo "check rc=$?"; grep -E "PASS|FAIL" "$OUT/check.log" | tail -8 ;;
+ops)
+  for op in ${FL_OPS:-softmax embedding}; do echo "== $op"
+    timeout 200 python3 "$B/scripts/compare.py" "$B/bin/optable" "$op" 2>&1 | grep -vE "Warning|warn" | tail -20; done ;;
+kbench)
+  for b in ${FL_KBENCH:-gemv gemv_dense}; do
+    timeout 200 "$B/benches/$b" --bench --warm-up-time 0.1 --measurement-time 0.2 2>&1 | grep -E "^$b|time:" | paste - - | cut -c1-200; done ;;
 esac; done
