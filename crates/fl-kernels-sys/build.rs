@@ -6,6 +6,9 @@
 //! - `FL_CUDA_ARCHS`: comma-separated targets, e.g. `80,90a` (SASS for each) plus
 //!   `compute_80` style entries for PTX. Default: `80,86,89,90a,compute_80`.
 //! - `FL_NVCC_FLAGS`: extra flags, whitespace separated.
+//! - `FL_KERNELS_CACHE`: where built libraries are kept for reuse, keyed by a hash of every
+//!   input (default `fl-kernels-cache/` beside the profile directories of the target dir;
+//!   empty: no cache).
 //!
 //! No GPU is needed to build.
 
@@ -120,8 +123,36 @@ fn main() {
     for s in &sources {
         build.file(s);
     }
-    build.compile("fl_kernels");
-    check_no_host_exit(&PathBuf::from(env::var("OUT_DIR").unwrap()).join("libfl_kernels.a"));
+    // The library depends only on the inputs hashed below, never on the cargo profile (the
+    // kernels are always built optimised), yet cargo runs this script once per profile and
+    // per check/clippy/doc flavour: a library built for identical inputs is reused from a
+    // cache next to the profiles (one nvcc pass instead of three in `scripts/test.sh`).
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let lib = out_dir.join("libfl_kernels.a");
+    let key = input_hash(&kernels, &watched, &archs, &nvcc);
+    let cache = kernel_cache_dir(&out_dir).map(|d| d.join(format!("{key:016x}.a")));
+    let hit = cache.as_ref().is_some_and(|c| {
+        let ok = c.is_file() && std::fs::copy(c, &lib).is_ok();
+        if ok {
+            // Most recently used entries are the ones kept.
+            let now = std::time::SystemTime::now();
+            let _ = std::fs::File::options().append(true).open(c).and_then(|f| f.set_modified(now));
+        }
+        ok
+    });
+    if !hit {
+        build.cargo_metadata(false);
+        build.compile("fl_kernels");
+        check_no_host_exit(&lib);
+        if let Some(c) = &cache {
+            store_in_cache(&lib, c);
+        }
+    }
+    // What cc's cargo metadata would print (off, so that a cache hit prints the same).
+    println!("cargo:rustc-link-search=native={}", out_dir.display());
+    println!("cargo:rustc-link-lib=static=fl_kernels");
+    println!("cargo:rustc-link-lib=cudart_static");
+    println!("cargo:rustc-link-lib=stdc++");
 
     // cudart_static lives in lib/ (wheels) or lib64/ / targets/<arch>-linux/lib (toolkits).
     for dir in [
@@ -258,6 +289,71 @@ fn check_no_host_exit(lib: &Path) {
              it is reached). Mark the helper __host__ __device__.",
             bad.join(", ")
         ));
+    }
+}
+
+/// FNV-1a (64-bit) of everything the kernel library is built from: this script, every
+/// watched file (name relative to `kernels/` and contents), the target list, the extra nvcc
+/// flags and the environment that picks the host compiler, and `nvcc --version`.
+fn input_hash(kernels: &Path, watched: &[PathBuf], archs: &str, nvcc: &Path) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes.iter().chain(&[0xffu8]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    eat(include_bytes!("build.rs"));
+    for f in watched {
+        eat(f.strip_prefix(kernels).unwrap_or(f).to_string_lossy().as_bytes());
+        eat(&std::fs::read(f).unwrap_or_default());
+    }
+    eat(archs.as_bytes());
+    for var in ["FL_NVCC_FLAGS", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "TARGET"] {
+        eat(env::var(var).unwrap_or_default().as_bytes());
+    }
+    for (prog, arg) in [(nvcc.as_os_str(), "--version"), ("g++".as_ref(), "--version")] {
+        let out = Command::new(prog).arg(arg).output();
+        eat(&out.map(|o| o.stdout).unwrap_or_default());
+    }
+    h
+}
+
+/// `FL_KERNELS_CACHE` if set (empty: no cache), else `fl-kernels-cache/` in the directory
+/// that holds the profile directories (`target/` for a host build), found from OUT_DIR
+/// (`target/<profile>/build/<unit>/out`).
+fn kernel_cache_dir(out_dir: &Path) -> Option<PathBuf> {
+    println!("cargo:rerun-if-env-changed=FL_KERNELS_CACHE");
+    if let Some(d) = env::var_os("FL_KERNELS_CACHE") {
+        return (!d.is_empty()).then(|| PathBuf::from(d));
+    }
+    let build = out_dir.ancestors().find(|a| a.file_name().is_some_and(|n| n == "build"))?;
+    Some(build.parent()?.parent()?.join("fl-kernels-cache"))
+}
+
+/// Copies the library into the cache (through a temporary name, so that a concurrent build
+/// never sees half a file) and keeps the 4 newest entries. Failures only cost the cache.
+fn store_in_cache(lib: &Path, entry: &Path) {
+    let Some(dir) = entry.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::copy(lib, &tmp).is_err() || std::fs::rename(&tmp, entry).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "a"))
+                .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    for (_, old) in entries.iter().rev().skip(4) {
+        let _ = std::fs::remove_file(old);
     }
 }
 

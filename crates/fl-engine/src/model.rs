@@ -775,12 +775,17 @@ pub const DEFAULT_GEMV_MAX_M: usize = 4;
 /// Default of [`Model::fuse_norm_max_m`].
 pub const DEFAULT_FUSE_NORM_MAX_M: usize = 1;
 
-/// The environment variable `name` as a token count, `default` when unset or not a number.
+/// The environment variable `name` as a count, `default` when unset or empty; a value that
+/// is not a number also gives `default`, with a notice on stderr (a misspelt knob must not
+/// pass for a measurement of the setting it meant).
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(default)
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse::<usize>().unwrap_or_else(|_| {
+            eprintln!("fl: {name}={v} is not a count; using {default}");
+            default
+        }),
+        _ => default,
+    }
 }
 
 /// A model ready to run: config, weights and the cuBLASLt handle, on one stream.
