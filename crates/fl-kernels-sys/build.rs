@@ -136,7 +136,10 @@ fn main() {
         if ok {
             // Most recently used entries are the ones kept.
             let now = std::time::SystemTime::now();
-            let _ = std::fs::File::options().append(true).open(c).and_then(|f| f.set_modified(now));
+            let _ = std::fs::File::options()
+                .append(true)
+                .open(c)
+                .and_then(|f| f.set_modified(now));
         }
         ok
     });
@@ -292,9 +295,10 @@ fn check_no_host_exit(lib: &Path) {
     }
 }
 
-/// FNV-1a (64-bit) of everything the kernel library is built from: this script, every
-/// watched file (name relative to `kernels/` and contents), the target list, the extra nvcc
-/// flags and the environment that picks the host compiler, and `nvcc --version`.
+/// FNV-1a (64-bit) of everything the kernel library is built from: this script, the
+/// workspace's Cargo.lock, every watched file (name relative to `kernels/` and contents),
+/// the target list, the extra nvcc flags and the environment that picks the host compiler,
+/// and the versions of nvcc and g++.
 fn input_hash(kernels: &Path, watched: &[PathBuf], archs: &str, nvcc: &Path) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
@@ -304,15 +308,30 @@ fn input_hash(kernels: &Path, watched: &[PathBuf], archs: &str, nvcc: &Path) -> 
         }
     };
     eat(include_bytes!("build.rs"));
+    // The cc crate's version (its nvcc flags) is pinned there.
+    eat(&std::fs::read(kernels.join("../Cargo.lock")).unwrap_or_default());
     for f in watched {
-        eat(f.strip_prefix(kernels).unwrap_or(f).to_string_lossy().as_bytes());
+        eat(f
+            .strip_prefix(kernels)
+            .unwrap_or(f)
+            .to_string_lossy()
+            .as_bytes());
         eat(&std::fs::read(f).unwrap_or_default());
     }
     eat(archs.as_bytes());
-    for var in ["FL_NVCC_FLAGS", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "TARGET"] {
+    for var in [
+        "FL_NVCC_FLAGS",
+        "NVCC_CCBIN",
+        "NVCC_PREPEND_FLAGS",
+        "NVCC_APPEND_FLAGS",
+        "TARGET",
+    ] {
         eat(env::var(var).unwrap_or_default().as_bytes());
     }
-    for (prog, arg) in [(nvcc.as_os_str(), "--version"), ("g++".as_ref(), "--version")] {
+    for (prog, arg) in [
+        (nvcc.as_os_str(), "--version"),
+        ("g++".as_ref(), "--version"),
+    ] {
         let out = Command::new(prog).arg(arg).output();
         eat(&out.map(|o| o.stdout).unwrap_or_default());
     }
@@ -327,7 +346,9 @@ fn kernel_cache_dir(out_dir: &Path) -> Option<PathBuf> {
     if let Some(d) = env::var_os("FL_KERNELS_CACHE") {
         return (!d.is_empty()).then(|| PathBuf::from(d));
     }
-    let build = out_dir.ancestors().find(|a| a.file_name().is_some_and(|n| n == "build"))?;
+    let build = out_dir
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "build"))?;
     Some(build.parent()?.parent()?.join("fl-kernels-cache"))
 }
 

@@ -1067,8 +1067,7 @@ impl<T: RunDType> Model<T> {
         m: usize,
         mode: AttnMode,
     ) -> Result<()> {
-        if self.prefetch_o_bytes == 0 || m > self.gemv_max_m || !matches!(mode, AttnMode::Decode)
-        {
+        if self.prefetch_o_bytes == 0 || m > self.gemv_max_m || !matches!(mode, AttnMode::Decode) {
             return Ok(());
         }
         if let Some(w) = wo.as_dense() {

@@ -166,7 +166,10 @@ fn prefetch_l2_changes_nothing_and_the_next_kernel_reads_right() {
             "add after prefetch_l2, n = {n}"
         );
         match elementwise::prefetch_l2(s, &da, da.num_bytes() + 1) {
-            Err(Error::InvalidArgument { arg: "bytes", reason }) => {
+            Err(Error::InvalidArgument {
+                arg: "bytes",
+                reason,
+            }) => {
                 assert!(reason.contains("exceeds"), "{reason}")
             }
             other => panic!("expected an error on `bytes`, got {other:?}"),
