@@ -275,3 +275,38 @@ fn fused_norm_decode_matches_unfused() {
         }
     }
 }
+
+#[test]
+fn prefetching_the_o_weight_changes_nothing() {
+    // Model::prefetch_o_bytes adds an L2 prefetch kernel before each layer's RoPE + attention
+    // in decode (inside the CUDA graph): a hint, so the same kernels compute the same logits.
+    // Batch 1 (the fused-norm GEMV path) and 3 (the GEMV path with separate norms), the
+    // prefetch smaller than the weight and larger (clamped to it).
+    if gpu_or_skip("prefetching_the_o_weight_changes_nothing").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut e = engine::<f16>();
+    for prompts in [
+        vec![prompt(9, 4)],
+        vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)],
+    ] {
+        e.model.prefetch_o_bytes = 0;
+        let (_, off, toks_off) = run(&mut e, &req(prompts.clone(), 6));
+        for bytes in [4096, 1 << 30] {
+            e.model.prefetch_o_bytes = bytes;
+            let (_, on, toks_on) = run(&mut e, &req(prompts.clone(), 6));
+            assert_eq!(toks_off, toks_on, "prefetch {bytes} B: tokens differ");
+            for (s, (a, b)) in off.iter().zip(&on).enumerate() {
+                for p in 0..a.len() {
+                    let err = rel_l2(&b[p], &to_f64(&a[p]));
+                    assert!(
+                        err < 1e-6,
+                        "prefetch {bytes} B, step {s} prompt {p}: rel L2 {err}"
+                    );
+                }
+            }
+        }
+    }
+    e.model.prefetch_o_bytes = 0;
+}
