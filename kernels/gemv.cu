@@ -482,6 +482,27 @@ template <typename T> __device__ __forceinline__ void byte_pairs(uint32_t q, uin
     }
 }
 
+// The 4 A-fragment words of one token row's 8 x values v (as loaded: 16-bit halves in k order)
+// permuted into the k order of the B fragments (see nib_pairs / byte_pairs):
+// int4 pairs (v0, v4), (v1, v5), (v2, v6), (v3, v7); Q4_0 (4t, 4t+2), (16+4t, 16+4t+2),
+// (4t+1, 4t+3), (16+4t+1, 16+4t+3); int8 / Q8_0 as loaded.
+template <int F> __device__ __forceinline__ void a_frags(const uint32_t (&v)[4], uint32_t (&f)[4]) {
+    if constexpr (F == I4 || F == I4Z) {
+        f[0] = __byte_perm(v[0], v[2], 0x5410);
+        f[1] = __byte_perm(v[0], v[2], 0x7632);
+        f[2] = __byte_perm(v[1], v[3], 0x5410);
+        f[3] = __byte_perm(v[1], v[3], 0x7632);
+    } else if constexpr (F == Q40) {
+        f[0] = __byte_perm(v[0], v[1], 0x5410);
+        f[1] = __byte_perm(v[2], v[3], 0x5410);
+        f[2] = __byte_perm(v[0], v[1], 0x7632);
+        f[3] = __byte_perm(v[2], v[3], 0x7632);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f[i] = v[i];
+    }
+}
+
 // Chunks (32 k values) per warp per batch: every load of a batch is issued before any is used.
 // Weight bytes per lane in flight: U * NT * (4 int4 / Q4_0, 8 int8 / Q8_0). Chosen so that no
 // instance spills under the 128-register cap (launch bounds 512 threads): per-chunk scales
@@ -630,30 +651,8 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         for (int u = 0; u < U; ++u) {
             // A fragments in the k order of the B fragments (see nib_pairs / byte_pairs).
             uint32_t fa[4], fb[4];
-            if constexpr (F == I4 || F == I4Z) {
-                // b = (v0, v4), (v1, v5), (v2, v6), (v3, v7) of the lane's 8 values.
-                fa[0] = __byte_perm(xa[u][0], xa[u][2], 0x5410);
-                fa[1] = __byte_perm(xa[u][0], xa[u][2], 0x7632);
-                fa[2] = __byte_perm(xa[u][1], xa[u][3], 0x5410);
-                fa[3] = __byte_perm(xa[u][1], xa[u][3], 0x7632);
-                fb[0] = __byte_perm(xb[u][0], xb[u][2], 0x5410);
-                fb[1] = __byte_perm(xb[u][0], xb[u][2], 0x7632);
-                fb[2] = __byte_perm(xb[u][1], xb[u][3], 0x5410);
-                fb[3] = __byte_perm(xb[u][1], xb[u][3], 0x7632);
-            } else if constexpr (F == Q40) {
-                // b = (4t, 4t+2), (16+4t, 16+4t+2), (4t+1, 4t+3), (16+4t+1, 16+4t+3).
-                fa[0] = __byte_perm(xa[u][0], xa[u][1], 0x5410);
-                fa[1] = __byte_perm(xa[u][2], xa[u][3], 0x5410);
-                fa[2] = __byte_perm(xa[u][0], xa[u][1], 0x7632);
-                fa[3] = __byte_perm(xa[u][2], xa[u][3], 0x7632);
-                fb[0] = __byte_perm(xb[u][0], xb[u][1], 0x5410);
-                fb[1] = __byte_perm(xb[u][2], xb[u][3], 0x5410);
-                fb[2] = __byte_perm(xb[u][0], xb[u][1], 0x7632);
-                fb[3] = __byte_perm(xb[u][2], xb[u][3], 0x7632);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) fa[i] = xa[u][i], fb[i] = xb[u][i];
-            }
+            a_frags<F>(xa[u], fa);
+            a_frags<F>(xb[u], fb);
             // mma A registers: (row g, slot 0), (row g + 8, slot 0), (row g, slot 1),
             // (row g + 8, slot 1); slot 0 = k-slots 2t, 2t + 1, slot 1 = 2t + 8, 2t + 9.
             const uint32_t a1[4] = {fa[0], fb[0], fa[1], fb[1]};
@@ -723,36 +722,11 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
 }
 
-// Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): as the dense
-// GEMV picks them, the one whose grid fills the resident CTA slots best, score = ctas /
-// (waves * slots), a size leaving one CTA per SM over several waves scored 15% less, ties
-// (within 0.02) to smaller CTAs. Occupancy is looked up once per instance.
+// Warps per CTA: pick_gemv_warps (common.cuh), as the dense GEMV picks them.
 template <int F, typename T, int NT, bool M16, int R>
 int pick_warps(int64_t ctas, int64_t batches, int sms) {
-    static std::atomic<int> occupancy[3];  // resident CTAs per SM for 4, 8, 16 warps (0: unknown)
-    int best = 4;
-    double best_score = -1.0;
-    for (int i = 0, wps = 4; i < 3; ++i, wps *= 2) {
-        if (wps > 4 && wps > batches) break;
-        int occ = occupancy[i].load(std::memory_order_relaxed);
-        if (occ <= 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_tc_kernel<F, T, NT, M16, R>,
-                                                              32 * wps, 0) != cudaSuccess || occ <= 0) {
-                (void)cudaGetLastError();  // not sticky; leave no error for launch_status
-                occ = 1;
-            }
-            occupancy[i].store(occ, std::memory_order_relaxed);
-        }
-        const int64_t slots = (int64_t)sms * occ;
-        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
-        if (occ == 1 && ctas > slots) score *= 0.85;
-        if (score > best_score + 0.02) {
-            best_score = score;
-            best = wps;
-        }
-    }
-    while (best > 1 && best > batches) best /= 2;
-    return best;
+    static std::atomic<int> occupancy[3];
+    return pick_gemv_warps(gemv_tc_kernel<F, T, NT, M16, R>, occupancy, ctas, batches, sms);
 }
 
 template <int F, typename T, int NT, bool M16, int R>

@@ -235,39 +235,13 @@ inline int forced_nt() {
 }
 
 
-// Warps per CTA (4, 8 or 16; fewer when k has fewer batches of chunks than that): the one
-// whose grid fills the resident CTA slots best, score = ctas / (waves * slots), e.g. 768
-// CTAs on 132 SMs x 5 slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size
-// that leaves one CTA per SM over several waves scores 15% less (the SM drains between
-// CTAs); ties (within 0.02) go to smaller CTAs (more of them resident, staggered).
+// Warps per CTA: FL_GEMV_DENSE_WARPS if set, else pick_gemv_warps (common.cuh).
 template <typename T, int EPI, int NT, bool M16, bool NORM>
 int pick_warps(int64_t ctas, int64_t batches) {
     if (forced_warps() > 0) return forced_warps();
-    static int occupancy[3] = {0, 0, 0};  // resident CTAs per SM for 4, 8, 16 warps
-    const int64_t sms = sm_count();
-    int best = 4;
-    double best_score = -1.0;
-    for (int i = 0, w = 4; i < 3; ++i, w *= 2) {
-        if (w > 4 && w > batches) break;
-        int occ = occupancy[i];
-        if (occ <= 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, gemv_dense_kernel<T, EPI, NT, M16, NORM>,
-                                                              32 * w, 0) != cudaSuccess || occ <= 0) {
-                (void)cudaGetLastError();  // not sticky; leave no error for launch_status
-                occ = 1;
-            }
-            occupancy[i] = occ;
-        }
-        const int64_t slots = sms * occ;
-        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
-        if (occ == 1 && ctas > slots) score *= 0.85;
-        if (score > best_score + 0.02) {
-            best_score = score;
-            best = w;
-        }
-    }
-    while (best > 1 && best > batches) best /= 2;
-    return best;
+    static std::atomic<int> occupancy[3];
+    return pick_gemv_warps(gemv_dense_kernel<T, EPI, NT, M16, NORM>, occupancy, ctas, batches,
+                           sm_count());
 }
 
 // The RMSNorm of a NORM launch: gamma [k] and eps.

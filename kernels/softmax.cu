@@ -726,8 +726,9 @@ enum ClusterVariant { kClusterPlain, kClusterPrefetch, kClusterPipelined };
 template <typename Tin, typename Tout, int VPT>
 auto cluster_kernel_for(ClusterVariant v) {
     if (v == kClusterPrefetch) return softmax_cluster_kernel<Tin, Tout, VPT, true, false>;
-    if (v == kClusterPipelined && VPT <= 8)
-        return softmax_cluster_kernel<Tin, Tout, VPT, false, (VPT <= 8)>;
+    if constexpr (VPT <= 8) {
+        if (v == kClusterPipelined) return softmax_cluster_kernel<Tin, Tout, VPT, false, true>;
+    }
     return softmax_cluster_kernel<Tin, Tout, VPT, false, false>;
 }
 

@@ -261,6 +261,43 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// ---------------------------------------------------------------- GEMV launch shape
+// Warps per CTA for the decode GEMVs (gemv_dense.cu, gemv.cu's tensor-core kernel): 4, 8 or 16
+// (fewer when k has fewer `batches` of chunks than that), the one whose grid of `ctas` fills
+// the resident CTA slots best, score = ctas / (waves * slots), e.g. 768 CTAs on 132 SMs x 5
+// slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size that leaves one CTA
+// per SM over several waves scores 15% less (the SM drains between CTAs); ties (within 0.02)
+// go to smaller CTAs (more of them resident, staggered). `occupancy` caches the resident
+// CTAs per SM of `kernel` for 4, 8 and 16 warps (0: not looked up yet), one array per kernel
+// instance; a failed lookup counts as 1 (its error is cleared: not sticky).
+template <typename Kernel>
+int pick_gemv_warps(Kernel kernel, std::atomic<int> (&occupancy)[3], int64_t ctas,
+                    int64_t batches, int64_t sms) {
+    int best = 4;
+    double best_score = -1.0;
+    for (int i = 0, w = 4; i < 3; ++i, w *= 2) {
+        if (w > 4 && w > batches) break;
+        int occ = occupancy[i].load(std::memory_order_relaxed);
+        if (occ <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32 * w, 0) != cudaSuccess ||
+                occ <= 0) {
+                (void)cudaGetLastError();  // leave no error for launch_status
+                occ = 1;
+            }
+            occupancy[i].store(occ, std::memory_order_relaxed);
+        }
+        const int64_t slots = sms * occ;
+        double score = (double)ctas / (double)(ceil_div(ctas, slots) * slots);
+        if (occ == 1 && ctas > slots) score *= 0.85;
+        if (score > best_score + 0.02) {
+            best_score = score;
+            best = w;
+        }
+    }
+    while (best > 1 && best > batches) best /= 2;
+    return best;
+}
+
 // ---------------------------------------------------------------- environment knobs
 // One accepted value of a FL_* path knob and the code it selects.
 struct EnvChoice {
