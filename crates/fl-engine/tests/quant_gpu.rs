@@ -35,7 +35,7 @@ use fl_sampling::SamplingParams;
 use safetensors::tensor::TensorView;
 
 mod common;
-use common::serial;
+use common::{serial, to_f64, worst};
 
 /// The model: the tiny preset (2 layers, hidden 128, 2 query heads and 1 kv head of 64,
 /// vocabulary 256) with intermediate 384 (a multiple of 128, so that every mode fits), with
@@ -191,22 +191,6 @@ fn logits<T: RunDType>(e: &mut Engine<T>, r: &Request) -> Vec<Vec<Vec<f32>>> {
     )
     .expect("generate");
     steps
-}
-
-fn to_f64(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
-}
-
-/// The largest rel L2 over steps and prompts of `a` against `b`.
-fn worst(a: &[Vec<Vec<f32>>], b: &[Vec<Vec<f32>>]) -> f64 {
-    assert_eq!(a.len(), b.len(), "step counts differ");
-    let mut w = 0f64;
-    for (sa, sb) in a.iter().zip(b) {
-        for (pa, pb) in sa.iter().zip(sb) {
-            w = w.max(rel_l2(pa, &to_f64(pb)));
-        }
-    }
-    w
 }
 
 /// The requests: a ragged batch (43 prompt tokens: dequantise + cuBLASLt prefill; decode at 4
