@@ -89,7 +89,7 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     // Start this warp's first weight lines towards L2 while the CTA reduces the norm or (a
     // programmatic dependent launch) waits for the kernel before it: the weights are never
     // written by an earlier kernel, x, h and y are.
-    if (NORM || pdl) {
+    if (NORM || pdl == 1) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t kk = ((int64_t)warp * U + u) * 32 + 8 * t;
@@ -258,7 +258,7 @@ fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t 
     const int warps = pick_warps<T, EPI, NT, M16, NORM>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
     // Programmatic dependent launch on sm_90 (see pdl_enabled): the CTAs may be scheduled
     // during the previous kernel's tail and prefetch their first weight lines before waiting.
-    const int pdl = pdl_enabled() ? 1 : 0;
+    const int pdl = pdl_enabled() ? pdl_mode() : 0;  // 1: prefetch, then wait; 2: wait only
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -9,6 +9,7 @@
 #   prefetch fl bench llama-2-7b with FL_PREFETCH_O_MB = 0 / 8 / 16 / 32 (o weight to L2
 #            before RoPE + attention), batch 1 and 4
 #   sanitize compute-sanitizer memcheck on the new kernels (prefetch_l2, softmax cluster_db)
+#   gtest    the test binaries named in $FL_TESTS (default fl-kernels__gemv)
 #   tests    every test binary under $B/tests with FL_REQUIRE_GPU=1
 #   bench1   fl bench llama-2-7b, the issue-7 rows
 #   check    bench/scripts/check_transformers.py (f16, bf16, f32 against transformers)
@@ -87,6 +88,13 @@ prefetch)
 sanitize)
   timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__elementwise" prefetch --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
   FL_SOFTMAX_LONG=cluster_db timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__softmax" softmax_in_place_on_every_long_path --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
+gtest)
+  # the test binaries named in $FL_TESTS (default the quantised GEMV's), whole
+  for n in ${FL_TESTS:-fl-kernels__gemv}; do
+    timeout 250 "$B/tests/$n" --test-threads=2 > "$OUT/gtest-$n.log" 2>&1
+    echo "$n rc=$? $(grep -E '^test result' "$OUT/gtest-$n.log" | tail -1)"
+    grep -E "panicked|rel L2" "$OUT/gtest-$n.log" | cut -c1-250 | head -8
+  done ;;
 tests)
   pass=0; fail=0
   for t in "$B"/tests/*; do

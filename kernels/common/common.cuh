@@ -345,12 +345,17 @@ __device__ __forceinline__ void pdl_wait() {
 // once) and compute capability >= 9.0. Off by default: measured on the H100, llama-2-7b
 // batch-1 decode ran at 187.5 tokens/s with it against 188.6 without (181.4 vs 189.0 with the
 // norm fused into the GEMV), see bench/RESULTS.md.
-inline bool pdl_enabled() {
-    static const bool env_on = [] {
+// FL_PDL=2 (an experiment): the same launches, but the dense GEMV does not prefetch its first
+// weight lines to L2 before waiting (tests whether the prefetch or the early launch costs).
+inline int pdl_mode() {
+    static const int mode = [] {
         const char *v = getenv("FL_PDL");
-        return v && v[0] == '1' && v[1] == 0;
+        return (v && (v[0] == '1' || v[0] == '2') && v[1] == 0) ? v[0] - '0' : 0;
     }();
-    if (!env_on) return false;
+    return mode;
+}
+inline bool pdl_enabled() {
+    if (pdl_mode() == 0) return false;
     static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
