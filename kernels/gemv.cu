@@ -62,8 +62,7 @@
 //   applied as the integer q - z (exact), not as z * sum(x). int8's per-row scale multiplies
 //   the final sum once.
 // - Host: NT = 2 when n / 16 >= SMs, warps per CTA from occupancy (as the dense GEMV).
-//   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores for f16 x at m >= 2 and for int4 at
-//   m = 1 (see use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path force a kernel.
+//   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path force a kernel.
 #include <cstring>
 #include <type_traits>
 
@@ -447,19 +446,31 @@ template <typename T> __device__ __forceinline__ NibZ nib_z(uint32_t z) {
 // left at bits 4..7 gives 1024 + 16 q, which one fma scales by 1/16 (exact) and offsets.
 // bf16 (7-bit mantissa): bits 4..7 would reach the exponent, so every nibble is shifted to
 // bits 0..3 first: 128 + q.
+// (a & MASK) | OR as one LOP3: written in C++, the compiler emits an AND and an OR (a LOP3
+// instruction takes one immediate), and these two ops were a fifth of the int4 kernel's
+// instructions.
+template <uint32_t MASK, uint32_t OR> __device__ __forceinline__ uint32_t and_or(uint32_t a) {
+#if defined(__CUDA_ARCH__)
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "n"(OR));
+    return d;
+#else
+    return (a & MASK) | OR;
+#endif
+}
 template <typename T> __device__ __forceinline__ void nib_pairs(uint32_t w, NibZ z, uint32_t (&b)[4]) {
     constexpr uint32_t mg = Bits<T>::magic, one = Bits<T>::one;
     const uint32_t w8 = w >> 8;
     if constexpr (std::is_same<T, __half>::value) {
-        b[0] = fma2<T>((w & 0x000F000Fu) | mg, one, z.lo);
-        b[1] = fma2<T>((w & 0x00F000F0u) | mg, Bits<T>::sixteenth, z.hi);
-        b[2] = fma2<T>((w8 & 0x000F000Fu) | mg, one, z.lo);
-        b[3] = fma2<T>((w8 & 0x00F000F0u) | mg, Bits<T>::sixteenth, z.hi);
+        b[0] = fma2<T>(and_or<0x000F000Fu, mg>(w), one, z.lo);
+        b[1] = fma2<T>(and_or<0x00F000F0u, mg>(w), Bits<T>::sixteenth, z.hi);
+        b[2] = fma2<T>(and_or<0x000F000Fu, mg>(w8), one, z.lo);
+        b[3] = fma2<T>(and_or<0x00F000F0u, mg>(w8), Bits<T>::sixteenth, z.hi);
     } else {
-        b[0] = fma2<T>((w & 0x000F000Fu) | mg, one, z.lo);
-        b[1] = fma2<T>(((w >> 4) & 0x000F000Fu) | mg, one, z.lo);
-        b[2] = fma2<T>((w8 & 0x000F000Fu) | mg, one, z.lo);
-        b[3] = fma2<T>(((w >> 12) & 0x000F000Fu) | mg, one, z.lo);
+        b[0] = fma2<T>(and_or<0x000F000Fu, mg>(w), one, z.lo);
+        b[1] = fma2<T>(and_or<0x000F000Fu, mg>(w >> 4), one, z.lo);
+        b[2] = fma2<T>(and_or<0x000F000Fu, mg>(w8), one, z.lo);
+        b[3] = fma2<T>(and_or<0x000F000Fu, mg>(w >> 12), one, z.lo);
     }
 }
 
@@ -566,12 +577,90 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[j][c] = 0.f;
 
+    // int8 / int4 loads: per-lane base pointers computed once, so a batch's loads are one
+    // pointer step plus immediate offsets, predicated only on the chunk lying inside k (which
+    // fails only in a warp's last batch). Rows past n and token rows past m read row 0 instead
+    // (valid memory): what they produce lands only in outputs the epilogue drops (col >= n,
+    // tok >= m); likewise the scale of a column past n is read from column col0. (The first
+    // version checked every load against n, m and k with 64-bit index arithmetic: ~700 SASS
+    // instructions per int4 batch of 16 chunk-tiles, which made int4 issue-bound at ~50% of
+    // copy bandwidth; see bench/RESULTS.md, session 6.)
+    constexpr bool kFast = F == I8 || F == I4 || F == I4Z;
+    constexpr int64_t kCB = F == I8 ? 32 : 16;  // weight bytes per row per chunk
+    const uint8_t *wb[NT];
+    const __half *sb[NT];
+    const uint8_t *zb[NT];
+    int s1off[NT];  // column col0 + 1 (or col0 past n) relative to col0, in scales
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        wb[j] = w + wrow[j] * (chunks * kCB) + (F == I8 ? 8 : 4) * t;
+        sb[j] = sc16 + (vc0[j] ? col0[j] : 0) * groups;
+        s1off[j] = vc1[j] ? (int)groups : 0;
+        zb[j] = F == I4Z ? zeros + wrow[j] * groups : zeros;
+    }
+    const T *xf0 = xr0 + 8 * t, *xf1 = xr1 + 8 * t;
+
     for (int64_t c0 = (int64_t)warp * U; c0 < chunks; c0 += (int64_t)nwarps * U) {
         uint32_t wq[U][NT][WQ];
         uint32_t xa[U][4], xb[U][4];
         float s0[NR][NT], s1[NR][NT];
         uint32_t zr[F == I4Z ? NR : 1][NT];
-        // ---- every load of the batch
+        if constexpr (kFast) {
+            // 32-bit chunk indices (the host keeps k / 32 < 2^31); a batch wholly inside k
+            // (every one but a warp's last) is loaded without any predicate.
+            const int cc0 = (int)c0, ch = (int)chunks;
+            auto load = [&](auto full_tag) {
+                constexpr bool FULL = decltype(full_tag)::value;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const uint8_t *p = wb[j] + c0 * kCB;
+#pragma unroll
+                    for (int u = 0; u < U; ++u) {
+                        wq[u][j][0] = 0u, wq[u][j][WQ - 1] = 0u;
+                        if (FULL || cc0 + u < ch) {
+                            if constexpr (F == I8) {
+                                const uint2 q = ld_stream64(p + u * kCB, policy);
+                                wq[u][j][0] = q.x;
+                                wq[u][j][WQ - 1] = q.y;
+                            } else {
+                                wq[u][j][0] = ld_stream32(p + u * kCB, policy);
+                            }
+                        }
+                    }
+                }
+                const T *p0 = xf0 + c0 * 32;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    uint4 va = make_uint4(0u, 0u, 0u, 0u), vb = va;
+                    if (FULL || cc0 + u < ch) {
+                        va = __ldg(reinterpret_cast<const uint4 *>(p0 + u * 32));
+                        if constexpr (M16) vb = __ldg(reinterpret_cast<const uint4 *>(xf1 + c0 * 32 + u * 32));
+                    }
+                    xa[u][0] = va.x, xa[u][1] = va.y, xa[u][2] = va.z, xa[u][3] = va.w;
+                    xb[u][0] = vb.x, xb[u][1] = vb.y, xb[u][2] = vb.z, xb[u][3] = vb.w;
+                }
+                if constexpr (F == I4 || F == I4Z) {
+#pragma unroll
+                    for (int r = 0; r < NR; ++r) {
+                        const int c = cc0 + r * R;
+                        const int gi = c >> gshift;
+#pragma unroll
+                        for (int j = 0; j < NT; ++j) {
+                            s0[r][j] = 0.f, s1[r][j] = 0.f;
+                            if constexpr (F == I4Z) zr[r][j] = 8u;
+                            if (FULL || c < ch) {
+                                s0[r][j] = __half2float(__ldg(sb[j] + gi));
+                                s1[r][j] = __half2float(__ldg(sb[j] + s1off[j] + gi));
+                                if constexpr (F == I4Z) zr[r][j] = (uint32_t)__ldg(zb[j] + gi);
+                            }
+                        }
+                    }
+                }
+            };
+            if (cc0 + U <= ch) load(std::true_type{});
+            else load(std::false_type{});
+        } else {
+        // ---- every load of the batch (GGUF blocks: 2-byte aligned, per-block scales)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t c = c0 + u;
@@ -645,6 +734,7 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
                 }
             }
         }
+        }  // general path
         // ---- the products
         float tmp[NT][4];
 #pragma unroll
@@ -733,7 +823,7 @@ template <int F, typename T, int NT, bool M16, int R>
 fl_status launch_r(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                    int m, int64_t n, int64_t k, int group, int sms, cudaStream_t s) {
     const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    if (ctas > 0x7fffffffLL || (k >> 5) > 0x7fffffffLL - 64) return FL_ERR_INVALID_ARGUMENT;
     const int wps = pick_warps<F, T, NT, M16, R>(ctas, ceil_div(k / 32, unroll<F, NT, M16, R>()), sms);
     gemv_tc_kernel<F, T, NT, M16, R><<<(unsigned)ctas, 32 * wps, 0, s>>>(x, w, scales, zeros, y, m,
                                                                        n, k, group);
@@ -976,19 +1066,20 @@ inline int env_path() {
     return v;
 }
 
-// Whether a launch takes the tensor-core kernel: forced by `path` or FL_GEMV_PATH, else, for
-// f16 activations only, for m >= 2 (the CUDA-core kernel is compute-bound there: measured on
-// the H100 at m = 16 the tensor-core kernel is 5.2-8.4x faster) and for int4 at m = 1 (1.21x
-// at 4096 x 4096, 1.02x at 11008 x 4096). Not for Q4_0 at m = 1 (slower than the CUDA-core
-// kernel there) and not for bf16: the kernel tests of both paths pass in bf16, but the
-// engine's bf16 test of every --quant mode against the dense model on dequantised weights
-// failed with it in the one GPU run so far (not yet understood); bf16 stays on the CUDA-core
-// kernel until that is explained.
+// Whether a launch takes the tensor-core kernel: forced by `path` or FL_GEMV_PATH, else for
+// m >= 2 (the CUDA-core kernel is compute-bound there: measured on the H100 at m = 16 the
+// tensor-core kernel is 5.2-8.4x faster) and for int4 at m = 1 (1.21-1.26x at 4096 x 4096,
+// about even at 11008 x 4096). Not for Q4_0 at m = 1 (slower than the CUDA-core kernel there).
+// Both activation types: bf16 was kept off it until session 6, because the engine's bf16 test
+// of every --quant mode against the dense model on dequantised weights failed once with it;
+// re-run with the tensor-core kernel forced (H100, bench/RESULTS.md, session 6) it passes with
+// a worst rel L2 of 8.1e-3 against 9.2e-3 for the CUDA-core kernel (bound 1e-2: bf16 logits
+// sit close to it on either kernel).
 inline bool use_mma(int path, fl_dtype dtype, fl_gemv_format format, int64_t m) {
     if (path == FL_GEMV_PATH_AUTO) path = env_path();
     if (path == FL_GEMV_PATH_MMA) return true;
     if (path == FL_GEMV_PATH_FMA) return false;
-    if (dtype != FL_DTYPE_F16) return false;
+    (void)dtype;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
 }
 

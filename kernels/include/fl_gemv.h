@@ -58,8 +58,8 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
 
 /* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 summation order):
  *   AUTO  the environment's FL_GEMV_PATH if set (fma, mma; read once per process), else the
- *         tensor-core kernel for f16 x with m >= 2, or with m = 1 and FL_GEMV_INT4 /
- *         FL_GEMV_INT4_ZP; otherwise (bf16 x, m = 1 int8 / Q8_0 / Q4_0) the CUDA-core kernel;
+ *         tensor-core kernel for m >= 2, or with m = 1 and FL_GEMV_INT4 / FL_GEMV_INT4_ZP
+ *         (f16 and bf16 x); otherwise (m = 1 int8 / Q8_0 / Q4_0) the CUDA-core kernel;
  *   FMA   the CUDA-core kernel (f32 FMAs, one warp per output row);
  *   MMA   the tensor-core kernel (mma.sync m16n8k16 on exact 16-bit integers (q - z), the
  *         scales applied in f32 outside the mma). */

@@ -591,8 +591,8 @@ pub fn gemv<T: HalfDType>(
 /// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
 /// the same result up to f32 summation order). [`GemvPath::Auto`] is what [`gemv`] does: the
 /// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
-/// for f16 activations the tensor-core kernel for `m >= 2` and for int4 at `m = 1`, otherwise
-/// (bf16, int8 / Q8_0 / Q4_0 at `m = 1`) the CUDA-core kernel (see `fl_gemv.h`).
+/// the tensor-core kernel for `m >= 2` and for int4 at `m = 1`, otherwise (int8 / Q8_0 / Q4_0
+/// at `m = 1`) the CUDA-core kernel (see `fl_gemv.h`); f16 and bf16 activations alike.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvPath {
