@@ -153,7 +153,9 @@ fn prefetch_l2_changes_nothing_and_the_next_kernel_reads_right() {
         let b: Vec<f16> = random(&mut r, n);
         let da = DeviceTensor::from_host(s, &a, &[n]).unwrap();
         let db = DeviceTensor::from_host(s, &b, &[n]).unwrap();
-        for bytes in [0, 1, 15, 17, da.num_bytes() / 2, da.num_bytes()] {
+        // (sizes past a small tensor's end are left out: they are the error case below)
+        let sizes = [0, 1, 15, 17, da.num_bytes() / 2, da.num_bytes()];
+        for bytes in sizes.into_iter().filter(|&b| b <= da.num_bytes()) {
             elementwise::prefetch_l2(s, &da, bytes).unwrap();
             elementwise::prefetch_l2(s, &db, bytes).unwrap();
         }

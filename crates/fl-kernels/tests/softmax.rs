@@ -290,7 +290,8 @@ fn softmax_in_place_on_every_long_path() {
         use fl_kernels::cudarc::driver::DevicePtr;
         let (px, _g1) = x.as_slice().device_ptr(s);
         let (py, _g2) = y.as_slice_mut().device_ptr_mut(s);
-        for bad in [-1i32, 5, 100] {
+        let past_last = fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED as i32 + 1;
+        for bad in [-1i32, past_last, 100] {
             // SAFETY: rejected before any launch.
             let st = unsafe {
                 fl_kernels_sys::fl_softmax_path(
