@@ -50,11 +50,11 @@
 // speed moves): FL_SOFTMAX_LONG = cluster (the cluster path wherever it applies, else split /
 // generic: the behaviour before twopass existed), cluster_pf (the same with the next-row L2
 // prefetch), cluster_db (the same with the next row's loads issued into a second register set
-// before the current row's writes; not yet measured), twopass (twopass for every row the register path does not take, on any GPU),
+// before the current row's writes; measured 20-35 points slower on the H100), twopass (twopass for every row the register path does not take, on any GPU),
 // portable (split / generic only, as before sm_90). Unset or anything else: automatic
 // (cluster, split, generic: the measured order; twopass and cluster_pf were slower on the
 // H100, see bench/RESULTS.md). fl_softmax_path
-// selects the same per call (tests). FL_SOFTMAX_CLUSTER_GRID (an experiment, not yet measured)
+// selects the same per call (tests). FL_SOFTMAX_CLUSTER_GRID (an experiment; on the H100 neither "rows" nor "resident" beat the default)
 // sets how many clusters the cluster path launches: unset 2 per SM (each loops over ~rows / (2
 // SMs) rows, and the rows are dealt out in whole-cluster units, so the last wave can leave SMs
 // idle), "rows" one per row, "resident" as many as fit at once, or a number.

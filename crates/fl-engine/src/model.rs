@@ -817,7 +817,8 @@ pub struct Model<T: RunDType> {
     /// ([`fl_kernels::elementwise::prefetch_l2`]): at small batch and context those two
     /// kernels leave DRAM mostly idle, and the o GEMV that follows them then finds its weight
     /// (32 MB on a 7B layer; H100's L2 holds 50 MB) partly in L2. Dense weights only. Default
-    /// 0 (off): an experiment not yet measured. `FL_PREFETCH_O_MB=N` sets N MB.
+    /// 0 (off): measured on an H100 (llama-2-7b f16), 8-32 MB made decode 0.2-0.3 ms per step
+    /// slower at batch 1 and 4 (bench/RESULTS.md, session 6). `FL_PREFETCH_O_MB=N` sets N MB.
     pub prefetch_o_bytes: usize,
 }
 
