@@ -10,6 +10,8 @@
 #            before RoPE + attention), batch 1 and 4
 #   sanitize compute-sanitizer memcheck on the new kernels (prefetch_l2, softmax cluster_db)
 #   gtest    the test binaries named in $FL_TESTS (default fl-kernels__gemv)
+#   qbench   the gemv bench's own timing lines only (~40 s; valid cuBLAS ratios since session 6)
+#   warpsweep batch-1 decode under FL_GEMV_DENSE_WARPS / FL_GEMV_DENSE_NT overrides
 #   tests    every test binary under $B/tests with FL_REQUIRE_GPU=1
 #   bench1   fl bench llama-2-7b, the issue-7 rows
 #   check    bench/scripts/check_transformers.py (f16, bf16, f32 against transformers)
@@ -95,6 +97,17 @@ gtest)
     echo "$n rc=$? $(grep -E '^test result' "$OUT/gtest-$n.log" | tail -1)"
     grep -E "panicked|rel L2" "$OUT/gtest-$n.log" | cut -c1-250 | head -8
   done ;;
+qbench)
+  # the gemv bench's own timing lines (criterion's runs filtered out; each line is timed after
+  # untimed warm-up launches), about 40 s
+  timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=" | tee "$OUT/qbench.log" ;;
+warpsweep)
+  # batch-1 decode under dense-GEMV warp / tile overrides (8 warps everywhere was +0.3 points
+  # in session 6); about 20 s per row
+  for e in "X=0" "FL_GEMV_DENSE_WARPS=8" "FL_GEMV_DENSE_WARPS=16" "FL_GEMV_DENSE_NT=1" \
+           "FL_GEMV_DENSE_WARPS=8 FL_GEMV_DENSE_NT=1" "FL_GEMV_DENSE_WARPS=16 FL_GEMV_DENSE_NT=1" "X=0"; do
+    r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "b1 $e $r"; done ;;
 tests)
   pass=0; fail=0
   for t in "$B"/tests/*; do
