@@ -62,7 +62,9 @@
 //   applied as the integer q - z (exact), not as z * sum(x). int8's per-row scale multiplies
 //   the final sum once.
 // - Host: NT = 2 when n / 16 >= SMs, warps per CTA from occupancy (as the dense GEMV).
-//   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path force a kernel.
+//   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see
+//   use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path
+//   force a kernel.
 #include <cstring>
 #include <type_traits>
 
@@ -660,81 +662,81 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
             if (cc0 + U <= ch) load(std::true_type{});
             else load(std::false_type{});
         } else {
-        // ---- every load of the batch (GGUF blocks: 2-byte aligned, per-block scales)
+            // ---- every load of the batch (GGUF blocks: 2-byte aligned, per-block scales)
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int64_t c = c0 + u;
-            const bool kin = c < chunks;
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const bool v = kin && vrow[j];
-#pragma unroll
-                for (int i = 0; i < WQ; ++i) wq[u][j][i] = 0u;
-                if constexpr (F == I8) {
-                    if (v) {
-                        const uint2 q = ld_stream64(w + wrow[j] * k + c * 32 + 8 * t, policy);
-                        wq[u][j][0] = q.x, wq[u][j][1] = q.y;
-                    }
-                } else if constexpr (F == I4 || F == I4Z) {
-                    if (v) wq[u][j][0] = ld_stream32(w + wrow[j] * (k >> 1) + c * 16 + 4 * t, policy);
-                } else {
-                    // GGUF: this lane's quants start at an even byte a; read the aligned
-                    // words covering them (the last one only when a is not 4-byte aligned).
-                    constexpr int QB = F == Q80 ? 8 : 4;  // quant bytes per lane
-                    const int64_t a = (wrow[j] * chunks + c) * block_bytes<F>() + 2 + QB * t;
-                    const uint8_t *pa = w + (a & ~(int64_t)3);
-                    if (v) {
-#pragma unroll
-                        for (int i = 0; i < WQ - 1; ++i) wq[u][j][i] = ld_stream32(pa + 4 * i, policy);
-                        if (a & 2) wq[u][j][WQ - 1] = ld_stream32(pa + 4 * (WQ - 1), policy);
-                    }
-                }
-            }
-            const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-            uint4 va = zero4, vb = zero4;
-            if constexpr (F == Q40) {
-                // k = 32c + 4t..4t+3 (low nibbles) and 32c + 16 + 4t..4t+3 (high nibbles).
-                if (kin && vx0) {
-                    const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 4 * t));
-                    const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 16 + 4 * t));
-                    va = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                }
-                if (M16 && kin && vx1) {
-                    const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 4 * t));
-                    const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 16 + 4 * t));
-                    vb = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                }
-            } else {
-                // k = 32c + 8t..8t+7.
-                if (kin && vx0) va = __ldg(reinterpret_cast<const uint4 *>(xr0 + c * 32 + 8 * t));
-                if (M16 && kin && vx1) vb = __ldg(reinterpret_cast<const uint4 *>(xr1 + c * 32 + 8 * t));
-            }
-            xa[u][0] = va.x, xa[u][1] = va.y, xa[u][2] = va.z, xa[u][3] = va.w;
-            xb[u][0] = vb.x, xb[u][1] = vb.y, xb[u][2] = vb.z, xb[u][3] = vb.w;
-        }
-        if constexpr (kScaled) {
-#pragma unroll
-            for (int r = 0; r < NR; ++r) {
-                const int64_t c = c0 + r * R;  // first chunk of the run
+            for (int u = 0; u < U; ++u) {
+                const int64_t c = c0 + u;
                 const bool kin = c < chunks;
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
-                    s0[r][j] = 0.f, s1[r][j] = 0.f;
-                    if constexpr (F == I4 || F == I4Z) {
-                        const int64_t gi = c >> gshift;
-                        if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(sc16 + col0[j] * groups + gi));
-                        if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(sc16 + (col0[j] + 1) * groups + gi));
-                        if constexpr (F == I4Z) zr[r][j] = (kin && vrow[j]) ? (uint32_t)__ldg(zeros + wrow[j] * groups + gi) : 8u;
+                    const bool v = kin && vrow[j];
+#pragma unroll
+                    for (int i = 0; i < WQ; ++i) wq[u][j][i] = 0u;
+                    if constexpr (F == I8) {
+                        if (v) {
+                            const uint2 q = ld_stream64(w + wrow[j] * k + c * 32 + 8 * t, policy);
+                            wq[u][j][0] = q.x, wq[u][j][1] = q.y;
+                        }
+                    } else if constexpr (F == I4 || F == I4Z) {
+                        if (v) wq[u][j][0] = ld_stream32(w + wrow[j] * (k >> 1) + c * 16 + 4 * t, policy);
                     } else {
-                        const __half *d0 = reinterpret_cast<const __half *>(w + (col0[j] * chunks + c) * block_bytes<F>());
-                        const __half *d1 = reinterpret_cast<const __half *>(w + ((col0[j] + 1) * chunks + c) * block_bytes<F>());
-                        if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(d0));
-                        if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(d1));
+                        // GGUF: this lane's quants start at an even byte a; read the aligned
+                        // words covering them (the last one only when a is not 4-byte aligned).
+                        constexpr int QB = F == Q80 ? 8 : 4;  // quant bytes per lane
+                        const int64_t a = (wrow[j] * chunks + c) * block_bytes<F>() + 2 + QB * t;
+                        const uint8_t *pa = w + (a & ~(int64_t)3);
+                        if (v) {
+#pragma unroll
+                            for (int i = 0; i < WQ - 1; ++i) wq[u][j][i] = ld_stream32(pa + 4 * i, policy);
+                            if (a & 2) wq[u][j][WQ - 1] = ld_stream32(pa + 4 * (WQ - 1), policy);
+                        }
+                    }
+                }
+                const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+                uint4 va = zero4, vb = zero4;
+                if constexpr (F == Q40) {
+                    // k = 32c + 4t..4t+3 (low nibbles) and 32c + 16 + 4t..4t+3 (high nibbles).
+                    if (kin && vx0) {
+                        const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 4 * t));
+                        const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr0 + c * 32 + 16 + 4 * t));
+                        va = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                    }
+                    if (M16 && kin && vx1) {
+                        const uint2 lo = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 4 * t));
+                        const uint2 hi = __ldg(reinterpret_cast<const uint2 *>(xr1 + c * 32 + 16 + 4 * t));
+                        vb = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                    }
+                } else {
+                    // k = 32c + 8t..8t+7.
+                    if (kin && vx0) va = __ldg(reinterpret_cast<const uint4 *>(xr0 + c * 32 + 8 * t));
+                    if (M16 && kin && vx1) vb = __ldg(reinterpret_cast<const uint4 *>(xr1 + c * 32 + 8 * t));
+                }
+                xa[u][0] = va.x, xa[u][1] = va.y, xa[u][2] = va.z, xa[u][3] = va.w;
+                xb[u][0] = vb.x, xb[u][1] = vb.y, xb[u][2] = vb.z, xb[u][3] = vb.w;
+            }
+            if constexpr (kScaled) {
+#pragma unroll
+                for (int r = 0; r < NR; ++r) {
+                    const int64_t c = c0 + r * R;  // first chunk of the run
+                    const bool kin = c < chunks;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        s0[r][j] = 0.f, s1[r][j] = 0.f;
+                        if constexpr (F == I4 || F == I4Z) {
+                            const int64_t gi = c >> gshift;
+                            if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(sc16 + col0[j] * groups + gi));
+                            if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(sc16 + (col0[j] + 1) * groups + gi));
+                            if constexpr (F == I4Z) zr[r][j] = (kin && vrow[j]) ? (uint32_t)__ldg(zeros + wrow[j] * groups + gi) : 8u;
+                        } else {
+                            const __half *d0 = reinterpret_cast<const __half *>(w + (col0[j] * chunks + c) * block_bytes<F>());
+                            const __half *d1 = reinterpret_cast<const __half *>(w + ((col0[j] + 1) * chunks + c) * block_bytes<F>());
+                            if (kin && vc0[j]) s0[r][j] = __half2float(__ldg(d0));
+                            if (kin && vc1[j]) s1[r][j] = __half2float(__ldg(d1));
+                        }
                     }
                 }
             }
         }
-        }  // general path
         // ---- the products
         float tmp[NT][4];
 #pragma unroll
@@ -1068,18 +1070,17 @@ inline int env_path() {
 
 // Whether a launch takes the tensor-core kernel: forced by `path` or FL_GEMV_PATH, else for
 // m >= 2 (the CUDA-core kernel is compute-bound there: measured on the H100 at m = 16 the
-// tensor-core kernel is 5.2-8.4x faster) and for int4 at m = 1 (1.21-1.26x at 4096 x 4096,
-// about even at 11008 x 4096). Not for Q4_0 at m = 1 (slower than the CUDA-core kernel there).
+// tensor-core kernel is 5.2-8.4x faster) and for int4 at m = 1 (2.16x at 4096 x 4096, 1.30x
+// at 11008 x 4096, session 6). Not for Q4_0 at m = 1 (slower than the CUDA-core kernel there).
 // Both activation types: bf16 was kept off it until session 6, because the engine's bf16 test
 // of every --quant mode against the dense model on dequantised weights failed once with it;
 // re-run with the tensor-core kernel forced (H100, bench/RESULTS.md, session 6) it passes with
 // a worst rel L2 of 8.1e-3 against 9.2e-3 for the CUDA-core kernel (bound 1e-2: bf16 logits
 // sit close to it on either kernel).
-inline bool use_mma(int path, fl_dtype dtype, fl_gemv_format format, int64_t m) {
+inline bool use_mma(int path, fl_gemv_format format, int64_t m) {
     if (path == FL_GEMV_PATH_AUTO) path = env_path();
     if (path == FL_GEMV_PATH_MMA) return true;
     if (path == FL_GEMV_PATH_FMA) return false;
-    (void)dtype;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
 }
 
@@ -1133,7 +1134,7 @@ extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, c
     if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
     if (int4 && (reinterpret_cast<uintptr_t>(scales) & 1u) != 0) return FL_ERR_MISALIGNED;
     const cudaStream_t s = as_stream(stream);
-    const bool mma = gemv::use_mma(path, dtype, format, m);
+    const bool mma = gemv::use_mma(path, format, m);
     if (dtype == FL_DTYPE_F16)
         return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
     return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);

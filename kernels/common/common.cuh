@@ -348,10 +348,8 @@ __device__ __forceinline__ void pdl_wait() {
 // FL_PDL=2 (an experiment): the same launches, but the dense GEMV does not prefetch its first
 // weight lines to L2 before waiting (tests whether the prefetch or the early launch costs).
 inline int pdl_mode() {
-    static const int mode = [] {
-        const char *v = getenv("FL_PDL");
-        return (v && (v[0] == '1' || v[0] == '2') && v[1] == 0) ? v[0] - '0' : 0;
-    }();
+    static const EnvChoice choices[] = {{"1", 1}, {"2", 2}};
+    static const int mode = env_choice("FL_PDL", choices, 0);
     return mode;
 }
 inline bool pdl_enabled() {

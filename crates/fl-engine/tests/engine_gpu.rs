@@ -18,7 +18,8 @@ use fl_kernels::testing::{gpu_or_skip, rel_l2};
 use fl_kernels::{bf16, f16};
 
 mod common;
-use common::{serial, to_f64, worst};
+use common::{serial, worst};
+use fl_kernels::testing::to_f64;
 use fl_sampling::SamplingParams;
 
 fn engine<T: fl_engine::model::RunDType>() -> Engine<T> {

@@ -35,7 +35,8 @@ use fl_sampling::SamplingParams;
 use safetensors::tensor::TensorView;
 
 mod common;
-use common::{serial, to_f64, worst};
+use common::{serial, worst};
+use fl_kernels::testing::to_f64;
 
 /// The model: the tiny preset (2 layers, hidden 128, 2 query heads and 1 kv head of 64,
 /// vocabulary 256) with intermediate 384 (a multiple of 128, so that every mode fits), with

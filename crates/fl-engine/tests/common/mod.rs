@@ -1,10 +1,6 @@
 //! Shared by the engine's GPU test binaries (`mod common;`).
 
-use fl_kernels::testing::rel_l2;
-
-pub fn to_f64(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
-}
+use fl_kernels::testing::{rel_l2, to_f64};
 
 /// The largest rel L2 over steps and prompts of `a` against `b` (logits per step per prompt);
 /// a NaN error (a non-finite reference) is kept, so that no bound passes it.
