@@ -32,6 +32,8 @@
 //   12288 x 4096 768 x 8 (NT = 2), 32000 x 4096 2000 x 8.
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "common/common.cuh"
 
 namespace fl {
@@ -39,6 +41,24 @@ namespace gemv_dense {
 
 constexpr int kMaxWarps = 16;
 enum Epi : int { LINEAR = FL_GEMV_DENSE_LINEAR, SWIGLU = FL_GEMV_DENSE_SWIGLU, ADD = FL_GEMV_DENSE_ADD };
+// Internal epilogue of fl_gemv_dense_rope_append (not in the public enum): the QKV projection
+// with the interleaved rotation of q and k and the KV-cache append.
+constexpr int ROPE = 16;
+
+// The extra kernel argument of the ROPE epilogue, by value (the inverse frequencies live in
+// the parameter space, as rope.cu passes them); other epilogues get the empty NoExtra.
+template <typename T> struct RopeExtra {
+    float inv_freq[FL_ROPE_MAX_PAIRS];
+    const int32_t *seq_ids, *positions;
+    T *q_out, *k_cache, *v_cache;
+    int32_t *err;
+    int64_t max_seq;
+    int32_t nq, nkv, head_dim, half;  // half = rotary_dim / 2
+    int32_t batch;
+};
+struct NoExtra {};
+template <typename T, int EPI>
+using ExtraOf = typename std::conditional<EPI == ROPE, RopeExtra<T>, NoExtra>::type;
 
 // Chunks (32 k-values) per warp per batch: 8 weight loads of 16 bytes per lane in flight.
 template <int NT> __host__ __device__ constexpr int unroll() { return 8 / NT; }
@@ -58,7 +78,7 @@ template <typename T, int EPI, int NT, bool M16, bool NORM>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1)
 gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ bias,
                   T *__restrict__ y, int m, int64_t n, int64_t k, const T *__restrict__ gamma,
-                  float eps, int pdl) {
+                  float eps, int pdl, const ExtraOf<T, EPI> ex) {
     static_assert(EPI != SWIGLU || NT == 2, "SwiGLU pairs a gate tile with an up tile");
     constexpr int U = unroll<NT>();
     __shared__ float red[kMaxWarps * NT * 128];
@@ -193,6 +213,57 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
         for (int c = 0; c < 4; ++c) red[warp * NT * 128 + (4 * j + c) * 32 + lane] = acc[j][c];
     __syncthreads();
 
+    if constexpr (EPI == ROPE) {
+        // One thread per pair of adjacent columns (2c, 2c + 1) of one token: e = (2j + hi) * 32
+        // + ln holds acc entries c = 2 hi and 2 hi + 1 of lane ln in tile j (token (ln >> 2) +
+        // 8 hi, columns 8j + 2 (ln & 3) + {0, 1}). n and head_dim are even, so a pair never
+        // straddles n or a head.
+        for (int e = threadIdx.x; e < NT * 64; e += blockDim.x) {
+            const int ln = e & 31, hi = (e >> 5) & 1, j = e >> 6;
+            const int tok = (ln >> 2) + 8 * hi;
+            const int col = (int)base + 8 * j + 2 * (ln & 3);  // n <= INT32_MAX (launcher)
+            if (tok >= m || col >= n) continue;
+            const int i0 = (4 * j + 2 * hi) * 32 + ln, i1 = i0 + 32;
+            float a0 = 0.f, a1 = 0.f;
+            for (int v = 0; v < nwarps; ++v) {
+                a0 += red[v * NT * 128 + i0];
+                a1 += red[v * NT * 128 + i1];
+            }
+            if (bias) {
+                a0 += to_f32<T>(bias[col]);
+                a1 += to_f32<T>(bias[col + 1]);
+            }
+            const int s = __ldg(ex.seq_ids + tok), p = __ldg(ex.positions + tok);
+            const int code = (s < 0 || s >= ex.batch) ? FL_KV_ERR_SEQUENCE
+                             : (p < 0 || p >= ex.max_seq) ? FL_KV_ERR_POSITION
+                                                          : 0;
+            if (code) {
+                // Reported once per token (by its first column's thread), nothing written.
+                if (ex.err && col == 0) atomicOr(ex.err, code);
+                continue;
+            }
+            const int head = col / ex.head_dim, el = col - head * ex.head_dim;
+            const bool v_head = head >= ex.nq + ex.nkv;
+            if (!v_head && el < 2 * ex.half) {
+                float sn, cs, y0, y1;
+                sincosf(__fmul_rn((float)p, ex.inv_freq[el >> 1]), &sn, &cs);
+                rope_rotate(a0, a1, cs, sn, y0, y1);
+                a0 = y0;
+                a1 = y1;
+            }
+            T *dst;
+            if (head < ex.nq) {
+                dst = ex.q_out + ((int64_t)tok * ex.nq + head) * ex.head_dim + el;
+            } else {
+                const int kh = v_head ? head - ex.nq - ex.nkv : head - ex.nq;
+                dst = (v_head ? ex.v_cache : ex.k_cache) +
+                      (((int64_t)s * ex.nkv + kh) * ex.max_seq + p) * ex.head_dim + el;
+            }
+            dst[0] = from_f32<T>(a0);
+            dst[1] = from_f32<T>(a1);
+        }
+        return;
+    }
     constexpr int OUTS = (EPI == SWIGLU ? 1 : NT) * 128;
     for (int e = threadIdx.x; e < OUTS; e += blockDim.x) {
         const int ln = e & 31, c = (e >> 5) & 3, j = e >> 7;
@@ -252,7 +323,7 @@ template <typename T> struct NormArgs {
 
 template <typename T, int EPI, int NT, bool M16, bool NORM>
 fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
-                    NormArgs<T> na, cudaStream_t s) {
+                    NormArgs<T> na, const ExtraOf<T, EPI> &ex, cudaStream_t s) {
     const int64_t ctas = ceil_div(n, EPI == SWIGLU ? 8 : 8 * NT);
     if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
     const int warps = pick_warps<T, EPI, NT, M16, NORM>(ctas, ceil_div(ceil_div(k, 32), unroll<NT>()));
@@ -270,7 +341,7 @@ fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t 
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, gemv_dense_kernel<T, EPI, NT, M16, NORM>, x, w,
-                                             bias, y, m, n, k, na.gamma, na.eps, pdl);
+                                             bias, y, m, n, k, na.gamma, na.eps, pdl, ex);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return (fl_status)e;
@@ -280,31 +351,32 @@ fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t 
 
 template <typename T, int EPI, bool M16, bool NORM>
 fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n, int64_t k,
-                   NormArgs<T> na, cudaStream_t s) {
+                   NormArgs<T> na, const ExtraOf<T, EPI> &ex, cudaStream_t s) {
     if constexpr (EPI == SWIGLU) {
-        return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, s);
+        return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, ex, s);
     } else {
         // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
         // per SM; one (twice the CTAs) for small n.
         const int nt = forced_nt() > 0 ? forced_nt() : ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
-        if (nt == 2) return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, s);
-        return launch_nt<T, EPI, 1, M16, NORM>(x, w, bias, y, m, n, k, na, s);
+        if (nt == 2) return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, ex, s);
+        return launch_nt<T, EPI, 1, M16, NORM>(x, w, bias, y, m, n, k, na, ex, s);
     }
 }
 
 template <typename T, int EPI>
 fl_status launch(const void *x, const void *w, const void *bias, void *y, int m, int64_t n,
-                 int64_t k, const void *gamma, float eps, cudaStream_t s) {
+                 int64_t k, const void *gamma, float eps, cudaStream_t s,
+                 const ExtraOf<T, EPI> &ex = {}) {
     const T *xt = static_cast<const T *>(x), *wt = static_cast<const T *>(w),
             *bt = static_cast<const T *>(bias);
     T *yt = static_cast<T *>(y);
     const NormArgs<T> na{static_cast<const T *>(gamma), eps};
     if (gamma) {
-        if (m > 8) return launch_m<T, EPI, true, true>(xt, wt, bt, yt, m, n, k, na, s);
-        return launch_m<T, EPI, false, true>(xt, wt, bt, yt, m, n, k, na, s);
+        if (m > 8) return launch_m<T, EPI, true, true>(xt, wt, bt, yt, m, n, k, na, ex, s);
+        return launch_m<T, EPI, false, true>(xt, wt, bt, yt, m, n, k, na, ex, s);
     }
-    if (m > 8) return launch_m<T, EPI, true, false>(xt, wt, bt, yt, m, n, k, na, s);
-    return launch_m<T, EPI, false, false>(xt, wt, bt, yt, m, n, k, na, s);
+    if (m > 8) return launch_m<T, EPI, true, false>(xt, wt, bt, yt, m, n, k, na, ex, s);
+    return launch_m<T, EPI, false, false>(xt, wt, bt, yt, m, n, k, na, ex, s);
 }
 
 template <typename T>
@@ -362,4 +434,75 @@ extern "C" fl_status fl_gemv_dense_rms_norm(fl_dtype dtype, fl_gemv_dense_epilog
                                             int64_t n, int64_t k, fl_stream stream) {
     if (!gamma || !(eps > 0.f) || !(eps < INFINITY)) return FL_ERR_INVALID_ARGUMENT;
     return fl::gemv_dense::run(dtype, epilogue, h, w, bias, y, m, n, k, gamma, eps, stream);
+}
+
+namespace fl {
+namespace gemv_dense {
+template <typename T>
+fl_status rope_append(const void *h, const void *gamma, float eps, const void *w,
+                      const void *bias, int m, int64_t n, int64_t k, RopeExtra<T> &ex,
+                      cudaStream_t s) {
+    return launch<T, ROPE>(h, w, bias, nullptr, m, n, k, gamma, eps, s, ex);
+}
+}  // namespace gemv_dense
+}  // namespace fl
+
+// Fills the ROPE epilogue's argument (frequencies past rotary_dim / 2 zeroed).
+template <typename T>
+static void fl_gemv_dense_fill_extra(fl::gemv_dense::RopeExtra<T> &ex, const fl_rope_params *p,
+                                     const int32_t *seq_ids, const int32_t *positions,
+                                     void *q_out, void *k_cache, void *v_cache, int32_t *err,
+                                     int64_t max_seq, int32_t nq, int32_t nkv, int32_t batch) {
+    const int half = p->rotary_dim / 2;
+    for (int i = 0; i < FL_ROPE_MAX_PAIRS; ++i) ex.inv_freq[i] = i < half ? p->inv_freq[i] : 0.f;
+    ex.seq_ids = seq_ids;
+    ex.positions = positions;
+    ex.q_out = static_cast<T *>(q_out);
+    ex.k_cache = static_cast<T *>(k_cache);
+    ex.v_cache = static_cast<T *>(v_cache);
+    ex.err = err;
+    ex.max_seq = max_seq;
+    ex.nq = nq;
+    ex.nkv = nkv;
+    ex.head_dim = p->head_dim;
+    ex.half = half;
+    ex.batch = batch;
+}
+
+extern "C" fl_status fl_gemv_dense_rope_append(
+    fl_dtype dtype, const void *h, const void *gamma, float eps, const void *w, const void *bias,
+    int64_t m, int64_t k, int32_t q_heads, int32_t kv_heads, const fl_rope_params *params,
+    const int32_t *seq_ids, const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
+    int32_t batch, int64_t max_seq, int32_t *err_flag, fl_stream stream) {
+    const fl_rope_params *p = params;
+    if (!p || p->interleaved != 1 || p->head_dim <= 0 || p->head_dim % 8 != 0 ||
+        p->rotary_dim < 2 || p->rotary_dim % 2 != 0 || p->rotary_dim > p->head_dim ||
+        p->rotary_dim / 2 > FL_ROPE_MAX_PAIRS)
+        return FL_ERR_INVALID_ARGUMENT;
+    if (q_heads < 0 || kv_heads < 1 || batch < 1 || max_seq < 1) return FL_ERR_INVALID_ARGUMENT;
+    if (gamma && (!(eps > 0.f) || !(eps < INFINITY))) return FL_ERR_INVALID_ARGUMENT;
+    if (m < 0 || m > FL_GEMV_DENSE_MAX_M || k <= 0 || k % 8 != 0) return FL_ERR_INVALID_ARGUMENT;
+    const int64_t n = ((int64_t)q_heads + 2 * (int64_t)kv_heads) * p->head_dim;
+    if (n > INT32_MAX || n > INT64_MAX / k) return FL_ERR_INVALID_ARGUMENT;
+    if (dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16) return FL_ERR_UNSUPPORTED_DTYPE;
+    if (m == 0) return FL_OK;
+    if (!h || !w || !seq_ids || !positions || !k_cache || !v_cache || (q_heads > 0 && !q_out))
+        return FL_ERR_INVALID_ARGUMENT;
+    if (!fl::aligned16(h) || !fl::aligned16(w) || (gamma && !fl::aligned16(gamma)))
+        return FL_ERR_MISALIGNED;
+    // Pairs are stored as two 2-byte values; bias is read per element.
+    if (((reinterpret_cast<uintptr_t>(q_out) | reinterpret_cast<uintptr_t>(k_cache) |
+          reinterpret_cast<uintptr_t>(v_cache) | reinterpret_cast<uintptr_t>(bias)) & 1u) != 0)
+        return FL_ERR_MISALIGNED;
+    const cudaStream_t s = fl::as_stream(stream);
+    if (dtype == FL_DTYPE_F16) {
+        fl::gemv_dense::RopeExtra<__half> ex;
+        fl_gemv_dense_fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag,
+                                 max_seq, q_heads, kv_heads, batch);
+        return fl::gemv_dense::rope_append<__half>(h, gamma, eps, w, bias, (int)m, n, k, ex, s);
+    }
+    fl::gemv_dense::RopeExtra<__nv_bfloat16> ex;
+    fl_gemv_dense_fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag,
+                             max_seq, q_heads, kv_heads, batch);
+    return fl::gemv_dense::rope_append<__nv_bfloat16>(h, gamma, eps, w, bias, (int)m, n, k, ex, s);
 }

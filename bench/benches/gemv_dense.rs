@@ -7,7 +7,10 @@
 //! k/v projection), at m = 1 and 16 tokens. Variants: `linear` everywhere; `linear_swiglu`
 //! on the gate/up weight (out [m, 11008]); `linear_add` on the two shapes that feed the
 //! residual (o and down projections); `rms_norm_linear` (next to `rms_norm+linear`, the two
-//! kernels it replaces) on the qkv weight and `rms_norm_linear_swiglu` on the gate/up weight. Throughput is `Throughput::Bytes(weight + x + output
+//! kernels it replaces) on the qkv weight and `rms_norm_linear_swiglu` on the gate/up weight;
+//! on the qkv weight also `rms_norm_linear_rope_append` (RoPE + KV-cache append fused into
+//! the epilogue, 32 q and 32 kv heads of 128, each token its own sequence) next to
+//! `rms_norm_linear+rope_append` (the two kernels it replaces). Throughput is `Throughput::Bytes(weight + x + output
 //! (+ the residual read))`. Weights (and copy buffers) rotate through enough copies to move
 //! at least 256 MB per cycle, so each call reads its weight from HBM as in a real decode step.
 //! One summary line per variant goes to stderr: us, GB/s on the weight bytes, % of the copy
@@ -17,6 +20,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use fl_bench::ops::bench_tensor;
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
 use fl_blas::Blas;
+use fl_kernels::gemv_dense::QkvRopeAppend;
+use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
+use fl_kernels::rope::{RopeParams, RopeStyle};
 use fl_kernels::{f16, gemv_dense, DeviceTensor, Gpu, Result};
 
 const SHAPES: &[(usize, usize)] = &[
@@ -47,6 +53,8 @@ enum Variant {
     NormLinear,
     NormThenLinear,
     NormSwiglu,
+    NormRopeAppend,
+    NormThenRopeAppend,
 }
 
 impl Variant {
@@ -58,6 +66,8 @@ impl Variant {
             Variant::NormLinear => "rms_norm_linear",
             Variant::NormThenLinear => "rms_norm+linear",
             Variant::NormSwiglu => "rms_norm_linear_swiglu",
+            Variant::NormRopeAppend => "rms_norm_linear_rope_append",
+            Variant::NormThenRopeAppend => "rms_norm_linear+rope_append",
         }
     }
 }
@@ -69,6 +79,8 @@ fn variants(n: usize) -> Vec<Variant> {
             Variant::Linear,
             Variant::NormLinear,
             Variant::NormThenLinear,
+            Variant::NormRopeAppend,
+            Variant::NormThenRopeAppend,
         ],
         4096 => vec![Variant::Linear, Variant::Add],
         _ => vec![Variant::Linear],
@@ -118,6 +130,26 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
     let mut out = DeviceTensor::<f16>::zeros(&s, &[m, n / 2]).unwrap();
     let gamma = bench_tensor::<f16>(gpu, &[k], 2).unwrap();
     let mut xn = DeviceTensor::<f16>::zeros(&s, &[m, k]).unwrap();
+    // The qkv variants with RoPE + append: 32 q / 32 kv heads of 128 (n = 12288), token t in
+    // sequence t at position 100 + t of a 256-slot cache.
+    let (heads, d) = (
+        QkvSplit {
+            q_heads: 32,
+            kv_heads: 32,
+        },
+        128,
+    );
+    let rope_i = RopeParams::new(d, 10_000.0).with_style(RopeStyle::Interleaved);
+    let rope_h = RopeParams::new(d, 10_000.0);
+    let seq_ids = DeviceTensor::from_host(&s, &(0..m as i32).collect::<Vec<_>>(), &[m]).unwrap();
+    let positions = DeviceTensor::from_host(
+        &s,
+        &(0..m as i32).map(|t| 100 + t).collect::<Vec<_>>(),
+        &[m],
+    )
+    .unwrap();
+    let mut q = DeviceTensor::<f16>::zeros(&s, &[m, 32, d]).unwrap();
+    let mut cache = KvCache::<f16>::zeros(&s, [m, 32, 256, d]).unwrap();
     for v in variants(n) {
         let mut i = 0usize;
         let norm = gemv_dense::RmsNorm {
@@ -140,10 +172,47 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
                 Variant::NormSwiglu => {
                     gemv_dense::rms_norm_linear_swiglu(&s, &x, norm, &ws[i], &mut out)
                 }
+                Variant::NormRopeAppend => {
+                    let args = QkvRopeAppend {
+                        heads,
+                        rope: &rope_i,
+                        slots: TokenSlots {
+                            seq_ids: &seq_ids,
+                            positions: &positions,
+                        },
+                    };
+                    gemv_dense::linear_rope_append(
+                        &s,
+                        &x,
+                        Some(norm),
+                        &ws[i],
+                        None,
+                        &args,
+                        &mut q,
+                        &mut cache,
+                        None,
+                    )
+                }
+                Variant::NormThenRopeAppend => {
+                    gemv_dense::rms_norm_linear(&s, &x, norm, &ws[i], None, &mut y)?;
+                    let args = RopeAppend {
+                        qkv: &y,
+                        heads,
+                        slots: TokenSlots {
+                            seq_ids: &seq_ids,
+                            positions: &positions,
+                        },
+                        rope: &rope_h,
+                        layout: CacheLayout::Contiguous,
+                    };
+                    kv_cache::rope_append(&s, &args, &mut q, None, &mut cache, None)
+                }
             }
         };
         let io = match v {
             Variant::Linear | Variant::NormLinear | Variant::NormThenLinear => 2 * (m * k + m * n),
+            // q out and k, v into the cache: m·n outputs as for a linear.
+            Variant::NormRopeAppend | Variant::NormThenRopeAppend => 2 * (m * k + m * n),
             Variant::Swiglu | Variant::NormSwiglu => 2 * (m * k + m * n / 2),
             Variant::Add => 2 * (m * k + 2 * m * n),
         };
@@ -154,7 +223,7 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
         let t = time_on_device(&s, ITERS, &mut run);
         let (bw, bwc) = (gbps(wbytes, t, ITERS), gbps(wbytes, tc, ITERS));
         eprintln!(
-            "gemv_dense {n}x{k} m={m:<2} {:<13} {:8.2} us  {bw:7.0} GB/s on weights = {:5.1}% of \
+            "gemv_dense {n}x{k} m={m:<2} {:<27} {:8.2} us  {bw:7.0} GB/s on weights = {:5.1}% of \
              copy ({bwc:.0} GB/s); {:.2}x cuBLAS f16 linear ({:.2} us)",
             v.name(),
             t.as_secs_f64() * 1e6 / ITERS as f64,

@@ -18,6 +18,8 @@
 #   ops      optable vs torch (compare.py) for the op families named in $FL_OPS (default
 #            "softmax embedding")
 #   kbench   the criterion benches named in $FL_KBENCH (default "gemv gemv_dense"), short
+#   rope     batch-1/4 decode with RoPE + KV append in the QKV GEMV (FL_FUSE_ROPE=1, the
+#            default since session 7) against the separate rope_append kernel (0), alternated
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
 # bench/RESULTS.md for the commit of each).
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
@@ -133,4 +135,11 @@ ops)
 kbench)
   for b in ${FL_KBENCH:-gemv gemv_dense}; do
     timeout 200 "$B/benches/$b" --bench --warm-up-time 0.1 --measurement-time 0.2 2>&1 | grep -E "^$b|time:" | paste - - | cut -c1-200; done ;;
+rope)
+  for f in 1 0 1 0; do
+    r=$(FL_FUSE_ROPE=$f timeout 120 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "FL_FUSE_ROPE=$f $r"
+  done
+  r=$(FL_GEMV_DENSE_WARPS=8 timeout 120 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+  echo "FL_FUSE_ROPE=1 FL_GEMV_DENSE_WARPS=8 $r" ;;
 esac; done

@@ -24,6 +24,7 @@
 #ifndef FL_GEMV_DENSE_H
 #define FL_GEMV_DENSE_H
 #include "fl_kernels.h"
+#include "fl_kv_cache.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -52,6 +53,44 @@ fl_status fl_gemv_dense(fl_dtype dtype, fl_gemv_dense_epilogue epilogue, const v
 fl_status fl_gemv_dense_rms_norm(fl_dtype dtype, fl_gemv_dense_epilogue epilogue, const void *h,
                                  const void *gamma, float eps, const void *w, const void *bias,
                                  void *y, int64_t m, int64_t n, int64_t k, fl_stream stream);
+
+/* The QKV projection of a decode step with the rotary embedding and the KV-cache append
+ * fused into its epilogue (in place of fl_gemv_dense(_rms_norm) LINEAR + fl_kv_rope_append).
+ *
+ * W [(q_heads + 2 kv_heads) * d, k] (d = params->head_dim): per token the q heads, then the k
+ * heads, then the v heads, as fl_kv_rope_append's qkv row. With acc[t, r] = x[t, :] . W[r, :]
+ * (+ bias[r]) in f32 (x = the RMSNorm of h as in fl_gemv_dense_rms_norm when gamma != NULL,
+ * else x = h), s = seq_ids[t], p = positions[t], and R the rotation of fl_rope_apply with the
+ * INTERLEAVED pairing (pair i = elements (2i, 2i + 1) of a head, i < rotary_dim / 2, angle
+ * (float)p * inv_freq[i], accurate sincosf) applied to the f32 values:
+ *     q_out[t, h, :]                 = T(R(acc[t, q head h]))       h < q_heads
+ *     k_cache[s, h, p, :]            = T(R(acc[t, k head h]))       h < kv_heads
+ *     v_cache[s, h, p, :]            = T(acc[t, v head h])
+ * each value rounded once to `dtype` (the unfused pair rounds qkv before rotating: results
+ * agree to one rounding). Elements past rotary_dim are not rotated. The cache is contiguous,
+ * [batch, kv_heads, max_seq, d], of `dtype`.
+ *
+ * Only the interleaved pairing can be fused (a lane holds adjacent outputs): a checkpoint laid
+ * out for the rotate-half pairing (Hugging Face LLaMA) runs here after its q and k rows are
+ * permuted once at load (row 2i of a head = old row i, row 2i + 1 = old row i + rotary_dim / 2;
+ * fl-kernels' rope::rotate_half_to_interleaved_rows), which leaves attention unchanged.
+ *
+ * Shapes: h [m, k] (m 1..FL_GEMV_DENSE_MAX_M), gamma [k], bias [(q_heads + 2 kv_heads) * d] or
+ * NULL, seq_ids / positions int32 [m] on the device, q_out [m, q_heads, d]. d a multiple of 8.
+ * Errors: as fl_gemv_dense_rms_norm (gamma may be NULL here: no norm, eps ignored), plus
+ * FL_ERR_INVALID_ARGUMENT for params that fl_rope_apply refuses, params->interleaved != 1,
+ * d not a multiple of 8, q_heads < 0, kv_heads < 1, batch < 1, max_seq < 1, or a NULL
+ * seq_ids / positions / q_out (q_heads > 0) / cache. On the device a token whose slot does
+ * not exist (s outside 0..batch, p outside 0..max_seq) writes nothing (neither q_out nor the
+ * cache) and ORs FL_KV_ERR_SEQUENCE / FL_KV_ERR_POSITION into *err_flag (may be NULL).
+ * q_out and the caches must not overlap h, W, bias or each other. */
+fl_status fl_gemv_dense_rope_append(fl_dtype dtype, const void *h, const void *gamma, float eps,
+                                    const void *w, const void *bias, int64_t m, int64_t k,
+                                    int32_t q_heads, int32_t kv_heads,
+                                    const fl_rope_params *params, const int32_t *seq_ids,
+                                    const int32_t *positions, void *q_out, void *k_cache,
+                                    void *v_cache, int32_t batch, int64_t max_seq,
+                                    int32_t *err_flag, fl_stream stream);
 
 #ifdef __cplusplus
 }

@@ -17,14 +17,18 @@
 //! logits = x[last token of each sequence]·Wlmᵀ
 //! ```
 //!
-//! Q, K and V projections are stacked on load (`[q + 2 kv, hidden]`): one GEMM, then one
-//! fused kernel splits its output, rotates q and k and appends k and v to the cache
-//! ([`kv_cache::rope_append`]). Gate and up are stacked too (`[2 * intermediate, hidden]`).
+//! Q, K and V projections are stacked on load (`[q + 2 kv, hidden]`, the q and k rows of each
+//! head reordered so that every rotate-half pair is adjacent: [`qkv_row_order`], and the
+//! rotation run with the interleaved pairing): one GEMM, then one fused kernel splits its
+//! output, rotates q and k and appends k and v to the cache ([`kv_cache::rope_append`]).
+//! Gate and up are stacked too (`[2 * intermediate, hidden]`).
 //! Up to [`Model::gemv_max_m`] tokens (decode), the projections run on the dense GEMV of
-//! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them, and (when
-//! the o/gate/up/down projections have no bias, as in LLaMA, and [`Model::fuse_norm_max_m`]
-//! allows it) each RMSNorm fused into the GEMV that reads it, so a decode layer is 6 kernels: norm+QKV, split+RoPE+append,
-//! attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on cuBLASLt. The dense
+//! `fl_kernels::gemv_dense` with the SwiGLU and the residual add fused into them, RoPE and the
+//! KV append fused into the QKV GEMV ([`Model::fuse_rope`]), and (when the o/gate/up/down
+//! projections have no bias, as in LLaMA, and [`Model::fuse_norm_max_m`] allows it) each
+//! RMSNorm fused into the GEMV that reads it, so a decode layer is 5 kernels:
+//! norm+QKV+RoPE+append, attention, o+add, norm+gate/up+SwiGLU, down+add. Past it (prefill) on
+//! cuBLASLt. The dense
 //! GEMV is f16/bf16 only: an f32 model runs every projection on cuBLASLt (f32 compute, no
 //! TF32) with the separate SwiGLU and add+RMSNorm kernels, and keeps its KV cache in f32
 //! ([`RunDType::DENSE_GEMV`]).
@@ -43,9 +47,9 @@ use fl_kernels::attention::{self, DecodeParams, DecodeWorkspace};
 use fl_kernels::attention_prefill::{self, PrefillParams};
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
-use fl_kernels::gemv_dense::{self, RmsNorm};
+use fl_kernels::gemv_dense::{self, QkvRopeAppend, RmsNorm};
 use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
-use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
+use fl_kernels::rope::{self, RopeParams, RopeStyle, Scaling};
 use fl_kernels::{activation, norm, DeviceTensor, FloatDType, HalfDType};
 
 use crate::config::{ModelConfig, RopeScaling};
@@ -131,6 +135,23 @@ pub trait RunDType: FloatDType + GemmType {
         _eps: f32,
         _w_gate_up: &DeviceTensor<Self>,
         _out: &mut DeviceTensor<Self>,
+    ) -> fl_kernels::Result<()> {
+        Err(no_dense_gemv::<Self>())
+    }
+
+    /// `gemv_dense::linear_rope_append`: the QKV projection of a decode pass (of `h`, or of
+    /// `rms_norm(h, gamma, eps)` when `norm` is given) with RoPE and the KV append fused:
+    /// writes `q_out` and this pass's K/V into `cache`.
+    #[allow(clippy::too_many_arguments)]
+    fn dense_linear_rope_append(
+        _stream: &CudaStream,
+        _h: &DeviceTensor<Self>,
+        _norm: Option<(&DeviceTensor<Self>, f32)>,
+        _w: &DeviceTensor<Self>,
+        _bias: Option<&DeviceTensor<Self>>,
+        _args: &QkvRopeAppend<'_>,
+        _q_out: &mut DeviceTensor<Self>,
+        _cache: &mut KvCache<Self>,
     ) -> fl_kernels::Result<()> {
         Err(no_dense_gemv::<Self>())
     }
@@ -224,6 +245,19 @@ macro_rules! half_run_dtype {
             ) -> fl_kernels::Result<()> {
                 let norm = RmsNorm { weight: gamma, eps };
                 gemv_dense::rms_norm_linear_swiglu(stream, h, norm, w_gate_up, out)
+            }
+            fn dense_linear_rope_append(
+                stream: &CudaStream,
+                h: &DeviceTensor<Self>,
+                norm: Option<(&DeviceTensor<Self>, f32)>,
+                w: &DeviceTensor<Self>,
+                bias: Option<&DeviceTensor<Self>>,
+                args: &QkvRopeAppend<'_>,
+                q_out: &mut DeviceTensor<Self>,
+                cache: &mut KvCache<Self>,
+            ) -> fl_kernels::Result<()> {
+                let norm = norm.map(|(weight, eps)| RmsNorm { weight, eps });
+                gemv_dense::linear_rope_append(stream, h, norm, w, bias, args, q_out, cache, None)
             }
         }
     };
@@ -368,19 +402,24 @@ impl<'a> Loader<'a, '_> {
 
     /// Weights of shapes `[rows_i, k]` stacked along the first dimension, as a [`Linear`] in
     /// mode `quant` (dense: exactly [`Loader::stacked`]; quantised: from the f32 values).
+    /// `order`: the row order on the device ([`qkv_row_order`]), `None` to keep the stacking's.
     fn linear<T: RunDType>(
         &mut self,
         parts: &[(String, Vec<usize>)],
         quant: Quant,
+        order: Option<&[usize]>,
     ) -> Result<Linear<T>> {
         if quant.is_dense() {
-            return Ok(Linear::Dense(self.stacked(parts)?));
+            return Ok(Linear::Dense(self.stacked(parts, order)?));
         }
         let mut v = Vec::new();
         let mut rows = 0;
         for (name, shape) in parts {
             v.extend(self.host_f32(name, shape)?);
             rows += shape[0];
+        }
+        if let Some(o) = order {
+            v = reorder_rows(&v, o);
         }
         let k = parts[0].1[1];
         let lin = linear::quantize_linear(self.stream, &v, rows, k, quant)?;
@@ -407,13 +446,21 @@ impl<'a> Loader<'a, '_> {
         }
     }
 
-    /// Tensors of shapes `[rows_i, cols...]` stacked along the first dimension.
-    fn stacked<T: RunDType>(&mut self, parts: &[(String, Vec<usize>)]) -> Result<DeviceTensor<T>> {
+    /// Tensors of shapes `[rows_i, cols...]` stacked along the first dimension, then (with
+    /// `order`) their rows reordered as [`reorder_rows`] does.
+    fn stacked<T: RunDType>(
+        &mut self,
+        parts: &[(String, Vec<usize>)],
+        order: Option<&[usize]>,
+    ) -> Result<DeviceTensor<T>> {
         let mut v = Vec::new();
         let mut rows = 0;
         for (name, shape) in parts {
             v.extend(self.host::<T>(name, shape, false)?);
             rows += shape[0];
+        }
+        if let Some(o) = order {
+            v = reorder_rows(&v, o);
         }
         let mut s = parts[0].1.clone();
         s[0] = rows;
@@ -492,6 +539,7 @@ impl<T: RunDType> Weights<T> {
             cfg.intermediate_size,
             cfg.vocab_size,
         );
+        let qkv_order = qkv_row_order(cfg)?;
         let embed = ld.tensor("model.embed_tokens.weight", &[v, h], false)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -508,13 +556,17 @@ impl<T: RunDType> Weights<T> {
             let wqkv = ld.linear(
                 &[part("q", q, true), part("k", kv, true), part("v", kv, true)],
                 quant,
+                Some(&qkv_order),
             )?;
             let bqkv = if cfg.qkv_bias {
-                Some(ld.stacked(&[
-                    part("q", q, false),
-                    part("k", kv, false),
-                    part("v", kv, false),
-                ])?)
+                Some(ld.stacked(
+                    &[
+                        part("q", q, false),
+                        part("k", kv, false),
+                        part("v", kv, false),
+                    ],
+                    Some(&qkv_order),
+                )?)
             } else {
                 None
             };
@@ -522,7 +574,7 @@ impl<T: RunDType> Weights<T> {
                 attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
                 wqkv,
                 bqkv,
-                wo: ld.linear(&[(format!("{a}.o_proj.weight"), vec![h, q])], quant)?,
+                wo: ld.linear(&[(format!("{a}.o_proj.weight"), vec![h, q])], quant, None)?,
                 bo: if cfg.o_bias {
                     Some(ld.tensor(&format!("{a}.o_proj.bias"), &[h], false)?)
                 } else {
@@ -535,16 +587,24 @@ impl<T: RunDType> Weights<T> {
                         (format!("{m}.up_proj.weight"), vec![i, h]),
                     ],
                     quant,
+                    None,
                 )?,
                 b_gate_up: if cfg.mlp_bias {
-                    Some(ld.stacked(&[
-                        (format!("{m}.gate_proj.bias"), vec![i]),
-                        (format!("{m}.up_proj.bias"), vec![i]),
-                    ])?)
+                    Some(ld.stacked(
+                        &[
+                            (format!("{m}.gate_proj.bias"), vec![i]),
+                            (format!("{m}.up_proj.bias"), vec![i]),
+                        ],
+                        None,
+                    )?)
                 } else {
                     None
                 },
-                w_down: ld.linear(&[(format!("{m}.down_proj.weight"), vec![h, i])], quant)?,
+                w_down: ld.linear(
+                    &[(format!("{m}.down_proj.weight"), vec![h, i])],
+                    quant,
+                    None,
+                )?,
                 b_down: if cfg.mlp_bias {
                     Some(ld.tensor(&format!("{m}.down_proj.bias"), &[h], false)?)
                 } else {
@@ -568,8 +628,11 @@ impl<T: RunDType> Weights<T> {
     }
 }
 
-/// The RoPE parameters of a config, in the kernel's terms (rotate-half pairing, as Hugging
-/// Face LLaMA checkpoints are laid out).
+/// The RoPE parameters of a config, in the kernel's terms. The pairing is **interleaved**:
+/// Hugging Face LLaMA checkpoints are laid out for rotate-half, and the loader permutes the q
+/// and k rows of every QKV weight (and bias) by [`qkv_row_order`] so that each rotate-half
+/// pair is adjacent; attention is unchanged (q and k are permuted alike), and the decode
+/// step can rotate in the QKV GEMV's epilogue, where a lane holds adjacent outputs.
 pub fn rope_params(cfg: &ModelConfig) -> RopeParams {
     let scaling = match cfg.rope_scaling {
         RopeScaling::None => Scaling::None,
@@ -587,8 +650,37 @@ pub fn rope_params(cfg: &ModelConfig) -> RopeParams {
         },
     };
     RopeParams::new(cfg.head_dim, cfg.rope_theta)
-        .with_style(RopeStyle::NeoX)
+        .with_style(RopeStyle::Interleaved)
         .with_scaling(scaling)
+}
+
+/// The row order of a layer's stacked QKV weight (and bias) on the device: new row `i` is row
+/// `order[i]` of the checkpoint's `[q; k; v]`. Within every q and k head the rotate-half pairs
+/// `(e, e + head_dim / 2)` become adjacent rows `(2e, 2e + 1)`
+/// ([`rope::rotate_half_to_interleaved_rows`]); v rows keep their place. With
+/// [`rope_params`]' interleaved pairing this computes exactly the checkpoint's attention.
+pub fn qkv_row_order(cfg: &ModelConfig) -> Result<Vec<usize>> {
+    let d = cfg.head_dim;
+    let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let mut order = rope::rotate_half_to_interleaved_rows(hq, d, d)?;
+    order.extend(
+        rope::rotate_half_to_interleaved_rows(hkv, d, d)?
+            .into_iter()
+            .map(|r| r + hq * d),
+    );
+    order.extend((0..hkv * d).map(|r| r + (hq + hkv) * d));
+    Ok(order)
+}
+
+/// `v` (`rows` rows of equal length) with its rows reordered: row `i` of the result is row
+/// `order[i]` of `v`.
+fn reorder_rows<E: Copy>(v: &[E], order: &[usize]) -> Vec<E> {
+    let row = v.len() / order.len().max(1);
+    let mut out = Vec::with_capacity(v.len());
+    for &r in order {
+        out.extend_from_slice(&v[r * row..(r + 1) * row]);
+    }
+    out
 }
 
 /// Per-token scratch of a forward pass over `m` tokens: every intermediate tensor,
@@ -820,6 +912,11 @@ pub struct Model<T: RunDType> {
     /// 0 (off): measured on an H100 (llama-2-7b f16), 8-32 MB made decode 0.2-0.3 ms per step
     /// slower at batch 1 and 4 (bench/RESULTS.md, session 6). `FL_PREFETCH_O_MB=N` sets N MB.
     pub prefetch_o_bytes: usize,
+    /// In decode passes on the dense-GEMV path, run RoPE and the KV-cache append in the QKV
+    /// GEMV's epilogue ([`gemv_dense::linear_rope_append`]) instead of a separate
+    /// [`kv_cache::rope_append`] kernel: one kernel fewer per layer. Default on;
+    /// `FL_FUSE_ROPE=0` turns it off (for A/B runs; results agree to one rounding).
+    pub fuse_rope: bool,
 }
 
 impl<T: RunDType> Model<T> {
@@ -845,6 +942,7 @@ impl<T: RunDType> Model<T> {
         });
         let fuse_norm_max_m = env_usize("FL_GEMV_NORM", DEFAULT_FUSE_NORM_MAX_M);
         let prefetch_o_bytes = env_usize("FL_PREFETCH_O_MB", 0).saturating_mul(1 << 20);
+        let fuse_rope = env_usize("FL_FUSE_ROPE", 1) != 0;
         Ok(Model {
             cfg,
             weights,
@@ -853,6 +951,7 @@ impl<T: RunDType> Model<T> {
             gemv_max_m,
             fuse_norm_max_m,
             prefetch_o_bytes,
+            fuse_rope,
         })
     }
 
@@ -923,8 +1022,29 @@ impl<T: RunDType> Model<T> {
         }
         let small = m <= self.gemv_max_m;
         for (l, lw) in w.layers.iter().enumerate() {
-            // qkv = x·Wqkvᵀ (+ bqkv).
+            // qkv = x·Wqkvᵀ (+ bqkv); in a decode pass on the GEMV with RoPE + append fused in.
+            let rope_fused = self.rope_fused(m, mode) && lw.wqkv.as_dense().is_some();
             match (&lw.wqkv, small) {
+                (Linear::Dense(wqkv), true) if rope_fused => {
+                    let args = QkvRopeAppend {
+                        heads: self.qkv_split(),
+                        rope: &self.rope,
+                        slots: TokenSlots {
+                            seq_ids: &buf.seq_ids,
+                            positions: &buf.positions,
+                        },
+                    };
+                    T::dense_linear_rope_append(
+                        stream,
+                        &buf.x,
+                        None,
+                        wqkv,
+                        lw.bqkv.as_ref(),
+                        &args,
+                        &mut buf.q,
+                        &mut cache.layers[l],
+                    )?
+                }
                 (Linear::Dense(wqkv), true) => {
                     T::dense_linear(stream, &buf.x, wqkv, lw.bqkv.as_ref(), &mut buf.qkv)?
                 }
@@ -949,7 +1069,8 @@ impl<T: RunDType> Model<T> {
                 )?,
             }
             self.prefetch_o(stream, &lw.wo, m, mode)?;
-            self.attention(stream, buf, &mut cache.layers[l], mode, &dparams)?;
+            let appended = rope_fused && small;
+            self.attention(stream, buf, &mut cache.layers[l], mode, &dparams, appended)?;
             // h += attn·Woᵀ; x = rms_norm(h).
             match (&lw.wo, small && lw.bo.is_none()) {
                 (Linear::Dense(wo), true) => {
@@ -1059,6 +1180,20 @@ impl<T: RunDType> Model<T> {
         Ok(())
     }
 
+    /// Whether a pass of `m` tokens in `mode` runs its (dense) QKV projection with RoPE and the
+    /// KV append fused in ([`Model::fuse_rope`]): decode passes on the dense-GEMV path.
+    fn rope_fused(&self, m: usize, mode: AttnMode) -> bool {
+        self.fuse_rope && m <= self.gemv_max_m && matches!(mode, AttnMode::Decode)
+    }
+
+    /// The head counts of this model's QKV rows.
+    fn qkv_split(&self) -> QkvSplit {
+        QkvSplit {
+            q_heads: self.cfg.num_attention_heads,
+            kv_heads: self.cfg.num_key_value_heads,
+        }
+    }
+
     /// [`Model::prefetch_o_bytes`] of the o projection `wo`, in a decode pass of `m` tokens on
     /// the dense-GEMV path; nothing otherwise.
     fn prefetch_o(
@@ -1078,8 +1213,8 @@ impl<T: RunDType> Model<T> {
         Ok(())
     }
 
-    /// Split + RoPE + KV append of this pass's `qkv`, then attention into `buf.attn`
-    /// (`[m, q_heads * head_dim]`).
+    /// Split + RoPE + KV append of this pass's `qkv` (unless `appended`: the QKV GEMV already
+    /// wrote `buf.q` and the cache), then attention into `buf.attn` (`[m, q_heads * head_dim]`).
     fn attention(
         &self,
         stream: &Arc<CudaStream>,
@@ -1087,6 +1222,7 @@ impl<T: RunDType> Model<T> {
         kvc: &mut KvCache<T>,
         mode: AttnMode,
         dparams: &DecodeParams,
+        appended: bool,
     ) -> Result<()> {
         let cfg = &self.cfg;
         let m = buf.m;
@@ -1112,7 +1248,9 @@ impl<T: RunDType> Model<T> {
             AttnMode::Decode => None,
             AttnMode::Prefill { .. } => Some((&mut buf.k, &mut buf.v)),
         };
-        kv_cache::rope_append(stream, &args, &mut buf.q, packed, kvc, None)?;
+        if !appended {
+            kv_cache::rope_append(stream, &args, &mut buf.q, packed, kvc, None)?;
+        }
         buf.attn.set_shape(&[m, hq, d])?;
         match mode {
             AttnMode::Decode => {
@@ -1166,17 +1304,39 @@ impl<T: RunDType> Model<T> {
             let eps = self.eps;
             let (wqkv, wo) = (dense(&lw.wqkv)?, dense(&lw.wo)?);
             let (wgu, wd) = (dense(&lw.w_gate_up)?, dense(&lw.w_down)?);
-            T::dense_rms_norm_linear(
-                stream,
-                &buf.h,
-                &lw.attn_norm,
-                eps,
-                wqkv,
-                lw.bqkv.as_ref(),
-                &mut buf.qkv,
-            )?;
+            let rope_fused = self.rope_fused(buf.m, mode);
+            if rope_fused {
+                let args = QkvRopeAppend {
+                    heads: self.qkv_split(),
+                    rope: &self.rope,
+                    slots: TokenSlots {
+                        seq_ids: &buf.seq_ids,
+                        positions: &buf.positions,
+                    },
+                };
+                T::dense_linear_rope_append(
+                    stream,
+                    &buf.h,
+                    Some((&lw.attn_norm, eps)),
+                    wqkv,
+                    lw.bqkv.as_ref(),
+                    &args,
+                    &mut buf.q,
+                    &mut cache.layers[l],
+                )?;
+            } else {
+                T::dense_rms_norm_linear(
+                    stream,
+                    &buf.h,
+                    &lw.attn_norm,
+                    eps,
+                    wqkv,
+                    lw.bqkv.as_ref(),
+                    &mut buf.qkv,
+                )?;
+            }
             self.prefetch_o(stream, &lw.wo, buf.m, mode)?;
-            self.attention(stream, buf, &mut cache.layers[l], mode, dparams)?;
+            self.attention(stream, buf, &mut cache.layers[l], mode, dparams, rope_fused)?;
             T::dense_linear_add(stream, &buf.attn, wo, &mut buf.h)?;
             T::dense_rms_norm_linear_swiglu(stream, &buf.h, &lw.ffn_norm, eps, wgu, &mut buf.act)?;
             T::dense_linear_add(stream, &buf.act, wd, &mut buf.h)?;

@@ -536,3 +536,37 @@ fn derived_sizes() {
         2 * 28 * 512 * 2
     );
 }
+
+#[test]
+fn qkv_row_order_makes_rotate_half_pairs_adjacent() {
+    // The loader's QKV row order (model::qkv_row_order): a permutation of the stacked rows;
+    // within each q and k head, rows 2e and 2e + 1 are the checkpoint's rotate-half pair
+    // (e, e + d/2); v rows stay. Checked on a GQA preset (llama-3-8b: 32 q heads, 8 kv heads).
+    use fl_engine::model::{qkv_row_order, rope_params};
+    use fl_kernels::rope::RopeStyle;
+    let c = preset("llama-3-8b").unwrap_or_else(|e| panic!("{e}"));
+    let (d, hq, hkv) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+    let order = qkv_row_order(&c).unwrap_or_else(|e| panic!("{e}"));
+    let rows = (hq + 2 * hkv) * d;
+    assert_eq!(order.len(), rows);
+    let mut seen = vec![false; rows];
+    for &r in &order {
+        assert!(r < rows && !seen[r], "row {r} twice or out of range");
+        seen[r] = true;
+    }
+    for h in 0..hq + hkv {
+        for e in 0..d / 2 {
+            assert_eq!(order[h * d + 2 * e], h * d + e, "head {h} pair {e}");
+            assert_eq!(
+                order[h * d + 2 * e + 1],
+                h * d + e + d / 2,
+                "head {h} pair {e}"
+            );
+        }
+    }
+    for (r, &o) in order.iter().enumerate().skip((hq + hkv) * d) {
+        assert_eq!(o, r, "v row {r} moved");
+    }
+    // The kernels then rotate interleaved pairs.
+    assert_eq!(rope_params(&c).style, RopeStyle::Interleaved);
+}

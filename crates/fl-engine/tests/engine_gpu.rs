@@ -298,3 +298,38 @@ fn prefetching_the_o_weight_changes_nothing() {
     }
     e.model.prefetch_o_bytes = 0;
 }
+
+#[test]
+fn fused_rope_decode_matches_unfused() {
+    // Model::fuse_rope (RoPE + KV append in the QKV GEMV's epilogue) against the separate
+    // rope_append kernel: the same decode logits within rounding (the fused path rotates the
+    // f32 products, the unfused one their rounding to T), the same greedy tokens. Batch 1 (the
+    // fused-norm GEMV path) and 3 (the GEMV path with separate norms), f16 and bf16.
+    if gpu_or_skip("fused_rope_decode_matches_unfused").is_none() {
+        return;
+    }
+    let _serial = serial();
+    fn one<T: fl_engine::model::RunDType>() {
+        let mut e = engine::<T>();
+        for prompts in [
+            vec![prompt(9, 4)],
+            vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)],
+        ] {
+            e.model.fuse_rope = false;
+            let (pre_off, off, _) = run(&mut e, &req(prompts.clone(), 8));
+            e.model.fuse_rope = true;
+            let (pre_on, on, _) = run(&mut e, &req(prompts.clone(), 8));
+            // Prefill never takes the fused path: identical.
+            assert_eq!(pre_off, pre_on, "prefill logits differ");
+            let err = worst(&on, &off);
+            assert!(
+                err < tol::<T>(),
+                "{}: fused vs unfused RoPE, {} prompts: worst rel L2 {err}",
+                <T as fl_kernels::DType>::NAME,
+                prompts.len()
+            );
+        }
+    }
+    one::<f16>();
+    one::<bf16>();
+}

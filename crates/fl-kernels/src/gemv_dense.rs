@@ -31,7 +31,9 @@ use fl_kernels_sys::fl_gemv_dense_epilogue as Epi;
 
 use crate::dtype::HalfDType;
 use crate::error::check;
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::kv_cache::{KvCache, QkvSplit, TokenSlots};
+use crate::rope::{RopeParams, RopeStyle};
+use crate::tensor::{as_i32, as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// The largest number of tokens (`m`, rows of `x`) one call takes.
@@ -409,4 +411,223 @@ pub fn rms_norm_linear_swiglu<T: HalfDType>(
         out,
         (m, i, k),
     )
+}
+
+/// What [`linear_rope_append`] does with the QKV projection: how its rows split into heads,
+/// the rotary embedding (interleaved pairing) and where each token's K and V go.
+#[derive(Clone, Copy, Debug)]
+pub struct QkvRopeAppend<'a> {
+    /// Head counts: the rows of `w` are `q_heads` q heads, then `kv_heads` k heads, then
+    /// `kv_heads` v heads, `rope.head_dim` rows each.
+    pub heads: QkvSplit,
+    /// The rotation; its style must be [`RopeStyle::Interleaved`] (see
+    /// [`crate::rope::rotate_half_to_interleaved_rows`] for rotate-half checkpoints).
+    pub rope: &'a RopeParams,
+    /// Sequence and position of each token (the positions also give the rotary angles).
+    pub slots: TokenSlots<'a>,
+}
+
+/// The QKV projection of a decode step with RoPE and the KV-cache append fused into its
+/// epilogue: one launch in place of [`linear`] / [`rms_norm_linear`] followed by
+/// [`crate::kv_cache::rope_append`].
+///
+/// With `acc[t, r] = x[t, :] · w[r, :] (+ bias[r])` in f32 (`x = rms_norm(h)` as in
+/// [`rms_norm_linear`] when `norm` is given, else `x = h`), `s = seq_ids[t]`, `p =
+/// positions[t]`, and `R` the rotation of [`crate::rope::apply`] with the interleaved pairing (pair
+/// `i` = elements `(2i, 2i + 1)` of a head, angle `p · inv_freq[i]` in f32, accurate sincos)
+/// applied to the f32 values:
+///
+/// ```text
+/// q_out[t, h, :]        = T(R(acc[t, q head h]))     h < q_heads
+/// cache.k[s, h, p, :]   = T(R(acc[t, k head h]))     h < kv_heads
+/// cache.v[s, h, p, :]   = T(acc[t, v head h])
+/// ```
+///
+/// Each value is rounded once (the unfused pair rounds `qkv` before rotating, so the two agree
+/// to one rounding of `T`). Elements past `rope.rotary_dim` are not rotated.
+///
+/// Shapes: `h [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
+/// `norm.weight [k]`, `w [(q_heads + 2 kv_heads) * d, k]` with `d = rope.head_dim` a
+/// multiple of 8, `bias` as `w`'s rows, `seq_ids` and `positions` `[m]`, `q_out [m, q_heads,
+/// d]`, `cache` contiguous `[batch, kv_heads, max_seq, d]`, `err_flag [1]`. Dtypes: all f16
+/// or all bf16 (the cache too).
+///
+/// Errors: those of [`rms_norm_linear`] (`h` is named `x`); those of
+/// [`RopeParams::validate`]; [`Error::InvalidArgument`] naming `rope` (not interleaved, or
+/// `head_dim` not a multiple of 8), `heads` (no kv head) or `cache` (holds no slot);
+/// [`Error::Shape`] naming `w`, `bias`, `seq_ids`, `positions`, `q_out`, `cache` or
+/// `err_flag`. On the device a token whose slot does not exist (sequence outside `0..batch`,
+/// position outside `0..max_seq`) writes nothing (neither `q_out` nor the cache) and sets
+/// [`crate::kv_cache::ERR_SEQUENCE`] / [`crate::kv_cache::ERR_POSITION`] in `err_flag` when given.
+///
+/// ```no_run
+/// use fl_kernels::gemv_dense::{self, QkvRopeAppend, RmsNorm};
+/// use fl_kernels::kv_cache::{KvCache, QkvSplit, TokenSlots};
+/// use fl_kernels::rope::{RopeParams, RopeStyle};
+/// use fl_kernels::{f16, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// // one decode token of a Llama-2-7B layer (32 heads of 128), sequence 0, position 17
+/// let (heads, d, k) = (QkvSplit { q_heads: 32, kv_heads: 32 }, 128, 4096);
+/// let rows = (32 + 2 * 32) * d;
+/// let w = DeviceTensor::from_host(s, &vec![f16::from_f32(0.01); rows * k], &[rows, k])?;
+/// let gamma = DeviceTensor::from_host(s, &vec![f16::ONE; k], &[k])?;
+/// let h = DeviceTensor::from_host(s, &vec![f16::from_f32(0.5); k], &[1, k])?;
+/// let seq_ids = DeviceTensor::from_host(s, &[0i32], &[1])?;
+/// let positions = DeviceTensor::from_host(s, &[17i32], &[1])?;
+/// let rope = RopeParams::new(d, 10_000.0).with_style(RopeStyle::Interleaved);
+/// let mut q = DeviceTensor::<f16>::zeros(s, &[1, 32, d])?;
+/// let mut cache = KvCache::<f16>::zeros(s, [1, 32, 4096, d])?;
+/// let args = QkvRopeAppend {
+///     heads,
+///     rope: &rope,
+///     slots: TokenSlots { seq_ids: &seq_ids, positions: &positions },
+/// };
+/// let norm = RmsNorm { weight: &gamma, eps: 1e-5 };
+/// gemv_dense::linear_rope_append(s, &h, Some(norm), &w, None, &args, &mut q, &mut cache, None)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn linear_rope_append<T: HalfDType>(
+    stream: &CudaStream,
+    h: &DeviceTensor<T>,
+    norm: Option<RmsNorm<'_, T>>,
+    w: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    args: &QkvRopeAppend<'_>,
+    q_out: &mut DeviceTensor<T>,
+    cache: &mut KvCache<T>,
+    err_flag: Option<&mut DeviceTensor<i32>>,
+) -> Result<()> {
+    let (m, k) = check_x(h)?;
+    let rope = args.rope;
+    let p = rope.to_ffi()?;
+    if rope.style != RopeStyle::Interleaved {
+        return Err(Error::invalid(
+            "rope",
+            "the fused epilogue rotates interleaved pairs only (permute rotate-half q/k rows \
+             with rope::rotate_half_to_interleaved_rows)",
+        ));
+    }
+    let d = rope.head_dim;
+    if d % 8 != 0 {
+        return Err(Error::invalid(
+            "rope",
+            format!("head_dim = {d} must be a multiple of 8"),
+        ));
+    }
+    let QkvSplit { q_heads, kv_heads } = args.heads;
+    if kv_heads == 0 {
+        return Err(Error::invalid(
+            "heads",
+            format!("{:?}: need at least one kv head", args.heads),
+        ));
+    }
+    let n = kv_heads
+        .checked_mul(2)
+        .and_then(|x| x.checked_add(q_heads))
+        .and_then(|x| x.checked_mul(d))
+        .filter(|&x| x <= i32::MAX as usize)
+        .ok_or_else(|| {
+            Error::invalid(
+                "heads",
+                format!(
+                    "{:?}: (q_heads + 2 kv_heads) * head_dim must be <= i32::MAX",
+                    args.heads
+                ),
+            )
+        })?;
+    let rows = check_w("w", w, k, 1)?;
+    if rows != n {
+        return Err(Error::Shape {
+            arg: "w",
+            expected: format!("[{n}, {k}] ((q_heads + 2 kv_heads) * head_dim rows)"),
+            got: w.shape().to_vec(),
+        });
+    }
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[n])?;
+    }
+    if let Some(nm) = &norm {
+        expect_shape("norm.weight", nm.weight, &[k])?;
+        crate::tensor::check_eps(nm.eps)?;
+    }
+    expect_shape("seq_ids", args.slots.seq_ids, &[m])?;
+    expect_shape("positions", args.slots.positions, &[m])?;
+    expect_shape("q_out", q_out, &[m, q_heads, d])?;
+    let [batch, c_heads, max_seq, c_dim] = cache.shape();
+    if c_heads != kv_heads || c_dim != d {
+        return Err(Error::Shape {
+            arg: "cache",
+            expected: format!(
+                "[batch, {kv_heads}, max_seq, {d}] (kv_heads of heads, head_dim of rope)"
+            ),
+            got: cache.shape().to_vec(),
+        });
+    }
+    let (pf, _gf) = crate::kv_cache::flag_ptr(stream, err_flag)?;
+    if m == 0 {
+        return Ok(());
+    }
+    if batch == 0 || max_seq == 0 {
+        return Err(Error::invalid(
+            "cache",
+            format!("shape {:?} holds no slot", cache.shape()),
+        ));
+    }
+    let batch_i = as_i32("cache", batch)?;
+    let (mi, ki) = (as_i64("x", m)?, as_i64("x", k)?);
+    let (ph, _gh) = h.ptr(stream);
+    let (pw, _gw) = w.ptr(stream);
+    let (pb, _gb) = match bias {
+        Some(b) => {
+            let (p, g) = b.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
+    let (pg, _gg, eps) = match &norm {
+        Some(nm) => {
+            let (p, g) = nm.weight.ptr(stream);
+            (p, Some(g), nm.eps)
+        }
+        None => (0, None, 0.0),
+    };
+    let (ps, _gs) = args.slots.seq_ids.ptr(stream);
+    let (pp, _gp) = args.slots.positions.ptr(stream);
+    let (pq, _gq) = q_out.ptr_mut(stream);
+    let (kc, vc) = cache.parts_mut();
+    let (pkc, _gk) = kc.ptr_mut(stream);
+    let (pvc, _gv) = vc.ptr_mut(stream);
+    // SAFETY: h holds m·k elements of T, w n·k, bias n, gamma k, seq_ids and positions m i32,
+    // q_out m·q_heads·d, each cache batch·kv_heads·max_seq·d (all checked above); the kernel
+    // writes cache slots only for 0 <= s < batch and 0 <= p < max_seq. q_out and the caches are
+    // borrowed mutably, so they are distinct allocations from every input. `p` lives across
+    // the call (the launcher copies the frequencies). The guards keep every buffer alive until
+    // the launch is queued on `stream`.
+    let status = unsafe {
+        fl_kernels_sys::fl_gemv_dense_rope_append(
+            T::ID,
+            ph as _,
+            pg as _,
+            eps,
+            pw as _,
+            pb as _,
+            mi,
+            ki,
+            q_heads as i32,
+            kv_heads as i32,
+            &p,
+            ps as _,
+            pp as _,
+            pq as _,
+            pkc as _,
+            pvc as _,
+            batch_i,
+            max_seq as i64,
+            pf as _,
+            raw_stream(stream),
+        )
+    };
+    check("gemv_dense::linear_rope_append", status)
 }

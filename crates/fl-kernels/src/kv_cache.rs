@@ -54,6 +54,11 @@ pub struct KvCache<C: FloatDType> {
 }
 
 impl<C: FloatDType> KvCache<C> {
+    /// Both tensors, to be written by a launcher of another module (k, v).
+    pub(crate) fn parts_mut(&mut self) -> (&mut DeviceTensor<C>, &mut DeviceTensor<C>) {
+        (&mut self.k, &mut self.v)
+    }
+
     /// Wraps two tensors. Errors: [`Error::Shape`] naming `k` when it is not 4-D, or `v`
     /// when its shape differs from `k`'s.
     pub fn new(k: DeviceTensor<C>, v: DeviceTensor<C>) -> Result<Self> {
@@ -110,7 +115,7 @@ pub struct TokenSlots<'a> {
 }
 
 /// Device pointer of an optional error flag (`i32 [1]`), null when absent.
-fn flag_ptr<'a>(
+pub(crate) fn flag_ptr<'a>(
     stream: &'a CudaStream,
     flag: Option<&'a mut DeviceTensor<i32>>,
 ) -> Result<(u64, Option<SyncOnDrop<'a>>)> {

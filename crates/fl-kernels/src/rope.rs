@@ -528,3 +528,55 @@ pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) 
         "those tokens were left unrotated",
     )
 }
+
+/// The row order under which a checkpoint laid out for the rotate-half pairing
+/// ([`RopeStyle::NeoX`], Hugging Face LLaMA) computes the same attention with the
+/// interleaved pairing ([`RopeStyle::Interleaved`]): in every head of `head_dim` rows, new row
+/// `2i` is old row `i` and new row `2i + 1` is old row `i + rotary_dim / 2` (`i < rotary_dim /
+/// 2`); rows past `rotary_dim` keep their place. Returns, for each new row of a `[heads *
+/// head_dim, ..]` weight, the old row it takes.
+///
+/// Applied to the q and k rows of the QKV weight (and bias), the projection then yields q and
+/// k with each rotate-half pair side by side, so the interleaved rotation of the permuted
+/// vector is the permutation of the rotate-half rotation of the original, and `q · k` is
+/// unchanged (both permuted alike); v is not touched. This is what lets the rotation run in the
+/// epilogue of the QKV GEMV ([`crate::gemv_dense::linear_rope_append`]), where a lane holds
+/// adjacent outputs.
+///
+/// Errors: [`Error::InvalidArgument`] naming `rotary_dim` (odd, 0, or past `head_dim`).
+///
+/// ```
+/// use fl_kernels::rope::rotate_half_to_interleaved_rows;
+/// // one head of 8 rows, all rotary: pairs (0,4) (1,5) (2,6) (3,7) become adjacent
+/// assert_eq!(rotate_half_to_interleaved_rows(1, 8, 8)?, vec![0, 4, 1, 5, 2, 6, 3, 7]);
+/// // partial rotary: the last 4 rows stay
+/// assert_eq!(rotate_half_to_interleaved_rows(1, 8, 4)?, vec![0, 2, 1, 3, 4, 5, 6, 7]);
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn rotate_half_to_interleaved_rows(
+    heads: usize,
+    head_dim: usize,
+    rotary_dim: usize,
+) -> Result<Vec<usize>> {
+    if rotary_dim == 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        return Err(Error::invalid(
+            "rotary_dim",
+            format!("{rotary_dim} must be even, >= 2 and <= head_dim ({head_dim})"),
+        ));
+    }
+    let half = rotary_dim / 2;
+    let mut rows = Vec::with_capacity(heads * head_dim);
+    for h in 0..heads {
+        let base = h * head_dim;
+        rows.extend((0..head_dim).map(|e| {
+            base + if e >= rotary_dim {
+                e
+            } else if e % 2 == 0 {
+                e / 2
+            } else {
+                e / 2 + half
+            }
+        }));
+    }
+    Ok(rows)
+}

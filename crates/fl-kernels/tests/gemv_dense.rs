@@ -1,9 +1,10 @@
-//! gemv_dense::{linear, linear_swiglu, linear_add, rms_norm_linear, rms_norm_linear_swiglu}
-//! on the GPU against reference::gemv_dense (and reference::norm for the fused RMSNorm), and CPU property tests of the references (these run without a GPU).
+//! gemv_dense::{linear, linear_swiglu, linear_add, rms_norm_linear, rms_norm_linear_swiglu,
+//! linear_rope_append} on the GPU against reference::gemv_dense (and reference::norm for the
+//! fused RMSNorm), and CPU property tests of the references (these run without a GPU).
 
 use fl_kernels::gemv_dense::{self, MAX_M};
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, to_f64};
-use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
+use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu, HalfDType};
 use proptest::prelude::*;
 
 /// Rel L2 bound: each output is rounded once to T (<= EPS relative), the f32 sums add little.
@@ -485,6 +486,1148 @@ fn gemv_dense_gpu_proptest() {
         .unwrap();
 }
 
+// ---- linear_rope_append: QKV projection + interleaved RoPE + KV-cache append ----
+
+use fl_kernels::gemv_dense::{QkvRopeAppend, RmsNorm};
+use fl_kernels::kv_cache::{self, KvCache, QkvSplit, TokenSlots, ERR_POSITION, ERR_SEQUENCE};
+use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
+
+const LLAMA3: Scaling = Scaling::Llama3 {
+    factor: 8.0,
+    low_freq_factor: 1.0,
+    high_freq_factor: 4.0,
+    original_max_position_embeddings: 8192,
+};
+
+/// Full interleaved rotary of heads of `d`, theta 10⁴.
+fn interleaved(d: usize) -> RopeParams {
+    RopeParams::new(d, 10_000.0).with_style(RopeStyle::Interleaved)
+}
+
+/// One fused problem: head counts, rotation, `k`, whether the RMSNorm and the bias are fused,
+/// and the contiguous cache `[batch, kv_heads, max_seq, head_dim]`.
+#[derive(Clone, Copy, Debug)]
+struct Qkv {
+    q_heads: usize,
+    kv_heads: usize,
+    rope: RopeParams,
+    k: usize,
+    norm: bool,
+    bias: bool,
+    batch: usize,
+    max_seq: usize,
+}
+
+impl Qkv {
+    fn heads(&self) -> QkvSplit {
+        QkvSplit {
+            q_heads: self.q_heads,
+            kv_heads: self.kv_heads,
+        }
+    }
+    /// Rows of the QKV weight.
+    fn n(&self) -> usize {
+        (self.q_heads + 2 * self.kv_heads) * self.rope.head_dim
+    }
+    fn cache_shape(&self) -> [usize; 4] {
+        [self.batch, self.kv_heads, self.max_seq, self.rope.head_dim]
+    }
+}
+
+/// `m` distinct (sequence, position) pairs in random sequences: the first token at position 0,
+/// the last (m > 1) at `max_seq - 1`, the others strictly between (`max_seq >= 3`).
+fn decode_slots(
+    r: &mut impl rand::Rng,
+    m: usize,
+    batch: usize,
+    max_seq: usize,
+) -> (Vec<i32>, Vec<i32>) {
+    let mut seen = std::collections::HashSet::new();
+    let (mut seq, mut pos) = (vec![], vec![]);
+    while seq.len() < m {
+        let i = seq.len();
+        let s = r.random_range(0..batch as i32);
+        let p = if i == 0 {
+            0
+        } else if i == m - 1 {
+            max_seq as i32 - 1
+        } else {
+            r.random_range(1..max_seq as i32 - 1)
+        };
+        if seen.insert((s, p)) {
+            seq.push(s);
+            pos.push(p);
+        }
+    }
+    (seq, pos)
+}
+
+/// Which elements of a contiguous cache the tokens' slots cover (NaN: none).
+fn written_mask(shape: [usize; 4], seq: &[i32], pos: &[i32]) -> Vec<f32> {
+    let mut mask = vec![f32::NAN; shape.iter().product()];
+    let ones = vec![1f32; seq.len() * shape[1] * shape[3]];
+    reference::kv_cache::append(&mut mask, shape, &ones, seq, pos);
+    mask
+}
+
+/// `n` values uniform in ±[lo, hi], rounded to `T`, from a SplitMix64 stream seeded by `r`:
+/// `testing::random`'s values at a fraction of its cost in an unoptimised test build (the
+/// weights and caches here run to millions of values per call).
+fn fast_random<T: FloatDType>(r: &mut impl rand::Rng, n: usize, lo: f32, hi: f32) -> Vec<T> {
+    let mut state: u64 = r.random();
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            let u = (z >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
+            let mag = lo + u * (hi - lo);
+            T::from_f32(if z & 1 == 1 { -mag } else { mag })
+        })
+        .collect()
+}
+
+/// h (scale ~3 when normalised: a residual stream), gamma, w and bias in [-1, 1].
+struct QkvInputs<T> {
+    h: Vec<T>,
+    gamma: Vec<T>,
+    w: Vec<T>,
+    b: Vec<T>,
+}
+
+fn qkv_inputs<T: HalfDType>(c: &Qkv, m: usize, r: &mut impl rand::Rng) -> QkvInputs<T> {
+    let scale = if c.norm { 3.0 } else { 1.0 };
+    QkvInputs {
+        h: fast_random(r, m * c.k, 1e-3 * scale, scale),
+        gamma: fast_random(r, c.k, 1e-3, 1.0),
+        w: fast_random(r, c.n() * c.k, 1e-3, 1.0),
+        b: fast_random(r, c.n(), 1e-3, 1.0),
+    }
+}
+
+const QKV_EPS: f32 = 1e-5;
+
+/// `x` as the kernel forms it: `T(rms_norm(h))` with the norm, else `h` (as `check_norm`).
+fn normalised<T: HalfDType>(c: &Qkv, inp: &QkvInputs<T>) -> Vec<T> {
+    if c.norm {
+        reference::norm::rms_norm(&inp.h, &inp.gamma, c.k, QKV_EPS)
+            .iter()
+            .map(|v| T::from_f32(*v as f32))
+            .collect()
+    } else {
+        inp.h.clone()
+    }
+}
+
+/// Runs `linear_rope_append` once on random inputs, the caches pre-filled with ±[2, 3] and
+/// `q_out` with NaN, and compares with `reference::gemv_dense::linear_rope_append`: the error
+/// flag exactly (when `with_flag`; else no flag is passed); `q_out` rows of tokens with a slot
+/// within `bound` (rel L2), rows of the others still NaN; both caches within `bound` on the
+/// slots the reference wrote and bit for bit their initial contents everywhere else. Returns
+/// the reference's flag.
+fn check_rope_append<T: HalfDType>(
+    gpu: &Gpu,
+    c: &Qkv,
+    seq: &[i32],
+    pos: &[i32],
+    with_flag: bool,
+    r: &mut impl rand::Rng,
+) -> i32 {
+    let s = gpu.stream();
+    let (hq, hkv, d, k, m, n) = (
+        c.q_heads,
+        c.kv_heads,
+        c.rope.head_dim,
+        c.k,
+        seq.len(),
+        c.n(),
+    );
+    let inp = qkv_inputs::<T>(c, m, r);
+    let shape = c.cache_shape();
+    let cn: usize = shape.iter().product();
+    let kc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let vc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let dh = DeviceTensor::from_host(s, &inp.h, &[m, k]).unwrap();
+    let dg = DeviceTensor::from_host(s, &inp.gamma, &[k]).unwrap();
+    let dw = DeviceTensor::from_host(s, &inp.w, &[n, k]).unwrap();
+    let db = DeviceTensor::from_host(s, &inp.b, &[n]).unwrap();
+    let dseq = DeviceTensor::from_host(s, seq, &[m]).unwrap();
+    let dpos = DeviceTensor::from_host(s, pos, &[m]).unwrap();
+    let mut q_out = DeviceTensor::filled(s, &[m, hq, d], T::from_f32(f32::NAN)).unwrap();
+    let mut cache = KvCache::new(
+        DeviceTensor::from_host(s, &kc0, &shape).unwrap(),
+        DeviceTensor::from_host(s, &vc0, &shape).unwrap(),
+    )
+    .unwrap();
+    let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+    let args = QkvRopeAppend {
+        heads: c.heads(),
+        rope: &c.rope,
+        slots: TokenSlots {
+            seq_ids: &dseq,
+            positions: &dpos,
+        },
+    };
+    let norm = c.norm.then_some(RmsNorm {
+        weight: &dg,
+        eps: QKV_EPS,
+    });
+    gemv_dense::linear_rope_append(
+        s,
+        &dh,
+        norm,
+        &dw,
+        c.bias.then_some(&db),
+        &args,
+        &mut q_out,
+        &mut cache,
+        with_flag.then_some(&mut flag),
+    )
+    .unwrap();
+    let got_flag = flag.to_host(s).unwrap()[0];
+    let gq = q_out.to_host(s).unwrap();
+    let (gk, gv) = (cache.k().to_host(s).unwrap(), cache.v().to_host(s).unwrap());
+
+    let x = normalised(c, &inp);
+    let (mut wk, mut wv) = (to_f64(&kc0), to_f64(&vc0));
+    let want = reference::gemv_dense::linear_rope_append(
+        &x,
+        &inp.w,
+        c.bias.then_some(&inp.b[..]),
+        m,
+        k,
+        c.heads(),
+        &c.rope,
+        seq,
+        pos,
+        &mut wk,
+        &mut wv,
+        shape,
+    );
+    let what = format!(
+        "linear_rope_append<{}> heads {hq}/{hkv} d {d} rotary {} {:?} k {k} norm {} bias {} \
+         cache {shape:?} seq {seq:?} pos {pos:?}",
+        T::NAME,
+        c.rope.rotary_dim,
+        c.rope.scaling,
+        c.norm,
+        c.bias
+    );
+    if with_flag {
+        assert_eq!(got_flag, want.flag, "{what}: error flag");
+    } else {
+        assert_eq!(got_flag, 0, "{what}: a flag not passed was written");
+    }
+    // q_out: valid rows against the reference, the others untouched (NaN).
+    let (mut g, mut w) = (vec![], vec![]);
+    for (i, (&gv, &wv)) in gq.iter().zip(&want.q).enumerate() {
+        if wv.is_nan() {
+            assert!(
+                gv.to_f64().is_nan(),
+                "{what}: q_out[{i}] written for a token without a slot"
+            );
+        } else {
+            g.push(gv);
+            w.push(wv);
+        }
+    }
+    let err = rel_l2(&g, &w);
+    assert!(err < bound::<T>(), "{what}: q_out rel L2 {err:e}");
+    // Caches: written slots against the reference, the rest bit for bit as before.
+    let mask = written_mask(shape, seq, pos);
+    for (name, got, init, wc) in [("k", &gk, &kc0, &wk), ("v", &gv, &vc0, &wv)] {
+        let (mut g, mut w) = (vec![], vec![]);
+        for i in 0..cn {
+            if mask[i].is_nan() {
+                assert_eq!(
+                    got[i].to_f64().to_bits(),
+                    init[i].to_f64().to_bits(),
+                    "{what}: {name} cache element {i} changed though no token names its slot"
+                );
+            } else {
+                g.push(got[i]);
+                w.push(wc[i]);
+            }
+        }
+        let err = rel_l2(&g, &w);
+        assert!(err < bound::<T>(), "{what}: {name} cache rel L2 {err:e}");
+        if want.flag == 0 {
+            assert_eq!(g.len(), m * hkv * d, "{what}: {name} cache: slots written");
+        }
+    }
+    want.flag
+}
+
+#[test]
+fn gemv_dense_rope_append_matches_reference() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_matches_reference") else {
+        return;
+    };
+    let mut r = rng("gemv_dense_rope_append");
+    let base = |q_heads, kv_heads, rope, batch, max_seq| Qkv {
+        q_heads,
+        kv_heads,
+        rope,
+        k: 0,
+        norm: false,
+        bias: false,
+        batch,
+        max_seq,
+    };
+    let configs = [
+        // MHA, full rotary
+        base(4, 4, interleaved(64), 3, 40),
+        // GQA 4:1, head 128, Llama 3 scaling, positions up to 1023
+        base(
+            8,
+            2,
+            RopeParams::new(128, 500_000.0)
+                .with_scaling(LLAMA3)
+                .with_style(RopeStyle::Interleaved),
+            2,
+            1024,
+        ),
+        // MQA, partial rotary (the last 32 elements of each head are not rotated)
+        base(6, 1, interleaved(64).with_rotary_dim(32), 3, 40),
+        // the smallest head: one rotated pair of 8 elements; linear scaling
+        base(
+            2,
+            1,
+            interleaved(8)
+                .with_rotary_dim(2)
+                .with_scaling(Scaling::Linear { factor: 4.0 }),
+            4,
+            9,
+        ),
+        // no q heads (k and v only)
+        base(0, 2, interleaved(64), 3, 40),
+    ];
+    // (norm, bias): every dtype meets each combination in every configuration.
+    let combos = [(false, false), (true, true), (true, false), (false, true)];
+    for (ci, config) in configs.iter().enumerate() {
+        for (i, m) in [1usize, 2, 3, 9, 16].into_iter().enumerate() {
+            for (j, k) in [264usize, 1000].into_iter().enumerate() {
+                let (norm, bias) = combos[(ci + i + 2 * j) % 4];
+                let c = Qkv {
+                    k,
+                    norm,
+                    bias,
+                    ..*config
+                };
+                let (seq, pos) = decode_slots(&mut r, m, c.batch, c.max_seq);
+                check_rope_append::<f16>(&gpu, &c, &seq, &pos, true, &mut r);
+                let (norm, bias) = combos[(ci + i + 2 * j + 1) % 4];
+                let c = Qkv { norm, bias, ..c };
+                let (seq, pos) = decode_slots(&mut r, m, c.batch, c.max_seq);
+                check_rope_append::<bf16>(&gpu, &c, &seq, &pos, true, &mut r);
+            }
+        }
+    }
+    // Llama-3-8B's shape (32 q heads, 8 kv heads of 128: 6144 rows, two 8-row tiles per CTA
+    // on an H100), short k to keep the f64 reference quick.
+    let big = Qkv {
+        k: 264,
+        ..base(
+            32,
+            8,
+            RopeParams::new(128, 500_000.0)
+                .with_scaling(LLAMA3)
+                .with_style(RopeStyle::Interleaved),
+            3,
+            40,
+        )
+    };
+    for (m, norm, bias) in [(1, true, false), (16, false, true), (7, true, true)] {
+        let c = Qkv { norm, bias, ..big };
+        let (seq, pos) = decode_slots(&mut r, m, c.batch, c.max_seq);
+        check_rope_append::<f16>(&gpu, &c, &seq, &pos, true, &mut r);
+        check_rope_append::<bf16>(&gpu, &c, &seq, &pos, true, &mut r);
+    }
+}
+
+#[test]
+fn gemv_dense_rope_append_invalid_slots_write_nothing_and_flag() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_invalid_slots_write_nothing_and_flag")
+    else {
+        return;
+    };
+    let mut r = rng("gemv_dense_rope_append_invalid");
+    // batch 2, max_seq 16
+    let c = Qkv {
+        q_heads: 4,
+        kv_heads: 2,
+        rope: interleaved(64),
+        k: 264,
+        norm: true,
+        bias: true,
+        batch: 2,
+        max_seq: 16,
+    };
+    let cases: Vec<(Vec<i32>, Vec<i32>, i32)> = vec![
+        // seq = batch, position = max_seq, position = -1 between valid tokens at 0 and max_seq - 1
+        (
+            vec![0, 2, 1, 0, 1],
+            vec![0, 3, 16, -1, 15],
+            ERR_SEQUENCE | ERR_POSITION,
+        ),
+        (vec![1, 2], vec![0, 0], ERR_SEQUENCE),
+        (vec![-1, 0], vec![5, 5], ERR_SEQUENCE),
+        (vec![0, 1, 1], vec![16, 7, -1], ERR_POSITION),
+        // both out of range: the sequence bit only (as kv_cache::append)
+        (vec![2, 0], vec![16, 2], ERR_SEQUENCE),
+        // a single invalid token: nothing at all is written
+        (vec![0], vec![i32::MAX], ERR_POSITION),
+        (vec![i32::MIN], vec![0], ERR_SEQUENCE),
+        // 16 tokens, invalid ones among the first 8 and the last 8 (both token-row halves)
+        (
+            vec![0, 0, 5, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1],
+            vec![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, -7, 14, 15],
+            ERR_SEQUENCE | ERR_POSITION,
+        ),
+    ];
+    for (seq, pos, bits) in &cases {
+        for (norm, bias) in [(true, true), (false, false)] {
+            let c = Qkv { norm, bias, ..c };
+            assert_eq!(
+                check_rope_append::<f16>(&gpu, &c, seq, pos, true, &mut r),
+                *bits,
+                "seq {seq:?} pos {pos:?}"
+            );
+            assert_eq!(
+                check_rope_append::<bf16>(&gpu, &c, seq, pos, true, &mut r),
+                *bits,
+                "seq {seq:?} pos {pos:?}"
+            );
+        }
+    }
+    // Without a flag the invalid tokens are still skipped.
+    let (seq, pos, _) = &cases[0];
+    check_rope_append::<f16>(&gpu, &c, seq, pos, false, &mut r);
+
+    // kv_cache::check_error_flag decodes what the launch set.
+    let s = gpu.stream();
+    let (m, k, d) = (2usize, 64usize, 64usize);
+    let heads = QkvSplit {
+        q_heads: 1,
+        kv_heads: 1,
+    };
+    let rope = interleaved(d);
+    let h = DeviceTensor::<f16>::zeros(s, &[m, k]).unwrap();
+    let w = DeviceTensor::<f16>::zeros(s, &[3 * d, k]).unwrap();
+    let seq = DeviceTensor::from_host(s, &[0i32, 0], &[m]).unwrap();
+    let pos = DeviceTensor::from_host(s, &[0i32, 4], &[m]).unwrap();
+    let mut q = DeviceTensor::<f16>::zeros(s, &[m, 1, d]).unwrap();
+    let mut cache = KvCache::<f16>::zeros(s, [1, 1, 4, d]).unwrap();
+    let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+    let args = QkvRopeAppend {
+        heads,
+        rope: &rope,
+        slots: TokenSlots {
+            seq_ids: &seq,
+            positions: &pos,
+        },
+    };
+    gemv_dense::linear_rope_append(
+        s,
+        &h,
+        None,
+        &w,
+        None,
+        &args,
+        &mut q,
+        &mut cache,
+        Some(&mut flag),
+    )
+    .unwrap();
+    match kv_cache::check_error_flag(s, &flag) {
+        Err(Error::DeviceCheck { reason, .. }) => {
+            assert!(
+                reason.contains("position") && !reason.contains("sequence"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected a device-check error, got {other:?}"),
+    }
+}
+
+#[test]
+fn gemv_dense_rope_append_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let z = |shape: &[usize]| DeviceTensor::<f16>::zeros(s, shape).unwrap();
+    let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(s, shape).unwrap();
+    let (m, k, hq, hkv, d) = (2usize, 64usize, 4usize, 2usize, 64usize);
+    let n = (hq + 2 * hkv) * d;
+    let heads = QkvSplit {
+        q_heads: hq,
+        kv_heads: hkv,
+    };
+    let rope = interleaved(d);
+    let (h, w, b, g) = (z(&[m, k]), z(&[n, k]), z(&[n]), z(&[k]));
+    let (seq, pos) = (zi(&[m]), zi(&[m]));
+    let mut q = z(&[m, hq, d]);
+    let mut cache = KvCache::<f16>::zeros(s, [2, hkv, 16, d]).unwrap();
+    let slots = TokenSlots {
+        seq_ids: &seq,
+        positions: &pos,
+    };
+    fn args<'a>(heads: QkvSplit, rope: &'a RopeParams, slots: TokenSlots<'a>) -> QkvRopeAppend<'a> {
+        QkvRopeAppend { heads, rope, slots }
+    }
+    let good = args(heads, &rope, slots);
+    let norm = RmsNorm {
+        weight: &g,
+        eps: 1e-5,
+    };
+    // The argument an error names (any of the three argument-error kinds).
+    let arg = |res: fl_kernels::Result<()>| match res {
+        Err(Error::Shape { arg, .. })
+        | Err(Error::InvalidArgument { arg, .. })
+        | Err(Error::TooLarge { arg, .. }) => arg,
+        other => panic!("expected an argument error, got {other:?}"),
+    };
+    // the good calls work (with and without norm, bias and flag)
+    let mut flag = zi(&[1]);
+    gemv_dense::linear_rope_append(s, &h, None, &w, None, &good, &mut q, &mut cache, None).unwrap();
+    gemv_dense::linear_rope_append(
+        s,
+        &h,
+        Some(norm),
+        &w,
+        Some(&b),
+        &good,
+        &mut q,
+        &mut cache,
+        Some(&mut flag),
+    )
+    .unwrap();
+    kv_cache::check_error_flag(s, &flag).unwrap();
+
+    // rope: rotate-half pairing; head_dim not a multiple of 8 (12, valid for RopeParams);
+    // invalid params name their field.
+    let neox = RopeParams::new(d, 10_000.0);
+    assert_eq!(
+        arg(gemv_dense::linear_rope_append(
+            s,
+            &h,
+            None,
+            &w,
+            None,
+            &args(heads, &neox, slots),
+            &mut q,
+            &mut cache,
+            None
+        )),
+        "rope"
+    );
+    let d12 = interleaved(12);
+    let (w12, mut q12) = (z(&[(hq + 2 * hkv) * 12, k]), z(&[m, hq, 12]));
+    let mut cache12 = KvCache::<f16>::zeros(s, [2, hkv, 16, 12]).unwrap();
+    assert_eq!(
+        arg(gemv_dense::linear_rope_append(
+            s,
+            &h,
+            None,
+            &w12,
+            None,
+            &args(heads, &d12, slots),
+            &mut q12,
+            &mut cache12,
+            None
+        )),
+        "rope"
+    );
+    for (bad, name) in [
+        (rope.with_rotary_dim(3), "rotary_dim"),
+        (rope.with_rotary_dim(2 * d), "rotary_dim"),
+        (RopeParams { theta: 0.0, ..rope }, "theta"),
+    ] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                None,
+                &args(heads, &bad, slots),
+                &mut q,
+                &mut cache,
+                None
+            )),
+            name
+        );
+    }
+    // heads: no kv head; a row count that overflows.
+    for bad in [
+        QkvSplit {
+            q_heads: hq + 2 * hkv,
+            kv_heads: 0,
+        },
+        QkvSplit {
+            q_heads: usize::MAX / 4,
+            kv_heads: 1,
+        },
+    ] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                None,
+                &args(bad, &rope, slots),
+                &mut q,
+                &mut cache,
+                None
+            )),
+            "heads"
+        );
+    }
+    // w: rows not (q_heads + 2 kv_heads) * head_dim (one head too many or too few), k of x.
+    for bad in [z(&[n + d, k]), z(&[n - d, k]), z(&[n, k + 8]), z(&[n * k])] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s, &h, None, &bad, None, &good, &mut q, &mut cache, None
+            )),
+            "w"
+        );
+    }
+    for bad in [z(&[n - 1]), z(&[1, n])] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                Some(&bad),
+                &good,
+                &mut q,
+                &mut cache,
+                None
+            )),
+            "bias"
+        );
+    }
+    let g_bad = z(&[k + 8]);
+    for (bad, name) in [
+        (
+            RmsNorm {
+                weight: &g_bad,
+                eps: 1e-5,
+            },
+            "norm.weight",
+        ),
+        (
+            RmsNorm {
+                weight: &g,
+                eps: 0.0,
+            },
+            "eps",
+        ),
+    ] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                Some(bad),
+                &w,
+                None,
+                &good,
+                &mut q,
+                &mut cache,
+                None
+            )),
+            name
+        );
+    }
+    for bad in [
+        z(&[m, hq + 1, d]),
+        z(&[m, hq, d + 8]),
+        z(&[m + 1, hq, d]),
+        z(&[m, hq * d]),
+    ] {
+        let mut bad = bad;
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s, &h, None, &w, None, &good, &mut bad, &mut cache, None
+            )),
+            "q_out"
+        );
+    }
+    for shape in [[2, hkv + 1, 16, d], [2, hkv, 16, 32], [2, hkv - 1, 16, d]] {
+        let mut bad = KvCache::<f16>::zeros(s, shape).unwrap();
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s, &h, None, &w, None, &good, &mut q, &mut bad, None
+            )),
+            "cache"
+        );
+    }
+    // a cache with no slot while there are tokens
+    for shape in [[0, hkv, 16, d], [2, hkv, 0, d]] {
+        let mut empty = KvCache::<f16>::zeros(s, shape).unwrap();
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s, &h, None, &w, None, &good, &mut q, &mut empty, None
+            )),
+            "cache"
+        );
+    }
+    let (short, long) = (zi(&[m - 1]), zi(&[m + 1]));
+    for (bad_slots, name) in [
+        (
+            TokenSlots {
+                seq_ids: &short,
+                positions: &pos,
+            },
+            "seq_ids",
+        ),
+        (
+            TokenSlots {
+                seq_ids: &long,
+                positions: &pos,
+            },
+            "seq_ids",
+        ),
+        (
+            TokenSlots {
+                seq_ids: &seq,
+                positions: &short,
+            },
+            "positions",
+        ),
+    ] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                None,
+                &args(heads, &rope, bad_slots),
+                &mut q,
+                &mut cache,
+                None
+            )),
+            name
+        );
+    }
+    assert_eq!(
+        arg(gemv_dense::linear_rope_append(
+            s,
+            &h,
+            None,
+            &w,
+            None,
+            &good,
+            &mut q,
+            &mut cache,
+            Some(&mut zi(&[2]))
+        )),
+        "err_flag"
+    );
+    // x: m > MAX_M (TooLarge), k not a multiple of 8, not 2-D.
+    let (h17, s17, p17, mut q17) = (
+        z(&[MAX_M + 1, k]),
+        zi(&[MAX_M + 1]),
+        zi(&[MAX_M + 1]),
+        z(&[MAX_M + 1, hq, d]),
+    );
+    let r17 = gemv_dense::linear_rope_append(
+        s,
+        &h17,
+        None,
+        &w,
+        None,
+        &args(
+            heads,
+            &rope,
+            TokenSlots {
+                seq_ids: &s17,
+                positions: &p17,
+            },
+        ),
+        &mut q17,
+        &mut cache,
+        None,
+    );
+    assert!(
+        matches!(r17, Err(Error::TooLarge { arg: "x", .. })),
+        "{r17:?}"
+    );
+    let (h12, w12) = (z(&[m, 12]), z(&[n, 12]));
+    let r12 =
+        gemv_dense::linear_rope_append(s, &h12, None, &w12, None, &good, &mut q, &mut cache, None);
+    assert!(
+        matches!(r12, Err(Error::InvalidArgument { arg: "x", .. })),
+        "{r12:?}"
+    );
+    assert_eq!(
+        arg(gemv_dense::linear_rope_append(
+            s,
+            &z(&[m * k]),
+            None,
+            &w,
+            None,
+            &good,
+            &mut q,
+            &mut cache,
+            None
+        )),
+        "x"
+    );
+    // m = 0: nothing to do (even with a cache that holds no slot)
+    let (h0, s0, p0, mut q0) = (z(&[0, k]), zi(&[0]), zi(&[0]), z(&[0, hq, d]));
+    let mut empty = KvCache::<f16>::zeros(s, [0, hkv, 16, d]).unwrap();
+    gemv_dense::linear_rope_append(
+        s,
+        &h0,
+        None,
+        &w,
+        None,
+        &args(
+            heads,
+            &rope,
+            TokenSlots {
+                seq_ids: &s0,
+                positions: &p0,
+            },
+        ),
+        &mut q0,
+        &mut empty,
+        None,
+    )
+    .unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn gemv_dense_rope_append_launcher_rejects_bad_arguments() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_launcher_rejects_bad_arguments") else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use fl_kernels_sys::{fl_dtype, fl_rope_params, FL_ERR_MISALIGNED};
+    let s = gpu.stream();
+    let (m, k, d) = (1usize, 64usize, 64usize);
+    let n = 3 * d; // one q, one k and one v head
+    let hbuf = DeviceTensor::<f16>::zeros(s, &[k + 8]).unwrap();
+    let wbuf = DeviceTensor::<f16>::zeros(s, &[n * k + 8]).unwrap();
+    let sbuf = DeviceTensor::<i32>::zeros(s, &[m]).unwrap();
+    let mut qbuf = DeviceTensor::<f16>::zeros(s, &[d + 8]).unwrap();
+    let mut kbuf = DeviceTensor::<f16>::zeros(s, &[4 * d + 8]).unwrap();
+    let mut vbuf = DeviceTensor::<f16>::zeros(s, &[4 * d + 8]).unwrap();
+    let (ph, _g1) = hbuf.as_slice().device_ptr(s);
+    let (pw, _g2) = wbuf.as_slice().device_ptr(s);
+    let (ps, _g3) = sbuf.as_slice().device_ptr(s);
+    let (pq, _g4) = qbuf.as_slice_mut().device_ptr_mut(s);
+    let (pk, _g5) = kbuf.as_slice_mut().device_ptr_mut(s);
+    let (pv, _g6) = vbuf.as_slice_mut().device_ptr_mut(s);
+    let params = |head_dim: i32, rotary_dim: i32, interleaved: i32| {
+        let mut p = fl_rope_params {
+            head_dim,
+            rotary_dim,
+            interleaved,
+            reserved: 0,
+            inv_freq: [0.0; 256],
+        };
+        for (i, f) in p
+            .inv_freq
+            .iter_mut()
+            .take(rotary_dim.max(0) as usize / 2)
+            .enumerate()
+        {
+            *f = 10_000f32.powf(-2.0 * i as f32 / rotary_dim as f32);
+        }
+        p
+    };
+    let ok = params(d as i32, d as i32, 1);
+    // (dtype, h, q_out, k_cache, m, kv_heads, batch, params)
+    let call = |dt: fl_dtype,
+                h: u64,
+                q: u64,
+                kc: u64,
+                m: i64,
+                kvh: i32,
+                batch: i32,
+                p: &fl_rope_params| {
+        // SAFETY: the buffers hold more than any accepted call reads or writes: h one row of
+        // k = 64 (+ 8), w 3 heads of 64 rows (+ 8), one seq/pos i32 (0, 0), q_out one head,
+        // each cache [1, 1, 4, 64] (+ 8); calls with more tokens or heads are refused first.
+        unsafe {
+            fl_kernels_sys::fl_gemv_dense_rope_append(
+                dt,
+                h as _,
+                std::ptr::null(),
+                0.0,
+                pw as _,
+                std::ptr::null(),
+                m,
+                k as i64,
+                1,
+                kvh,
+                p,
+                ps as _,
+                ps as _,
+                q as _,
+                kc as _,
+                pv as _,
+                batch,
+                4,
+                std::ptr::null_mut(),
+                s.cu_stream() as _,
+            )
+        }
+    };
+    let f16t = fl_dtype::FL_DTYPE_F16;
+    assert_eq!(call(f16t, ph, pq, pk, 1, 1, 1, &ok), 0);
+    assert_eq!(call(f16t, ph, pq, pk, 0, 1, 1, &ok), 0, "m = 0");
+    assert!(
+        call(f16t, ph, pq, pk, 1, 1, 1, &params(64, 64, 0)) < 0,
+        "rotate-half"
+    );
+    assert!(
+        call(f16t, ph, pq, pk, 1, 1, 1, &params(12, 12, 1)) < 0,
+        "head_dim 12"
+    );
+    assert!(
+        call(f16t, ph, pq, pk, 1, 1, 1, &params(64, 3, 1)) < 0,
+        "odd rotary_dim"
+    );
+    assert!(
+        call(f16t, ph, pq, pk, 1, 1, 1, &params(64, 66, 1)) < 0,
+        "rotary_dim > head_dim"
+    );
+    assert!(call(f16t, ph, pq, pk, 1, 0, 1, &ok) < 0, "kv_heads 0");
+    assert!(call(f16t, ph, pq, pk, 1, 1, 0, &ok) < 0, "batch 0");
+    assert!(call(f16t, ph, pq, pk, 17, 1, 1, &ok) < 0, "m > 16");
+    assert!(call(f16t, ph, 0, pk, 1, 1, 1, &ok) < 0, "null q_out");
+    assert!(call(f16t, ph, pq, 0, 1, 1, 1, &ok) < 0, "null k_cache");
+    assert!(
+        call(fl_dtype::FL_DTYPE_F32, ph, pq, pk, 1, 1, 1, &ok) < 0,
+        "f32"
+    );
+    assert_eq!(call(f16t, ph + 2, pq, pk, 1, 1, 1, &ok), FL_ERR_MISALIGNED);
+    assert_eq!(call(f16t, ph, pq + 1, pk, 1, 1, 1, &ok), FL_ERR_MISALIGNED);
+    assert_eq!(call(f16t, ph, pq, pk + 1, 1, 1, 1, &ok), FL_ERR_MISALIGNED);
+    s.synchronize().unwrap();
+}
+
+/// The fused launch on a rotate-half checkpoint whose q and k rows (and bias) were permuted
+/// with `rope::rotate_half_to_interleaved_rows`, run with the interleaved pairing, against the
+/// unfused `(rms_norm_)linear` + `kv_cache::rope_append` with the rotate-half params on the
+/// original weight. After un-permuting each q head and each written k row the values agree
+/// within `bound` (the unfused path rounds qkv before rotating: one rounding of T apart), v
+/// too, and cache slots no token names are untouched by both.
+#[allow(clippy::too_many_arguments)]
+fn check_unfused_equivalence<T: HalfDType>(
+    gpu: &Gpu,
+    q_heads: usize,
+    kv_heads: usize,
+    neox: RopeParams,
+    m: usize,
+    k: usize,
+    norm: bool,
+    bias: bool,
+    r: &mut impl rand::Rng,
+) {
+    assert_eq!(neox.style, RopeStyle::NeoX);
+    let s = gpu.stream();
+    let (d, rot) = (neox.head_dim, neox.rotary_dim);
+    let inter = RopeParams {
+        style: RopeStyle::Interleaved,
+        ..neox
+    };
+    let c = Qkv {
+        q_heads,
+        kv_heads,
+        rope: inter,
+        k,
+        norm,
+        bias,
+        batch: 3,
+        max_seq: 40,
+    };
+    let n = c.n();
+    let inp = qkv_inputs::<T>(&c, m, r);
+    let shape = c.cache_shape();
+    let cn: usize = shape.iter().product();
+    let kc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let vc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let (seq, pos) = decode_slots(r, m, c.batch, c.max_seq);
+
+    // Row order of the permuted weight: q heads, then k heads permuted; v rows kept.
+    let pq = fl_kernels::rope::rotate_half_to_interleaved_rows(q_heads, d, rot).unwrap();
+    let pk = fl_kernels::rope::rotate_half_to_interleaved_rows(kv_heads, d, rot).unwrap();
+    let rows: Vec<usize> = pq
+        .iter()
+        .copied()
+        .chain(pk.iter().map(|&i| q_heads * d + i))
+        .chain((q_heads + kv_heads) * d..n)
+        .collect();
+    assert_eq!(rows.len(), n);
+    let wp: Vec<T> = rows
+        .iter()
+        .flat_map(|&i| inp.w[i * k..(i + 1) * k].to_vec())
+        .collect();
+    let bp: Vec<T> = rows.iter().map(|&i| inp.b[i]).collect();
+
+    let nan = T::from_f32(f32::NAN);
+    let dh = DeviceTensor::from_host(s, &inp.h, &[m, k]).unwrap();
+    let dg = DeviceTensor::from_host(s, &inp.gamma, &[k]).unwrap();
+    let dseq = DeviceTensor::from_host(s, &seq, &[m]).unwrap();
+    let dpos = DeviceTensor::from_host(s, &pos, &[m]).unwrap();
+    let slots = TokenSlots {
+        seq_ids: &dseq,
+        positions: &dpos,
+    };
+    let new_cache = || {
+        KvCache::new(
+            DeviceTensor::from_host(s, &kc0, &shape).unwrap(),
+            DeviceTensor::from_host(s, &vc0, &shape).unwrap(),
+        )
+        .unwrap()
+    };
+    let rms = norm.then_some(RmsNorm {
+        weight: &dg,
+        eps: QKV_EPS,
+    });
+
+    // fused, permuted weight, interleaved pairing
+    let dwp = DeviceTensor::from_host(s, &wp, &[n, k]).unwrap();
+    let dbp = DeviceTensor::from_host(s, &bp, &[n]).unwrap();
+    let mut fq = DeviceTensor::filled(s, &[m, q_heads, d], nan).unwrap();
+    let mut fcache = new_cache();
+    let args = QkvRopeAppend {
+        heads: c.heads(),
+        rope: &inter,
+        slots,
+    };
+    gemv_dense::linear_rope_append(
+        s,
+        &dh,
+        rms,
+        &dwp,
+        bias.then_some(&dbp),
+        &args,
+        &mut fq,
+        &mut fcache,
+        None,
+    )
+    .unwrap();
+
+    // unfused, original weight, rotate-half pairing
+    let dw = DeviceTensor::from_host(s, &inp.w, &[n, k]).unwrap();
+    let db = DeviceTensor::from_host(s, &inp.b, &[n]).unwrap();
+    let mut qkv = DeviceTensor::filled(s, &[m, n], nan).unwrap();
+    match rms {
+        Some(nm) => gemv_dense::rms_norm_linear(s, &dh, nm, &dw, bias.then_some(&db), &mut qkv),
+        None => gemv_dense::linear(s, &dh, &dw, bias.then_some(&db), &mut qkv),
+    }
+    .unwrap();
+    let mut uq = DeviceTensor::filled(s, &[m, q_heads, d], nan).unwrap();
+    let mut ucache = new_cache();
+    let uargs = kv_cache::RopeAppend {
+        qkv: &qkv,
+        heads: c.heads(),
+        slots,
+        rope: &neox,
+        layout: kv_cache::CacheLayout::Contiguous,
+    };
+    kv_cache::rope_append(s, &uargs, &mut uq, None, &mut ucache, None).unwrap();
+
+    let what = format!(
+        "<{}> heads {q_heads}/{kv_heads} d {d} rotary {rot} {:?} m {m} k {k} norm {norm} \
+         bias {bias} seq {seq:?} pos {pos:?}",
+        T::NAME,
+        neox.scaling
+    );
+    // Element i of a permuted head is element head_perm[i] of the original one.
+    let head_perm = fl_kernels::rope::rotate_half_to_interleaved_rows(1, d, rot).unwrap();
+    let unpermute = |rows: &[T]| -> Vec<T> {
+        let mut out = rows.to_vec();
+        for (o, i) in out.chunks_mut(d).zip(rows.chunks(d)) {
+            for (e, &from) in head_perm.iter().enumerate() {
+                o[from] = i[e];
+            }
+        }
+        out
+    };
+    let fq = unpermute(&fq.to_host(s).unwrap());
+    let uq = uq.to_host(s).unwrap();
+    let err = rel_l2(&fq, &to_f64(&uq));
+    assert!(
+        err < bound::<T>(),
+        "{what}: q rel L2 {err:e} vs the unfused path"
+    );
+
+    let mask = written_mask(shape, &seq, &pos);
+    let (fk, fv) = (
+        fcache.k().to_host(s).unwrap(),
+        fcache.v().to_host(s).unwrap(),
+    );
+    let (uk, uv) = (
+        ucache.k().to_host(s).unwrap(),
+        ucache.v().to_host(s).unwrap(),
+    );
+    for (name, f, u, init, permuted) in [("k", &fk, &uk, &kc0, true), ("v", &fv, &uv, &vc0, false)]
+    {
+        let (mut gf, mut gu) = (vec![], vec![]);
+        for row in 0..cn / d {
+            let (fr, ur) = (&f[row * d..][..d], &u[row * d..][..d]);
+            if mask[row * d].is_nan() {
+                let ir = to_f64(&init[row * d..][..d]);
+                assert!(
+                    to_f64(fr) == ir && to_f64(ur) == ir,
+                    "{what}: {name} cache row {row} changed though no token names it"
+                );
+            } else {
+                gf.extend(if permuted { unpermute(fr) } else { fr.to_vec() });
+                gu.extend_from_slice(ur);
+            }
+        }
+        assert_eq!(gf.len(), m * kv_heads * d, "{what}: {name} rows written");
+        let err = rel_l2(&gf, &to_f64(&gu));
+        assert!(
+            err < bound::<T>(),
+            "{what}: {name} cache rel L2 {err:e} vs the unfused path"
+        );
+    }
+}
+
+#[test]
+fn gemv_dense_rope_append_on_permuted_rotate_half_weights_matches_unfused() {
+    let Some(gpu) =
+        gpu_or_skip("gemv_dense_rope_append_on_permuted_rotate_half_weights_matches_unfused")
+    else {
+        return;
+    };
+    let mut r = rng("gemv_dense_rope_append_unfused");
+    let configs = [
+        (4, 2, RopeParams::new(64, 10_000.0)),
+        (8, 2, RopeParams::new(128, 500_000.0).with_scaling(LLAMA3)),
+        (6, 1, RopeParams::new(64, 10_000.0).with_rotary_dim(32)),
+        (
+            3,
+            3,
+            RopeParams::new(64, 1_000_000.0)
+                .with_rotary_dim(16)
+                .with_scaling(Scaling::Linear { factor: 4.0 }),
+        ),
+    ];
+    for (ci, &(hq, hkv, neox)) in configs.iter().enumerate() {
+        for (i, m) in [1usize, 5, 16].into_iter().enumerate() {
+            let (norm, bias) = ((ci + i) % 2 == 0, (ci + i) % 3 != 1);
+            check_unfused_equivalence::<f16>(&gpu, hq, hkv, neox, m, 264, norm, bias, &mut r);
+            check_unfused_equivalence::<bf16>(&gpu, hq, hkv, neox, m, 1000, !norm, !bias, &mut r);
+        }
+    }
+}
+
 // ---- references (CPU only, run in CI) ----
 
 fn values(seed: u64, n: usize) -> Vec<f16> {
@@ -555,6 +1698,76 @@ proptest! {
         let out = reference::gemv_dense::linear_add(&x, &w, &res, m, n, k);
         for e in 0..m * n {
             prop_assert_eq!(out[e], res[e].to_f64() + y[e]);
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn reference_linear_rope_append_is_linear_then_rope_append(
+        hq in 0usize..4, hkv in 1usize..3, half in 1usize..5, extra in 0usize..3,
+        k8 in 1usize..4, interleaved in any::<bool>(), bias in any::<bool>(), seed in any::<u64>(),
+    ) {
+        // Small-integer x, w and bias: the product is exact in f32, so the f32 qkv given to
+        // reference::kv_cache::rope_append is the f64 product itself, and both references
+        // must agree exactly (q, k, v, the flag, and the caches up to f32 rounding).
+        use rand::{Rng, SeedableRng};
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let (d, k) = (2 * half + extra, 8 * k8);
+        let style = if interleaved { RopeStyle::Interleaved } else { RopeStyle::NeoX };
+        let rope = RopeParams::new(d, 10_000.0).with_rotary_dim(2 * half).with_style(style);
+        let heads = QkvSplit { q_heads: hq, kv_heads: hkv };
+        let n = (hq + 2 * hkv) * d;
+        let (batch, max_seq) = (3usize, 9usize);
+        let shape = [batch, hkv, max_seq, d];
+        let m = r.random_range(1..=8usize);
+        let mut seen = std::collections::HashSet::new();
+        let (mut seq, mut pos) = (vec![], vec![]);
+        while seq.len() < m {
+            let (sq, p) = (r.random_range(0..batch as i32), r.random_range(0..max_seq as i32));
+            if seen.insert((sq, p)) {
+                seq.push(sq);
+                pos.push(p);
+            }
+        }
+        // an invalid slot, sometimes
+        match seed % 4 {
+            0 => seq[0] = batch as i32,
+            1 => pos[m - 1] = max_seq as i32,
+            2 => pos[0] = -1,
+            _ => {}
+        }
+        let mut ints = |len: usize| -> Vec<f16> {
+            (0..len).map(|_| f16::from_f32(r.random_range(-3i32..=3) as f32)).collect()
+        };
+        let (x, w, b) = (ints(m * k), ints(n * k), ints(n));
+        let bias = bias.then_some(&b[..]);
+        let cn = shape.iter().product::<usize>();
+        let (mut kc, mut vc) = (vec![f64::NAN; cn], vec![f64::NAN; cn]);
+        let got = reference::gemv_dense::linear_rope_append(
+            &x, &w, bias, m, k, heads, &rope, &seq, &pos, &mut kc, &mut vc, shape,
+        );
+        let qkv: Vec<f32> = reference::gemv_dense::linear(&x, &w, bias, m, n, k)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let (mut kc2, mut vc2) = (vec![f32::NAN; cn], vec![f32::NAN; cn]);
+        let want = reference::kv_cache::rope_append(
+            &qkv, hq, hkv, &rope, &seq, &pos, &mut kc2, &mut vc2, shape,
+            reference::kv_cache::Layout::Contiguous,
+        );
+        let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+        prop_assert_eq!(got.flag, want.flag);
+        for (name, g, w) in [("q", &got.q, &want.q), ("k", &got.k, &want.k), ("v", &got.v, &want.v)] {
+            prop_assert_eq!(g.len(), w.len());
+            for (i, (&a, &b)) in g.iter().zip(w.iter()).enumerate() {
+                prop_assert!(same(a, b), "{}[{}]: {} vs {}", name, i, a, b);
+            }
+        }
+        for (name, g, w) in [("k", &kc, &kc2), ("v", &vc, &vc2)] {
+            for (i, (&a, &b)) in g.iter().zip(w.iter()).enumerate() {
+                prop_assert!(same(a as f32 as f64, b as f64), "{} cache[{}]: {} vs {}", name, i, a, b);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! rope::{apply, apply_with_table, RopeTable} on the GPU against reference::rope, and property
-//! tests of the references and of RopeParams::inv_freq (these run without a GPU).
+//! tests of the references, of RopeParams::inv_freq and of rotate_half_to_interleaved_rows
+//! (these run without a GPU).
 
 use fl_kernels::rope::{self, RopeParams, RopeStyle, RopeTable, Scaling};
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, to_f64};
@@ -756,4 +757,149 @@ proptest! {
         let y2: Vec<f32> = y2.iter().map(|&v| v as f32).collect();
         prop_assert!(rel_l2(&y2, &y12) < 1e-5, "rel L2 {}", rel_l2(&y2, &y12));
     }
+}
+
+// ---- rotate_half_to_interleaved_rows (CPU only, run in CI) ----
+
+/// With `perm = rotate_half_to_interleaved_rows(heads, d, rotary_dim)` and `x [t, heads, d]`
+/// (the projection of a rotate-half checkpoint), `xp[t, i] = x[t, perm[i]]` is the projection
+/// with the rows permuted: its interleaved rotation must be exactly the permutation of the
+/// rotate-half rotation of `x` (same f32 angles, same pairs of values), and q · k of two heads
+/// must be unchanged.
+fn check_rows_turn_neox_into_interleaved<T: FloatDType>(
+    p: &RopeParams,
+    heads: usize,
+    t: usize,
+    r: &mut impl Rng,
+) -> Result<(), TestCaseError> {
+    let d = p.head_dim;
+    let w = heads * d;
+    let neox = RopeParams {
+        style: RopeStyle::NeoX,
+        ..*p
+    };
+    let inter = RopeParams {
+        style: RopeStyle::Interleaved,
+        ..*p
+    };
+    let perm = rope::rotate_half_to_interleaved_rows(heads, d, p.rotary_dim).unwrap();
+    let x: Vec<T> = random(r, t * w);
+    let pos = random_positions(r, t, 200_000);
+    let xp: Vec<T> = x
+        .chunks(w)
+        .flat_map(|row| perm.iter().map(|&i| row[i]).collect::<Vec<_>>())
+        .collect();
+    let (yn, _) = reference::rope::apply(&x, heads, &pos, &neox, None);
+    let (yi, _) = reference::rope::apply(&xp, heads, &pos, &inter, None);
+    for tok in 0..t {
+        for (i, &from) in perm.iter().enumerate() {
+            prop_assert_eq!(
+                yi[tok * w + i],
+                yn[tok * w + from],
+                "{} token {} row {} (old row {})",
+                T::NAME,
+                tok,
+                i,
+                from
+            );
+        }
+    }
+    // Attention scores: head a of token 0 (as q) against head b of the last token (as k).
+    let dot = |y: &[f64], a: usize, b: usize| -> f64 {
+        (0..d)
+            .map(|e| y[a * d + e] * y[(t - 1) * w + b * d + e])
+            .sum()
+    };
+    for a in 0..heads {
+        for b in 0..heads {
+            let (sn, si) = (dot(&yn, a, b), dot(&yi, a, b));
+            prop_assert!(
+                (sn - si).abs() <= 1e-12 * (1.0 + sn.abs()),
+                "q.k changed: {} vs {}",
+                sn,
+                si
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn rotate_half_to_interleaved_rows_is_a_permutation_within_heads(
+        heads in 0usize..5, half in 1usize..=64, extra in 0usize..9,
+    ) {
+        let (d, rot) = (2 * half + extra, 2 * half);
+        let perm = rope::rotate_half_to_interleaved_rows(heads, d, rot).unwrap();
+        prop_assert_eq!(perm.len(), heads * d);
+        let mut sorted = perm.clone();
+        sorted.sort_unstable();
+        prop_assert_eq!(sorted, (0..heads * d).collect::<Vec<_>>());
+        for (i, &from) in perm.iter().enumerate() {
+            prop_assert_eq!(from / d, i / d, "row {} takes row {} of another head", i, from);
+            let (e, f) = (i % d, from % d);
+            let want = if e >= rot {
+                e
+            } else if e % 2 == 0 {
+                e / 2
+            } else {
+                e / 2 + half
+            };
+            prop_assert_eq!(f, want, "row {} of a head", e);
+        }
+        // The rotate-half pair (j, j + half) lands on the interleaved pair (2j, 2j + 1).
+        for h in 0..heads {
+            for j in 0..half {
+                let (a, b) = reference::rope::pair(RopeStyle::NeoX, rot, j);
+                let (c, e) = reference::rope::pair(RopeStyle::Interleaved, rot, j);
+                prop_assert_eq!((perm[h * d + c], perm[h * d + e]), (h * d + a, h * d + b));
+            }
+        }
+    }
+
+    #[test]
+    fn rotate_half_to_interleaved_rows_turn_neox_rotation_into_interleaved(
+        p in params_strategy(), heads in 1usize..4, t in 1usize..4, seed in any::<u64>()
+    ) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        check_rows_turn_neox_into_interleaved::<f32>(&p, heads, t, &mut r)?;
+        check_rows_turn_neox_into_interleaved::<f16>(&p, heads, t, &mut r)?;
+        check_rows_turn_neox_into_interleaved::<bf16>(&p, heads, t, &mut r)?;
+    }
+
+    #[test]
+    fn rotate_half_to_interleaved_rows_rejects_a_bad_rotary_dim(
+        heads in 0usize..4, d in 1usize..300, kind in 0usize..3, j in 0usize..300,
+    ) {
+        // 0, odd, or past head_dim
+        let rot = match kind {
+            0 => 0,
+            1 => 2 * j + 1,
+            _ => d + 1 + j,
+        };
+        let res = rope::rotate_half_to_interleaved_rows(heads, d, rot);
+        prop_assert!(
+            matches!(res, Err(Error::InvalidArgument { arg: "rotary_dim", .. })),
+            "heads {} head_dim {} rotary_dim {}: {:?}", heads, d, rot, res
+        );
+    }
+}
+
+#[test]
+fn rotate_half_to_interleaved_rows_known_values() {
+    // Two heads of 6 rows, 4 rotary: per head (0, 2, 1, 3, 4, 5).
+    assert_eq!(
+        rope::rotate_half_to_interleaved_rows(2, 6, 4).unwrap(),
+        vec![0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11]
+    );
+    // rotary_dim 2: the identity
+    assert_eq!(
+        rope::rotate_half_to_interleaved_rows(1, 8, 2).unwrap(),
+        (0..8).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rope::rotate_half_to_interleaved_rows(0, 8, 8).unwrap(),
+        Vec::<usize>::new()
+    );
 }
