@@ -733,11 +733,24 @@ inline bool valid(const fl_decode_attention_args *a) {
     return true;
 }
 
+// Fewest keys per split: FL_ATTN_SPLIT_KEYS (16, 32, ..., 4096; read once), default 256. An
+// A/B knob for short contexts, where >= 256 keys per split leaves a batch-1 step with one CTA
+// per kv head (32 of 132 SMs busy on a 7B MHA model).
+inline int64_t split_min_keys() {
+    static const int v = [] {
+        static const EnvChoice choices[] = {{"16", 16},   {"32", 32},     {"64", 64},
+                                            {"128", 128}, {"256", 256},   {"512", 512},
+                                            {"1024", 1024}, {"2048", 2048}, {"4096", 4096}};
+        return env_choice("FL_ATTN_SPLIT_KEYS", choices, 256);
+    }();
+    return v;
+}
+
 // Splits: fill whole waves of CTAs. A wave is sms x (CTAs per SM of the kernel used) CTAs; with `units`
 // (batch x kv heads x head chunks) CTAs per split, s splits take ceil(units s / wave) waves of
 // 1/s of the work each, so the time goes as cost(s) = ceil(units s / wave) / s. Take the
 // smallest s within 5% of the best cost (fewer splits: less workspace traffic, no combine
-// when s = 1), with >= 256 keys per split and at most 256 splits. (The first version aimed
+// when s = 1), with >= split_min_keys() keys per split and at most 256 splits. (The first version aimed
 // at 4 x sms CTAs with ceil, which ran 1.03-1.33 waves at several issue shapes.)
 inline int choose_splits(const fl_decode_attention_args *a) {
     if (a->num_splits > 0) return a->num_splits;
@@ -750,7 +763,8 @@ inline int choose_splits(const fl_decode_attention_args *a) {
                                 : gt >= 2                ? mma_ctas_per_sm(a->head_dim)
                                                          : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
-    int64_t smax = (a->max_seq_len + 255) / 256;  // >= 256 keys per split
+    const int64_t keys = split_min_keys();
+    int64_t smax = (a->max_seq_len + keys - 1) / keys;  // >= `keys` keys per split
     if (smax > 256) smax = 256;
     if (smax < 1) smax = 1;
     // cost(s) = waves(s) / s, compared as fractions: waves(s) * best_s < best_waves * s.

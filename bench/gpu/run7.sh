@@ -20,6 +20,8 @@
 #   kbench   the criterion benches named in $FL_KBENCH (default "gemv gemv_dense"), short
 #   rope     batch-1/4 decode with RoPE + KV append in the QKV GEMV (FL_FUSE_ROPE=1, the
 #            default since session 7) against the separate rope_append kernel (0), alternated
+#   splitsweep decode (1 x 128, 1 x 4032, 4 x 512) under FL_ATTN_SPLIT_KEYS / FL_GEMV_DENSE_WARPS
+#   dbench   the gemv_dense bench's own summary lines only (criterion's runs filtered out)
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
 # bench/RESULTS.md for the commit of each).
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
@@ -142,4 +144,11 @@ rope)
   done
   r=$(FL_GEMV_DENSE_WARPS=8 timeout 120 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
   echo "FL_FUSE_ROPE=1 FL_GEMV_DENSE_WARPS=8 $r" ;;
+splitsweep)
+  for e in "X=0" "FL_ATTN_SPLIT_KEYS=64" "FL_ATTN_SPLIT_KEYS=32" "FL_GEMV_DENSE_WARPS=8" \
+           "FL_GEMV_DENSE_WARPS=8 FL_ATTN_SPLIT_KEYS=64" "FL_ATTN_SPLIT_KEYS=128" "X=0"; do
+    r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | sed -E 's/ms\/step.*= ([0-9.]+)% of the bandwidth floor/ms \1%/' | awk '{printf "%s | ", $0}')
+    echo "$e $r"; done ;;
+dbench)
+  timeout 200 "$B/benches/gemv_dense" --bench no_criterion_match 2>&1 | grep -E "^gemv_dense [0-9]+x" | tee "$OUT/dbench.log" ;;
 esac; done

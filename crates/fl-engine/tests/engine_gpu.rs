@@ -315,10 +315,19 @@ fn fused_rope_decode_matches_unfused() {
             vec![prompt(9, 4)],
             vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)],
         ] {
+            // Teacher-forced: random tiny models have near-tied logits, and in bf16 one
+            // rounding apart is enough for greedy decoding to take another token (seen on the
+            // H100), after which the two runs compare different sequences.
+            let mut r = req(prompts.clone(), 8);
+            r.forced = Some(
+                (0..prompts.len() as u32)
+                    .map(|b| prompt(8, 7 + b))
+                    .collect(),
+            );
             e.model.fuse_rope = false;
-            let (pre_off, off, _) = run(&mut e, &req(prompts.clone(), 8));
+            let (pre_off, off, _) = run(&mut e, &r);
             e.model.fuse_rope = true;
-            let (pre_on, on, _) = run(&mut e, &req(prompts.clone(), 8));
+            let (pre_on, on, _) = run(&mut e, &r);
             // Prefill never takes the fused path: identical.
             assert_eq!(pre_off, pre_on, "prefill logits differ");
             let err = worst(&on, &off);
