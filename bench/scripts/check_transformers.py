@@ -7,7 +7,8 @@ Run on the GPU machine (PyTorch + transformers, CUDA):
 For each config (LLaMA-2 style with GQA; LLaMA-3 style with llama3 rope scaling and tied
 embeddings; Qwen2 style with QKV bias) it builds a random LlamaForCausalLM / Qwen2ForCausalLM
 with transformers, saves it as safetensors + config.json, and runs `fl logits` on a ragged
-batch of prompts in one packed prefill, then 32 teacher-forced decode steps. transformers
+batch of prompts in one packed prefill, then 32 teacher-forced decode steps (in f16 / bf16 also
+1 and 3 of the prompts, whose decode runs on the dense GEMV path). transformers
 runs each prompt alone in fp32 (eager attention, no TF32) on the same tokens. Compared, for
 each engine dtype (--dtypes, default f16,bf16,f32):
   - last-token logits of every prompt after the prefill: relative L2 < TOL[dtype];
@@ -189,41 +190,52 @@ def main():
                 forced.append(cont[:STEPS])
                 conts.append(cont)
         for dt in args.dtypes.split(","):
-            inp = os.path.join(root, f"{name}-in.json")
-            outp = os.path.join(root, f"{name}-{dt}-out.json")
-            with open(inp, "w") as f:
-                json.dump({"prompts": prompts, "forced": forced, "steps": STEPS}, f)
-            got, err = run_fl(args, d, inp, outp, dt)
-            if got is None:
-                print(f"FAIL {name} {dt}: fl failed: {err}")
-                ok = False
-                continue
-            e_pre = max(rel_l2(got["prefill"][b], ref_prefill[b]) for b in range(len(prompts)))
-            e_step = max(
-                rel_l2(got["steps"][s][b], ref_steps[b][s])
-                for b in range(len(prompts)) for s in range(STEPS))
-            agree = total = 0
-            for b in range(len(prompts)):
-                # tokens[b][0] is argmax after the prefill, tokens[b][s] after forced step s.
-                for s in range(STEPS + 1):
-                    ref = ref_prefill[b] if s == 0 else ref_steps[b][s - 1]
-                    agree += int(got["tokens"][b][s] == int(ref.argmax()))
-                    total += 1
-            good = e_pre < TOL[dt] and e_step < TOL[dt]
-            print(f"{'PASS' if good else 'FAIL'} logits {name} {dt}: prefill relL2 {e_pre:.2e}, "
-                  f"teacher-forced decode relL2 {e_step:.2e} (bound {TOL[dt]:.0e}), argmax "
-                  f"agree {agree}/{total}", flush=True)
-            ok &= good
-            rows.append((name, dt, e_pre, e_step, agree, total, got.get("graph"), good))
+            # The whole ragged batch (5 sequences: decode past the GEMV's 4 tokens, on
+            # cuBLASLt), and in half precision also 1 and 3 sequences: decode on the dense GEMV
+            # with RoPE + KV append in the QKV GEMV's epilogue (1: the RMSNorms fused into the
+            # GEMVs too).
+            subsets = [list(range(len(prompts)))]
+            if dt != "f32":
+                subsets += [[2], [0, 1, 4]]
+            for idx in subsets:
+                label = f"batch{len(idx)}"
+                inp = os.path.join(root, f"{name}-{label}-in.json")
+                outp = os.path.join(root, f"{name}-{dt}-{label}-out.json")
+                with open(inp, "w") as f:
+                    json.dump({"prompts": [prompts[i] for i in idx],
+                               "forced": [forced[i] for i in idx], "steps": STEPS}, f)
+                got, err = run_fl(args, d, inp, outp, dt)
+                if got is None:
+                    print(f"FAIL {name} {dt} {label}: fl failed: {err}")
+                    ok = False
+                    continue
+                e_pre = max(rel_l2(got["prefill"][j], ref_prefill[b]) for j, b in enumerate(idx))
+                e_step = max(
+                    rel_l2(got["steps"][s][j], ref_steps[b][s])
+                    for j, b in enumerate(idx) for s in range(STEPS))
+                agree = total = 0
+                for j, b in enumerate(idx):
+                    # tokens[j][0] is argmax after the prefill, tokens[j][s] after forced step s.
+                    for s in range(STEPS + 1):
+                        ref = ref_prefill[b] if s == 0 else ref_steps[b][s - 1]
+                        agree += int(got["tokens"][j][s] == int(ref.argmax()))
+                        total += 1
+                good = e_pre < TOL[dt] and e_step < TOL[dt]
+                print(f"{'PASS' if good else 'FAIL'} logits {name} {dt} {label}: prefill relL2 "
+                      f"{e_pre:.2e}, teacher-forced decode relL2 {e_step:.2e} (bound "
+                      f"{TOL[dt]:.0e}), argmax agree {agree}/{total}", flush=True)
+                ok &= good
+                rows.append((name, f"{dt} {label}", e_pre, e_step, agree, total, got.get("graph"),
+                             good))
             if dt == "f32":
                 g_ok, g = greedy_f32(args, name, root, d, prompts, conts, ref_prefill,
                                      ref_steps)
                 ok &= g_ok
                 greedy_rows.append((name, g_ok, g))
-    print(f"{'config':<26} {'dtype':<5} {'prefill relL2':>13} {'decode relL2':>12} "
+    print(f"{'config':<26} {'dtype, batch':<12} {'prefill relL2':>13} {'decode relL2':>12} "
           f"{'argmax agree':>13} {'graph':>5}  result")
     for name, dt, e_pre, e_step, agree, total, graph, good in rows:
-        print(f"{name:<26} {dt:<5} {e_pre:>13.2e} {e_step:>12.2e} {agree:>6}/{total:<6} "
+        print(f"{name:<26} {dt:<12} {e_pre:>13.2e} {e_step:>12.2e} {agree:>6}/{total:<6} "
               f"{str(graph):>5}  {'ok' if good else 'FAIL'}")
     for name, g_ok, g in greedy_rows:
         if g is None:
@@ -232,7 +244,8 @@ def main():
             print(f"{name:<26} f32   greedy {g[0]}/{len(lens)} prompts identical for {GREEDY} "
                   f"tokens  {'ok' if g_ok else 'FAIL'}")
     print(("PASS" if ok and rows else "FAIL") + f": tolerance {TOL} relative L2, "
-          f"prompts of {lens} tokens in one ragged batch, {STEPS} teacher-forced steps"
+          f"prompts of {lens} tokens in one ragged batch (and 1 and 3 of them in half "
+          f"precision), {STEPS} teacher-forced steps"
           + (f", fp32 greedy continuations of {GREEDY} tokens identical" if greedy_rows else ""))
     sys.exit(0 if ok and rows else 1)
 
