@@ -22,6 +22,12 @@
 #            default since session 7) against the separate rope_append kernel (0), alternated
 #   splitsweep decode (1 x 128, 1 x 4032, 4 x 512) under FL_ATTN_SPLIT_KEYS / FL_GEMV_DENSE_WARPS
 #   dbench   the gemv_dense bench's own summary lines only (criterion's runs filtered out)
+#   normab   batch-1 decode with the RMSNorms fused into the GEMVs (default) or not
+#            (FL_GEMV_NORM=0), alternated; the attention tests with 16-key splits
+#   torchgen bench/scripts/torch_generate.py on the issue-7 rows (eager and compiled)
+#   subtests the test binaries in $FL_TESTS one by one, a line each, stopping after $FL_TEST_BUDGET s
+# Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
+# output already written.
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
 # bench/RESULTS.md for the commit of each).
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
@@ -151,4 +157,20 @@ splitsweep)
     echo "$e $r"; done ;;
 dbench)
   timeout 200 "$B/benches/gemv_dense" --bench no_criterion_match 2>&1 | grep -E "^gemv_dense [0-9]+x" | tee "$OUT/dbench.log" ;;
+normab)
+  for e in "X=0" "FL_GEMV_NORM=0" "X=0" "FL_GEMV_NORM=0"; do
+    r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64 2>&1 | grep -E "decode:|rror" | sed -E 's/ms\/step.*= ([0-9.]+)% of the bandwidth floor/ms \1%/' | awk '{printf "%s | ", $0}')
+    echo "$e $r"; done
+  FL_ATTN_SPLIT_KEYS=16 timeout 200 "$B/tests/fl-kernels__attention" --test-threads=2 > "$OUT/attn16.log" 2>&1
+  echo "attention tests FL_ATTN_SPLIT_KEYS=16 rc=$? $(grep -E '^test result' "$OUT/attn16.log" | tail -1)" ;;
+torchgen)
+  timeout ${FL_TORCHGEN_S:-560} python3 -u "$B/scripts/torch_generate.py" --runs 1:128:128,16:1024:64,64:1024:64,1:2048:2,16:512:2 --modes eager,compile 2>&1 | grep --line-buffered -vE "Warning|warn" | tee "$OUT/torchgen.log" ;;
+subtests)
+  t0=$(date +%s)
+  for n in $FL_TESTS; do
+    [ $(( $(date +%s) - t0 )) -gt ${FL_TEST_BUDGET:-240} ] && { echo "$n: not run (budget)"; continue; }
+    timeout 120 "$B/tests/$n" --test-threads=2 > "$OUT/sub-$n.log" 2>&1
+    echo "$n rc=$? $(grep -E '^test result' "$OUT/sub-$n.log" | tail -1 | cut -c1-60) ($(( $(date +%s) - t0 )) s)"
+    grep -E "panicked" "$OUT/sub-$n.log" | cut -c1-200 | head -4
+  done ;;
 esac; done
