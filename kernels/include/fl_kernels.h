@@ -78,6 +78,7 @@ fl_status fl_prefetch_l2(const void *p, int64_t bytes, fl_stream stream);
 #include "fl_sampling.h"
 #include "fl_attention.h"
 #include "fl_attention_prefill.h"
+#include "fl_wgmma_probe.h"
 #include "fl_gemv.h"
 #include "fl_gemv_dense.h"
 #include "fl_quant.h"
