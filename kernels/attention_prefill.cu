@@ -700,7 +700,20 @@ inline Params make_params(const fl_prefill_attention_args *a) {
     return p;
 }
 
+// FL_PREFILL_PATH (read once): `mma` (this file's kernel, the default) or `wgmma` (the
+// experimental Hopper kernel of attention_prefill_wgmma.cu, head_dim 128, f16 / bf16, sm_90;
+// other calls keep the mma kernel).
+inline bool wgmma_chosen() {
+    static const EnvChoice choices[] = {{"mma", 0}, {"wgmma", 1}};
+    static const int v = env_choice("FL_PREFILL_PATH", choices, 0);
+    return v == 1;
+}
+
 }  // namespace prefill
+
+namespace prefill_wgmma {
+fl_status launch(const fl_prefill_attention_args *a, cudaStream_t st);  // attention_prefill_wgmma.cu
+}
 }  // namespace fl
 
 extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {
@@ -713,6 +726,10 @@ extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl
         return FL_ERR_MISALIGNED;
     const Params p = make_params(a);
     cudaStream_t st = fl::as_stream(stream);
+    if (wgmma_chosen()) {
+        const fl_status s = fl::prefill_wgmma::launch(a, st);
+        if (s != FL_ERR_UNSUPPORTED_DTYPE) return s;  // else: a call that path does not run
+    }
     if (a->dtype == FL_DTYPE_F32) return launch_f32(a, p, st);
     if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
     return launch_t<__nv_bfloat16>(a, p, st);

@@ -26,6 +26,9 @@
 #            (FL_GEMV_NORM=0), alternated; the attention tests with 16-key splits
 #   torchgen bench/scripts/torch_generate.py on the issue-7 rows (eager and compiled)
 #   subtests the test binaries in $FL_TESTS one by one, a line each, stopping after $FL_TEST_BUDGET s
+#   wgmma    the Hopper prefill attention (session 7, never run yet): the wgmma probes, the
+#            prefill tests and memcheck with FL_PREFILL_PATH=wgmma, the prefill bench on both
+#            paths, and fl bench's prefill rows on both
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
 # output already written.
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
@@ -172,5 +175,16 @@ subtests)
     timeout 120 "$B/tests/$n" --test-threads=2 > "$OUT/sub-$n.log" 2>&1
     echo "$n rc=$? $(grep -E '^test result' "$OUT/sub-$n.log" | tail -1 | cut -c1-60) ($(( $(date +%s) - t0 )) s)"
     grep -E "panicked" "$OUT/sub-$n.log" | cut -c1-200 | head -4
+  done ;;
+wgmma)
+  timeout 60 "$B/tests/fl-kernels__wgmma_probe" --test-threads=1 2>&1 | grep -E "^test |panicked|test result" | cut -c1-300
+  FL_PREFILL_PATH=wgmma timeout 200 "$B/tests/fl-kernels__attention_prefill" --test-threads=2 > "$OUT/wgmma-tests.log" 2>&1
+  echo "prefill tests FL_PREFILL_PATH=wgmma rc=$? $(grep -E '^test result' "$OUT/wgmma-tests.log" | tail -1)"
+  grep -E "panicked|rel L2" "$OUT/wgmma-tests.log" | cut -c1-250 | head -8
+  FL_PREFILL_PATH=wgmma timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention_prefill" ragged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  for path in mma wgmma; do
+    FL_PREFILL_PATH=$path timeout 150 "$B/benches/attention_prefill" --bench --warm-up-time 0.1 --measurement-time 0.3 2>&1 | grep -E "^attn_prefill" | sed "s/^/$path /"
+    r=$(FL_PREFILL_PATH=$path timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:2048:2,16:512:2 2>&1 | grep -E "prefill:|rror" | awk '{printf "%s | ", $0}')
+    echo "$path fl bench $r"
   done ;;
 esac; done
