@@ -4,6 +4,9 @@
 //! (`residual += x · Wᵀ`, in place). [`rms_norm_linear`] and [`rms_norm_linear_swiglu`]
 //! also fuse the RMSNorm of their input in front (`x = rms_norm(h)` is computed as `h` is
 //! loaded and never written), which saves a kernel per projection in a decode step.
+//! [`linear_rope_append`] is the QKV projection of a decode step with the rotary embedding
+//! (interleaved pairs, which a lane holds side by side) and the KV-cache append in its
+//! epilogue, optionally after the fused RMSNorm: the whole attention input in one kernel.
 //!
 //! For `m` = 1..=[`MAX_M`] tokens (decode); above that a GEMM (cuBLASLt) is the right tool.
 //! `W [n, k]` is row-major (output-major, like `nn.Linear.weight`); `x`, `W`, bias and the
