@@ -26,6 +26,8 @@
 #            (FL_GEMV_NORM=0), alternated; the attention tests with 16-key splits
 #   torchgen bench/scripts/torch_generate.py on the issue-7 rows (eager and compiled)
 #   subtests the test binaries in $FL_TESTS one by one, a line each, stopping after $FL_TEST_BUDGET s
+#   deep     decode attention with the deep ring (FL_ATTN_DEEP, session 7, never run yet): the
+#            attention and engine tests with it on, memcheck, batch-1/4 decode off / auto
 #   wgmma    the Hopper prefill attention (session 7, never run yet): the wgmma probes, the
 #            prefill tests and memcheck with FL_PREFILL_PATH=wgmma, the prefill bench on both
 #            paths, and fl bench's prefill rows on both
@@ -187,4 +189,14 @@ wgmma)
     r=$(FL_PREFILL_PATH=$path timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:2048:2,16:512:2 2>&1 | grep -E "prefill:|rror" | awk '{printf "%s | ", $0}')
     echo "$path fl bench $r"
   done ;;
+deep)
+  for n in fl-kernels__attention fl-engine__engine_gpu; do
+    FL_ATTN_DEEP=on timeout 200 "$B/tests/$n" --test-threads=2 > "$OUT/deep-$n.log" 2>&1
+    echo "$n FL_ATTN_DEEP=on rc=$? $(grep -E '^test result' "$OUT/deep-$n.log" | tail -1)"
+    grep -E "panicked" "$OUT/deep-$n.log" | cut -c1-250 | head -4
+  done
+  FL_ATTN_DEEP=on timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention" paged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  for e in "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto" "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto"; do
+    r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | sed -E 's/ms\/step.*= ([0-9.]+)% of the bandwidth floor/ms \1%/' | awk '{printf "%s | ", $0}')
+    echo "$e $r"; done ;;
 esac; done
