@@ -19,6 +19,7 @@
 // Not yet done (what FA3 adds): TMA loads, a producer warp, softmax of one tile overlapped
 // with the wgmmas of the next, GQA heads sharing a CTA.
 #include "common/common.cuh"
+#include "common/wgmma.cuh"
 
 namespace fl {
 namespace prefill_wgmma {
@@ -36,111 +37,14 @@ struct Params {
     float scale_log2;  // softmax scale * log2(e)
 };
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FL_PREFILL_WGMMA 1
+#ifdef FL_HAVE_WGMMA
 constexpr int BN = 64;  // keys per tile
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Byte offset of 16-byte chunk c (0..7) of row r in a 128B-swizzled region of 128-byte rows.
-__device__ __forceinline__ uint32_t swz128(int r, int c) {
-    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
-}
-// Shared-memory matrix descriptor (128-byte swizzle, base offset 0: atoms 1024-byte aligned).
-__device__ __forceinline__ uint64_t mdesc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-           ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-template <typename T> struct Wg {
-    // d (64 x 64) (+)= A (64 x 16, smem K-major) B (16 x 64, smem K-major); acc = 0: d = A B.
-    static __device__ void ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc);
-    // d (64 x 128) += A (64 x 16, registers) B (16 x 128, smem MN-major).
-    static __device__ void rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db);
-    static __device__ uint32_t pack(float lo, float hi);
-};
-template <> __device__ __forceinline__ uint32_t Wg<__half>::pack(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-template <> __device__ __forceinline__ uint32_t Wg<__nv_bfloat16>::pack(float lo, float hi) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-template <>
-__device__ __forceinline__ void Wg<__half>::ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void Wg<__half>::rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-template <>
-__device__ __forceinline__ void Wg<__nv_bfloat16>::ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(acc));
-}
-
-template <>
-__device__ __forceinline__ void Wg<__nv_bfloat16>::rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-
-// Copies rows row0..row0+63 of a [*, 128] matrix (row stride gstride elements; rows >= len
-// zero-filled) into `s` as two 64-column atoms 8 KB apart, 128-byte rows, 128B-swizzled:
-// K-major for Q and K, MN-major for V.
-template <typename T>
-__device__ __forceinline__ void load_rows(uint32_t s, const T *g, int64_t gstride, int row0,
-                                          int len, int tid) {
-#pragma unroll 4
-    for (int i = tid; i < 64 * 16; i += THREADS) {
-        const int r = i >> 4, c16 = i & 15;
-        const int row = row0 + r;
-        const bool ok = row < len;
-        const T *src = g + (int64_t)(ok ? row : 0) * gstride + c16 * 8;
-        cp_async16(s + (uint32_t)((c16 >> 3) * 8192) + swz128(r, c16 & 7), src, ok ? 16 : 0);
-    }
-}
-#endif  // sm_90a
+#endif
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
-#ifdef FL_PREFILL_WGMMA
+#ifdef FL_HAVE_WGMMA
+    using namespace fl::wg;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const uint32_t s_q = base;
@@ -175,9 +79,9 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
 
 #pragma unroll
     for (int w = 0; w < WGS; ++w)
-        load_rows(s_q + (uint32_t)(w * TILE_BYTES), qg, q_stride, q_start + 64 * w, len, tid);
-    load_rows(s_k(0), kg, kv_stride, (n_hi - 1) * BN, len, tid);
-    load_rows(s_v(0), vg, kv_stride, (n_hi - 1) * BN, len, tid);
+        load_rows<THREADS>(s_q + (uint32_t)(w * TILE_BYTES), qg, q_stride, q_start + 64 * w, len, tid);
+    load_rows<THREADS>(s_k(0), kg, kv_stride, (n_hi - 1) * BN, len, tid);
+    load_rows<THREADS>(s_v(0), vg, kv_stride, (n_hi - 1) * BN, len, tid);
     cp_async_commit();
 
     float o[64];
@@ -189,8 +93,8 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
     int st = 0;
     for (int j = n_hi - 1; j >= n_lo; --j) {
         if (j - 1 >= n_lo) {
-            load_rows(s_k(st ^ 1), kg, kv_stride, (j - 1) * BN, len, tid);
-            load_rows(s_v(st ^ 1), vg, kv_stride, (j - 1) * BN, len, tid);
+            load_rows<THREADS>(s_k(st ^ 1), kg, kv_stride, (j - 1) * BN, len, tid);
+            load_rows<THREADS>(s_v(st ^ 1), vg, kv_stride, (j - 1) * BN, len, tid);
         }
         cp_async_commit();
         cp_async_wait<1>();  // tile j (and Q) landed: this thread's copies

@@ -487,9 +487,7 @@ extern "C" fl_status fl_gemv_dense_rope_append(
     const int32_t *seq_ids, const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
     int32_t batch, int64_t max_seq, int32_t *err_flag, fl_stream stream) {
     const fl_rope_params *p = params;
-    if (!p || p->interleaved != 1 || p->head_dim <= 0 || p->head_dim % 8 != 0 ||
-        p->rotary_dim < 2 || p->rotary_dim % 2 != 0 || p->rotary_dim > p->head_dim ||
-        p->rotary_dim / 2 > FL_ROPE_MAX_PAIRS)
+    if (!fl::rope_params_ok(p) || p->interleaved != 1 || p->head_dim % 8 != 0)
         return FL_ERR_INVALID_ARGUMENT;
     if (q_heads < 0 || kv_heads < 1 || batch < 1 || max_seq < 1) return FL_ERR_INVALID_ARGUMENT;
     if (gamma && (!(eps > 0.f) || !(eps < INFINITY))) return FL_ERR_INVALID_ARGUMENT;

@@ -503,10 +503,7 @@ inline bool rope_append_check(const void *qkv, int64_t qkv_stride, int64_t token
                               const int32_t *seq_ids, const int32_t *positions,
                               const void *q_out, const void *kc, const void *vc, int32_t batch,
                               RopeGeom *g, RopeFreq *f) {
-    if (!p || p->head_dim <= 0 || p->rotary_dim < 2 || p->rotary_dim % 2 != 0 ||
-        p->rotary_dim > p->head_dim || p->rotary_dim / 2 > FL_ROPE_MAX_PAIRS ||
-        (p->interleaved != 0 && p->interleaved != 1))
-        return false;
+    if (!rope_params_ok(p)) return false;
     if (tokens < 0 || q_heads < 0 || kv_heads < 1 || batch < 1) return false;
     const int64_t width = ((int64_t)q_heads + 2 * (int64_t)kv_heads) * p->head_dim;
     if (width > INT32_MAX || qkv_stride < width) return false;

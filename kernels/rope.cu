@@ -238,10 +238,7 @@ __global__ void build_table_kernel(const InvFreq f, int half, int64_t max_pos, f
 inline bool check_args(const void *q, const void *k, const int32_t *positions, int64_t tokens,
                        int32_t q_heads, int32_t kv_heads, int64_t q_stride, int64_t k_stride,
                        const fl_rope_params *p, Geometry *g) {
-    if (!p || p->head_dim <= 0 || p->rotary_dim < 2 || p->rotary_dim % 2 != 0 ||
-        p->rotary_dim > p->head_dim || p->rotary_dim / 2 > FL_ROPE_MAX_PAIRS ||
-        (p->interleaved != 0 && p->interleaved != 1))
-        return false;
+    if (!rope_params_ok(p)) return false;
     if (tokens < 0 || q_heads < 0 || kv_heads < 0) return false;
     if (q_stride < (int64_t)q_heads * p->head_dim || k_stride < (int64_t)kv_heads * p->head_dim)
         return false;

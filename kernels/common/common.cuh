@@ -57,6 +57,15 @@ __host__ __device__ __forceinline__ bool aligned16(const void *p) {
     return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+// Whether an fl_rope_params is usable by any rotary kernel (the checks of fl_rope.h): non-NULL,
+// head_dim > 0, rotary_dim even in 2..head_dim and at most 2 * FL_ROPE_MAX_PAIRS, interleaved
+// 0 or 1. Launchers add their own restrictions on top.
+inline bool rope_params_ok(const fl_rope_params *p) {
+    return p && p->head_dim > 0 && p->rotary_dim >= 2 && p->rotary_dim % 2 == 0 &&
+           p->rotary_dim <= p->head_dim && p->rotary_dim / 2 <= FL_ROPE_MAX_PAIRS &&
+           (p->interleaved == 0 || p->interleaved == 1);
+}
+
 // ---------------------------------------------------------------- reductions
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
