@@ -1026,14 +1026,7 @@ impl<T: RunDType> Model<T> {
             let rope_fused = self.rope_fused(m, mode) && lw.wqkv.as_dense().is_some();
             match (&lw.wqkv, small) {
                 (Linear::Dense(wqkv), true) if rope_fused => {
-                    let args = QkvRopeAppend {
-                        heads: self.qkv_split(),
-                        rope: &self.rope,
-                        slots: TokenSlots {
-                            seq_ids: &buf.seq_ids,
-                            positions: &buf.positions,
-                        },
-                    };
+                    let args = self.qkv_rope(&buf.seq_ids, &buf.positions);
                     T::dense_linear_rope_append(
                         stream,
                         &buf.x,
@@ -1194,6 +1187,19 @@ impl<T: RunDType> Model<T> {
         }
     }
 
+    /// The fused QKV epilogue's arguments for a pass whose tokens have these slots.
+    fn qkv_rope<'a>(
+        &'a self,
+        seq_ids: &'a DeviceTensor<i32>,
+        positions: &'a DeviceTensor<i32>,
+    ) -> QkvRopeAppend<'a> {
+        QkvRopeAppend {
+            heads: self.qkv_split(),
+            rope: &self.rope,
+            slots: TokenSlots { seq_ids, positions },
+        }
+    }
+
     /// [`Model::prefetch_o_bytes`] of the o projection `wo`, in a decode pass of `m` tokens on
     /// the dense-GEMV path; nothing otherwise.
     fn prefetch_o(
@@ -1226,17 +1232,10 @@ impl<T: RunDType> Model<T> {
     ) -> Result<()> {
         let cfg = &self.cfg;
         let m = buf.m;
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
+        let (hq, d) = (cfg.num_attention_heads, cfg.head_dim);
         let args = RopeAppend {
             qkv: &buf.qkv,
-            heads: QkvSplit {
-                q_heads: hq,
-                kv_heads: hkv,
-            },
+            heads: self.qkv_split(),
             slots: TokenSlots {
                 seq_ids: &buf.seq_ids,
                 positions: &buf.positions,
@@ -1306,14 +1305,7 @@ impl<T: RunDType> Model<T> {
             let (wgu, wd) = (dense(&lw.w_gate_up)?, dense(&lw.w_down)?);
             let rope_fused = self.rope_fused(buf.m, mode);
             if rope_fused {
-                let args = QkvRopeAppend {
-                    heads: self.qkv_split(),
-                    rope: &self.rope,
-                    slots: TokenSlots {
-                        seq_ids: &buf.seq_ids,
-                        positions: &buf.positions,
-                    },
-                };
+                let args = self.qkv_rope(&buf.seq_ids, &buf.positions);
                 T::dense_linear_rope_append(
                     stream,
                     &buf.h,

@@ -663,13 +663,7 @@ pub fn gemv_with_path<T: HalfDType>(
         }
         _ => (0, None),
     };
-    let (pz, _gz) = match &w.zeros {
-        Some(z) => {
-            let (p, g) = z.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
+    let (pz, _gz) = crate::tensor::opt_ptr(w.zeros.as_ref(), stream);
     let (py, _gy) = y.ptr_mut(stream);
     // SAFETY: x holds m·k and y m·n elements of T (shapes checked above); the weight's
     // buffers were sized by QuantizedHost::new for its format and [n, k]; every buffer lives
@@ -749,13 +743,7 @@ pub fn dequantize<T: FloatDType>(
         }
         _ => (0, None),
     };
-    let (pz, _gz) = match &w.zeros {
-        Some(z) => {
-            let (p, g) = z.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
+    let (pz, _gz) = crate::tensor::opt_ptr(w.zeros.as_ref(), stream);
     let (po, _go) = out.ptr_mut(stream);
     // SAFETY: out holds n·k elements of T (checked above); the weight's buffers were sized by
     // QuantizedHost::new for its format and [n, k]; every buffer lives until the guards drop,

@@ -128,20 +128,8 @@ fn launch<T: HalfDType>(
     let (mi, ni, ki) = (as_i64("x", m)?, as_i64("w", n)?, as_i64("x", k)?);
     let (px, _gx) = x.ptr(stream);
     let (pw, _gw) = w.ptr(stream);
-    let (pb, _gb) = match bias {
-        Some(b) => {
-            let (p, g) = b.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let (pg, _gg) = match &norm {
-        Some(nm) => {
-            let (p, g) = nm.weight.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
+    let (pb, _gb) = crate::tensor::opt_ptr(bias, stream);
+    let (pg, _gg) = crate::tensor::opt_ptr(norm.map(|nm| nm.weight), stream);
     let (py, _gy) = y.ptr_mut(stream);
     // SAFETY: x holds m·k, w n·k (2n·k for SwiGLU), bias n, gamma k and y m·n elements of T
     // (shapes checked by the caller and above); every buffer lives until its guard drops,
@@ -520,26 +508,7 @@ pub fn linear_rope_append<T: HalfDType>(
         ));
     }
     let QkvSplit { q_heads, kv_heads } = args.heads;
-    if kv_heads == 0 {
-        return Err(Error::invalid(
-            "heads",
-            format!("{:?}: need at least one kv head", args.heads),
-        ));
-    }
-    let n = kv_heads
-        .checked_mul(2)
-        .and_then(|x| x.checked_add(q_heads))
-        .and_then(|x| x.checked_mul(d))
-        .filter(|&x| x <= i32::MAX as usize)
-        .ok_or_else(|| {
-            Error::invalid(
-                "heads",
-                format!(
-                    "{:?}: (q_heads + 2 kv_heads) * head_dim must be <= i32::MAX",
-                    args.heads
-                ),
-            )
-        })?;
+    let n = crate::kv_cache::qkv_row_heads(args.heads, d)? * d;
     let rows = check_w("w", w, k, 1)?;
     if rows != n {
         return Err(Error::Shape {
@@ -582,20 +551,9 @@ pub fn linear_rope_append<T: HalfDType>(
     let (mi, ki) = (as_i64("x", m)?, as_i64("x", k)?);
     let (ph, _gh) = h.ptr(stream);
     let (pw, _gw) = w.ptr(stream);
-    let (pb, _gb) = match bias {
-        Some(b) => {
-            let (p, g) = b.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let (pg, _gg, eps) = match &norm {
-        Some(nm) => {
-            let (p, g) = nm.weight.ptr(stream);
-            (p, Some(g), nm.eps)
-        }
-        None => (0, None, 0.0),
-    };
+    let (pb, _gb) = crate::tensor::opt_ptr(bias, stream);
+    let (pg, _gg) = crate::tensor::opt_ptr(norm.map(|nm| nm.weight), stream);
+    let eps = norm.map_or(0.0, |nm| nm.eps);
     let (ps, _gs) = args.slots.seq_ids.ptr(stream);
     let (pp, _gp) = args.slots.positions.ptr(stream);
     let (pq, _gq) = q_out.ptr_mut(stream);

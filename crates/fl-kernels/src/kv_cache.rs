@@ -375,6 +375,32 @@ pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) 
 /// `[q; k; v]` weight; the same type as [`quant::QkvHeads`](crate::quant::QkvHeads)).
 pub type QkvSplit = crate::quant::QkvHeads;
 
+/// Heads per fused QKV row, `q_heads + 2 kv_heads`, checked: [`Error::InvalidArgument`]
+/// naming `heads` when there is no kv head or the row (`* head_dim` elements) passes
+/// `i32::MAX`. Shared by [`rope_append`] and `gemv_dense::linear_rope_append`.
+pub(crate) fn qkv_row_heads(heads: QkvSplit, head_dim: usize) -> Result<usize> {
+    let QkvSplit { q_heads, kv_heads } = heads;
+    if kv_heads == 0 {
+        return Err(Error::invalid(
+            "heads",
+            format!("{heads:?}: need at least one kv head"),
+        ));
+    }
+    kv_heads
+        .checked_mul(2)
+        .and_then(|h| h.checked_add(q_heads))
+        .filter(|&h| {
+            h.checked_mul(head_dim)
+                .is_some_and(|w| w <= i32::MAX as usize)
+        })
+        .ok_or_else(|| {
+            Error::invalid(
+                "heads",
+                format!("{heads:?}: (q_heads + 2 kv_heads) * head_dim must be <= i32::MAX"),
+            )
+        })
+}
+
 /// Which cache layout [`rope_append`] writes.
 #[derive(Clone, Copy, Debug)]
 pub enum CacheLayout<'a> {
@@ -479,25 +505,7 @@ pub fn rope_append<I: FloatDType, C: FloatDType>(
     let p = rope.to_ffi()?;
     let d = rope.head_dim;
     let QkvSplit { q_heads, kv_heads } = args.heads;
-    if kv_heads == 0 {
-        return Err(Error::invalid(
-            "heads",
-            format!("{:?}: need at least one kv head", args.heads),
-        ));
-    }
-    let row_heads = kv_heads
-        .checked_mul(2)
-        .and_then(|h| h.checked_add(q_heads))
-        .filter(|&h| h.checked_mul(d).is_some_and(|w| w <= i32::MAX as usize))
-        .ok_or_else(|| {
-            Error::invalid(
-                "heads",
-                format!(
-                    "{:?}: (q_heads + 2 kv_heads) * head_dim must be <= i32::MAX",
-                    args.heads
-                ),
-            )
-        })?;
+    let row_heads = qkv_row_heads(args.heads, d)?;
     let width = row_heads * d;
     let tokens = match *args.qkv.shape() {
         [t, w] if w == width => t,

@@ -602,13 +602,7 @@ pub fn dequantize<T: HalfDType>(
     let (pa, _ga) = d.acc.ptr(stream);
     let (psa, _gsa) = d.act_scale.ptr(stream);
     let (psw, _gsw) = d.weight_scale.ptr(stream);
-    let (pb, _gb) = match bias {
-        Some(b) => {
-            let (p, g) = b.ptr(stream);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
+    let (pb, _gb) = crate::tensor::opt_ptr(bias, stream);
     let (po, _go) = out.ptr_mut(stream);
     // SAFETY: acc and out hold tokens * width elements, act_scale tokens, weight_scale and bias
     // (when given; NULL otherwise) width (checked above); out is a distinct &mut borrow, so it

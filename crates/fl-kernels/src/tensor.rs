@@ -211,6 +211,21 @@ impl<T: DType> DeviceTensor<T> {
     }
 }
 
+/// [`DeviceTensor::ptr`] of an optional tensor: `(0, None)` (a NULL for the launcher) when
+/// absent.
+pub(crate) fn opt_ptr<'a, T: DType>(
+    t: Option<&'a DeviceTensor<T>>,
+    stream: &'a CudaStream,
+) -> (u64, Option<SyncOnDrop<'a>>) {
+    match t {
+        Some(t) => {
+            let (p, g) = t.ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    }
+}
+
 /// Checks that `t` has exactly `expected` as its shape.
 pub(crate) fn expect_shape<T: DType>(
     arg: &'static str,
