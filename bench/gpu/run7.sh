@@ -26,18 +26,20 @@
 #            (FL_GEMV_NORM=0), alternated; the attention tests with 16-key splits
 #   torchgen bench/scripts/torch_generate.py on the issue-7 rows (eager and compiled)
 #   subtests the test binaries in $FL_TESTS one by one, a line each, stopping after $FL_TEST_BUDGET s
-#   deep     decode attention with the deep ring (FL_ATTN_DEEP, session 7, never run yet): the
-#            attention and engine tests with it on, memcheck, batch-1/4 decode off / auto
+#   deep     decode attention with the deep ring (FL_ATTN_DEEP, session 7): the attention and
+#            engine tests with it on, memcheck
+#   deepab   batch-1/4 decode with FL_ATTN_DEEP off / auto, alternated
 #   wgmma    the Hopper prefill attention (session 7, never run yet): the wgmma probes, the
-#            prefill tests and memcheck with FL_PREFILL_PATH=wgmma, the prefill bench on both
-#            paths, and fl bench's prefill rows on both
+#            prefill tests and memcheck with FL_PREFILL_PATH=wgmma
+#   pbench   the prefill bench on both paths (mma, wgmma), and fl bench's prefill rows on both
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
 # output already written.
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
 # bench/RESULTS.md for the commit of each).
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} FL_REQUIRE_GPU=1
-for sec in "$@"; do case "$sec" in
+T0=$(date +%s)
+for sec in "$@"; do echo "== $sec (t=$(( $(date +%s) - T0 )) s)"; case "$sec" in
 mmadiag)
   # both paths, so the margins can be compared (the test prints every mode's rel L2)
   for p in fma mma; do
@@ -183,7 +185,8 @@ wgmma)
   FL_PREFILL_PATH=wgmma timeout 200 "$B/tests/fl-kernels__attention_prefill" --test-threads=2 > "$OUT/wgmma-tests.log" 2>&1
   echo "prefill tests FL_PREFILL_PATH=wgmma rc=$? $(grep -E '^test result' "$OUT/wgmma-tests.log" | tail -1)"
   grep -E "panicked|rel L2" "$OUT/wgmma-tests.log" | cut -c1-250 | head -8
-  FL_PREFILL_PATH=wgmma timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention_prefill" ragged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  FL_PREFILL_PATH=wgmma timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention_prefill" ragged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
+pbench)
   for path in mma wgmma; do
     FL_PREFILL_PATH=$path timeout 150 "$B/benches/attention_prefill" --bench --warm-up-time 0.1 --measurement-time 0.3 2>&1 | grep -E "^attn_prefill" | sed "s/^/$path /"
     r=$(FL_PREFILL_PATH=$path timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:2048:2,16:512:2 2>&1 | grep -E "prefill:|rror" | awk '{printf "%s | ", $0}')
@@ -195,7 +198,8 @@ deep)
     echo "$n FL_ATTN_DEEP=on rc=$? $(grep -E '^test result' "$OUT/deep-$n.log" | tail -1)"
     grep -E "panicked" "$OUT/deep-$n.log" | cut -c1-250 | head -4
   done
-  FL_ATTN_DEEP=on timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention" paged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  FL_ATTN_DEEP=on timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention" paged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
+deepab)
   for e in "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto" "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto"; do
     r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | sed -E 's/ms\/step.*= ([0-9.]+)% of the bandwidth floor/ms \1%/' | awk '{printf "%s | ", $0}')
     echo "$e $r"; done ;;

@@ -40,6 +40,8 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 template <typename T> struct Wg {
     // d (64 x 64) (+)= A (64 x 16, smem K-major) B (16 x 64, smem K-major); acc = 0: d = A B.
     static __device__ void ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc);
+    // d (64 x 128) (+)= A (64 x 16, smem K-major) B (16 x 128, smem K-major); acc = 0: d = A B.
+    static __device__ void ss_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc);
     // d (64 x 128) += A (64 x 16, registers) B (16 x 128, smem MN-major).
     static __device__ void rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db);
     static __device__ uint32_t pack(float lo, float hi);
@@ -52,6 +54,7 @@ template <> __device__ __forceinline__ uint32_t Wg<__nv_bfloat16>::pack(float lo
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t *>(&h);
 }
+// The asm operand lists below are mechanical (one "+f" per accumulator register).
 template <>
 __device__ __forceinline__ void Wg<__half>::ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
     asm volatile(
@@ -61,7 +64,15 @@ __device__ __forceinline__ void Wg<__half>::ss_m64n64k16(float (&d)[32], uint64_
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(acc));
 }
-
+template <>
+__device__ __forceinline__ void Wg<__half>::ss_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
 template <>
 __device__ __forceinline__ void Wg<__half>::rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
@@ -71,7 +82,6 @@ __device__ __forceinline__ void Wg<__half>::rs_m64n128k16_tb(float (&d)[64], con
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
-
 template <>
 __device__ __forceinline__ void Wg<__nv_bfloat16>::ss_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int acc) {
     asm volatile(
@@ -81,7 +91,15 @@ __device__ __forceinline__ void Wg<__nv_bfloat16>::ss_m64n64k16(float (&d)[32], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(acc));
 }
-
+template <>
+__device__ __forceinline__ void Wg<__nv_bfloat16>::ss_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(acc));
+}
 template <>
 __device__ __forceinline__ void Wg<__nv_bfloat16>::rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
     asm volatile(
@@ -92,21 +110,36 @@ __device__ __forceinline__ void Wg<__nv_bfloat16>::rs_m64n128k16_tb(float (&d)[6
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// Pins accumulator registers between a wgmma's issue and its wait: without it the compiler
+// may move ordinary reads or writes of them across the (opaque) wait.
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fence_regs(uint32_t (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+// Waits until at most N committed wgmma groups of this warp are still in flight.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
-// Copies rows row0..row0+63 of a [*, 128] matrix (row stride gstride elements; rows >= len
-// zero-filled) into `s` as two 64-column atoms 8 KB apart, 128-byte rows, 128B-swizzled:
-// K-major for Q and K, MN-major for V. cp.async by NTH threads (tid < NTH); the caller commits,
-// waits, then fences the copies to the async proxy (fence_async_smem) and synchronises.
-template <int NTH, typename T>
+// Copies rows row0..row0+ROWS-1 of a [*, 128] matrix (row stride gstride elements; rows >= len
+// zero-filled) into `s` as two 64-column atoms ROWS x 128 bytes apart, 128-byte rows,
+// 128B-swizzled: K-major for Q and K, MN-major for V. cp.async by NTH threads (tid < NTH); the
+// caller commits, waits, then fences the copies to the async proxy (fence_async_smem) and
+// synchronises.
+template <int NTH, typename T, int ROWS = 64>
 __device__ __forceinline__ void load_rows(uint32_t s, const T *g, int64_t gstride, int row0,
                                           int len, int tid) {
 #pragma unroll 4
-    for (int i = tid; i < 64 * 16; i += NTH) {
+    for (int i = tid; i < ROWS * 16; i += NTH) {
         const int r = i >> 4, c16 = i & 15;
         const int row = row0 + r;
         const bool ok = row < len;
         const T *src = g + (int64_t)(ok ? row : 0) * gstride + c16 * 8;
-        cp_async16(s + (uint32_t)((c16 >> 3) * 8192) + swz128(r, c16 & 7), src, ok ? 16 : 0);
+        cp_async16(s + (uint32_t)((c16 >> 3) * (ROWS * 128)) + swz128(r, c16 & 7), src, ok ? 16 : 0);
     }
 }
 

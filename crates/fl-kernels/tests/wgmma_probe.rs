@@ -1,8 +1,10 @@
-//! The Hopper wgmma building blocks of kernels/wgmma_probe.cu against f64 products: the
-//! shared-memory descriptors and 128-byte swizzle of K-major (Q, K) and MN-major (V) tiles,
-//! the accumulator layout of wgmma.m64n64k16, and the register-A form fed from it
-//! (wgmma.m64n128k16 with P in registers). A wrong descriptor field or layout guess gives
-//! errors of order 1; f32 accumulation of exact f16 products stays within 1e-5.
+//! The Hopper wgmma building blocks of kernels/wgmma_probe.cu against f64 products, at the
+//! prefill kernel's tile shapes (64 queries x 128 keys, head_dim 128): the shared-memory
+//! descriptors and 128-byte swizzle of K-major (Q [64, 128], K [128, 128]) and MN-major
+//! (V [128, 128]) tiles, the accumulator layout of wgmma.m64n128k16 (S [64, 128]), and the
+//! register-A form fed from it (P [64, 128] in registers times V). A wrong descriptor field or
+//! layout guess gives errors of order 1; f32 accumulation of exact f16 products stays within
+//! 1e-5.
 //! Skipped (with a notice) on a GPU other than sm_90 (the kernels are sm_90a only).
 
 use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -36,26 +38,26 @@ fn wgmma_qk_matches_f64() {
     let s = gpu.stream();
     let mut r = rand::rngs::StdRng::seed_from_u64(7);
     for case in 0..3 {
-        let (q, k) = (halves(&mut r, 64 * 128), halves(&mut r, 64 * 128));
+        let (q, k) = (halves(&mut r, 64 * 128), halves(&mut r, 128 * 128));
         let qd = DeviceTensor::from_host(s, &q, &[64, 128]).unwrap();
-        let kd = DeviceTensor::from_host(s, &k, &[64, 128]).unwrap();
-        let mut sd = DeviceTensor::<f32>::filled(s, &[64, 64], f32::NAN).unwrap();
+        let kd = DeviceTensor::from_host(s, &k, &[128, 128]).unwrap();
+        let mut sd = DeviceTensor::<f32>::filled(s, &[64, 128], f32::NAN).unwrap();
         {
             let (pq, _g1) = qd.as_slice().device_ptr(s);
             let (pk, _g2) = kd.as_slice().device_ptr(s);
             let (ps, _g3) = sd.as_slice_mut().device_ptr_mut(s);
-            // SAFETY: q and k hold 64 x 128 f16, s 64 x 64 f32, the sizes the probe reads and
-            // writes; the guards keep them alive until the launch is queued.
+            // SAFETY: q holds 64 x 128 f16, k 128 x 128 f16, s 64 x 128 f32, the sizes the probe
+            // reads and writes; the guards keep them alive until the launch is queued.
             let st = unsafe {
                 fl_kernels_sys::fl_wgmma_probe_qk(pq as _, pk as _, ps as _, s.cu_stream() as _)
             };
             assert_eq!(st, fl_kernels_sys::FL_OK as i32, "launch");
         }
         let got = sd.to_host(s).unwrap();
-        let mut want = vec![0f64; 64 * 64];
+        let mut want = vec![0f64; 64 * 128];
         for i in 0..64 {
-            for j in 0..64 {
-                want[i * 64 + j] = (0..128)
+            for j in 0..128 {
+                want[i * 128 + j] = (0..128)
                     .map(|e| q[i * 128 + e].to_f64() * k[j * 128 + e].to_f64())
                     .sum();
             }
@@ -63,11 +65,12 @@ fn wgmma_qk_matches_f64() {
         let got64: Vec<f64> = got.iter().map(|&x| x as f64).collect();
         let err = rel_l2(&got, &want);
         // first wrong element, to tell a layout error (a permutation) from noise
-        let bad = (0..64 * 64).find(|&i| (got64[i] - want[i]).abs() > 1e-3 * (1.0 + want[i].abs()));
+        let bad =
+            (0..64 * 128).find(|&i| (got64[i] - want[i]).abs() > 1e-3 * (1.0 + want[i].abs()));
         assert!(
             err < 1e-5,
             "case {case}: S = Q K^T rel L2 {err}; first bad (row, col) {:?}: got {:?} want {:?}",
-            bad.map(|i| (i / 64, i % 64)),
+            bad.map(|i| (i / 128, i % 128)),
             bad.map(|i| got64[i]),
             bad.map(|i| want[i])
         );
@@ -85,16 +88,16 @@ fn wgmma_pv_matches_f64() {
     let s = gpu.stream();
     let mut r = rand::rngs::StdRng::seed_from_u64(11);
     for case in 0..3 {
-        let p: Vec<f32> = (0..64 * 64).map(|_| r.random_range(0.0f32..1.0)).collect();
-        let v = halves(&mut r, 64 * 128);
-        let pd = DeviceTensor::from_host(s, &p, &[64, 64]).unwrap();
-        let vd = DeviceTensor::from_host(s, &v, &[64, 128]).unwrap();
+        let p: Vec<f32> = (0..64 * 128).map(|_| r.random_range(0.0f32..1.0)).collect();
+        let v = halves(&mut r, 128 * 128);
+        let pd = DeviceTensor::from_host(s, &p, &[64, 128]).unwrap();
+        let vd = DeviceTensor::from_host(s, &v, &[128, 128]).unwrap();
         let mut od = DeviceTensor::<f32>::filled(s, &[64, 128], f32::NAN).unwrap();
         {
             let (pp, _g1) = pd.as_slice().device_ptr(s);
             let (pv, _g2) = vd.as_slice().device_ptr(s);
             let (po, _g3) = od.as_slice_mut().device_ptr_mut(s);
-            // SAFETY: p holds 64 x 64 f32, v 64 x 128 f16, o 64 x 128 f32, what the probe
+            // SAFETY: p holds 64 x 128 f32, v 128 x 128 f16, o 64 x 128 f32, what the probe
             // reads and writes; the guards keep them alive until the launch is queued.
             let st = unsafe {
                 fl_kernels_sys::fl_wgmma_probe_pv(pp as _, pv as _, po as _, s.cu_stream() as _)
@@ -107,8 +110,8 @@ fn wgmma_pv_matches_f64() {
         let mut want = vec![0f64; 64 * 128];
         for i in 0..64 {
             for j in 0..128 {
-                want[i * 128 + j] = (0..64)
-                    .map(|e| ph[i * 64 + e] * v[e * 128 + j].to_f64())
+                want[i * 128 + j] = (0..128)
+                    .map(|e| ph[i * 128 + e] * v[e * 128 + j].to_f64())
                     .sum();
             }
         }
