@@ -1,21 +1,28 @@
-// Causal prefill attention on Hopper tensor cores (wgmma), head_dim 128, f16 / bf16: the
+// Causal prefill attention on Hopper tensor cores (wgmma + TMA), head_dim 128, f16 / bf16: the
 // FL_PREFILL_PATH=wgmma path of fl_attention_prefill (attention_prefill.cu keeps the
-// mma.sync kernel as the default until this one measures faster; see bench/RESULTS.md).
+// mma.sync kernel as the default until this one is the measured winner; see bench/RESULTS.md).
 //
-// One CTA owns BM = 128 query rows of one (sequence, q head): two warpgroups of 64 rows each,
-// sharing the K/V tiles. Key tiles of BN = 128 keys, from the diagonal tile down:
-//   S_j = Q K_j^T   8 x wgmma.m64n128k16, both operands in shared memory (K-major, 128B swizzle)
+// One CTA owns BM = 128 query rows of one (sequence, q head): two consumer warpgroups of 64
+// rows each and one producer warpgroup. Key tiles of BN = 128 keys, from the diagonal tile down:
+//   producer  one thread issues TMA copies (128B-swizzled boxes of 128 rows x 64 columns) of
+//             Q once and of K_j and V_j into two-stage rings, each stage guarded by a "full"
+//             mbarrier (TMA byte count) and an "empty" one (one arrival per consumer warp);
+//   S_j = Q K_j^T   8 x wgmma.m64n128k16, both operands in shared memory (K-major)
 //   O += P V        8 x wgmma.m64n128k16, P from registers (the S accumulator layout is the A
 //                   fragment layout), V in shared memory MN-major (transposed B)
 // Within a warpgroup the P V product of tile j+1 is issued right after S_j and runs while the
-// softmax of S_j is computed (FlashAttention-3's intra-warpgroup overlap): O is rescaled only
-// once that product has landed. Registers: O 64, S 64, P 32 (222 in all, one CTA per SM). K and V stream through two stages each with cp.async; the copy
-// of K_{j-1} and V_j is issued at the top of iteration j, right after the barrier that makes
-// the previous copies visible (each thread fences its own copies to the async proxy, which
-// wgmma reads shared memory through, before the barrier). Q is loaded once. No [L, L] matrix,
-// no workspace.
-// Not yet done (what FA3 adds): TMA loads and a producer warp, ping-pong scheduling of the
-// two warpgroups' softmax against each other's wgmmas, GQA heads sharing a CTA.
+// softmax of S_j is computed (FlashAttention-3's intra-warpgroup overlap); O is rescaled once
+// that product has landed, and only in warps where some row's running max moved. There is no
+// CTA-wide barrier after the set-up, so the two warpgroups drift apart and one's softmax
+// overlaps the other's wgmmas. Registers: O 64, S 64, P 32 per consumer thread.
+// TMA reads whole 128-row boxes: rows past the sequence's end belong to the next sequence
+// (or are zero past the last token); they are masked out of every softmax and never written,
+// but a NaN or Inf in a neighbour's V rows would reach these rows' output through 0 * Inf.
+// Not yet done (what FA3 adds): explicit ping-pong scheduling of the two warpgroups, GQA heads
+// sharing a CTA, a persistent tile scheduler.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "common/common.cuh"
 #include "common/wgmma.cuh"
 
@@ -23,28 +30,35 @@ namespace fl {
 namespace prefill_wgmma {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int D = 128, WGS = 2, BM = 64 * WGS, BN = 128, THREADS = 128 * WGS;
-constexpr int Q_BYTES = 64 * D * 2;    // one warpgroup's 64 query rows
-constexpr int KV_BYTES = BN * D * 2;   // one K or V tile
-constexpr int SMEM_BYTES = WGS * Q_BYTES + 4 * KV_BYTES + 1024;  // Q, 2 x K, 2 x V, alignment
+constexpr int D = 128, WGS = 2, BM = 64 * WGS, BN = 128;
+constexpr int THREADS = 128 * (WGS + 1);  // consumer warpgroups, then the producer warpgroup
+constexpr int TILE_BYTES = BM * D * 2;   // Q (BM rows), K or V (BN rows): 32 KB each
+static_assert(BM == BN, "one box shape for Q, K and V");
+constexpr int BAR_OFF = 5 * TILE_BYTES;  // Q, 2 x K, 2 x V, then the mbarriers
+constexpr int SMEM_BYTES = BAR_OFF + 128 + 1024;  // + alignment slack
 
 struct Params {
-    const void *q, *k, *v;
+    CUtensorMap tq, tk, tv;  // [total_tokens, heads, 128] as 3-d maps, boxes of 128 x 1 x 64
     void *out;
     const int32_t *cu_seqlens;
     int32_t batch, q_heads, kv_heads, total_tokens, window;
-    float scale_log2;  // softmax scale * log2(e)
+    float scale_log2;  // softmax scale * log2(e), > 0
 };
 
 template <typename T>
-__global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
+__global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef FL_HAVE_WGMMA
     using namespace fl::wg;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
     const uint32_t s_q = base;
-    auto s_k = [&](int j) { return base + (uint32_t)(WGS * Q_BYTES + (j & 1) * KV_BYTES); };
-    auto s_v = [&](int j) { return base + (uint32_t)(WGS * Q_BYTES + (2 + (j & 1)) * KV_BYTES); };
+    auto s_k = [&](int sl) { return base + (uint32_t)((1 + sl) * TILE_BYTES); };
+    auto s_v = [&](int sl) { return base + (uint32_t)((3 + sl) * TILE_BYTES); };
+    const uint32_t full_q = base + BAR_OFF;
+    auto full_k = [&](int sl) { return base + BAR_OFF + 8u * (1 + sl); };
+    auto full_v = [&](int sl) { return base + BAR_OFF + 8u * (3 + sl); };
+    auto empty_k = [&](int sl) { return base + BAR_OFF + 8u * (5 + sl); };
+    auto empty_v = [&](int sl) { return base + BAR_OFF + 8u * (7 + sl); };
 
     const int h = blockIdx.x, b = blockIdx.y;
     const int m_block = gridDim.z - 1 - blockIdx.z;  // heavy (late) query tiles first
@@ -56,64 +70,79 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
     const int q_start = m_block * BM;
     if (q_start >= len) return;
     const int q_last = min(q_start + BM, len) - 1;
+    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
+    const int n_hi = (q_last + BN) / BN;
+    const int n_lo = p.window > 0 ? max(0, q_start - p.window + 1) / BN : 0;
+    const int ntiles = n_hi - n_lo;
 
-    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbar_init(full_q, 1);
+        for (int sl = 0; sl < 2; ++sl) {
+            mbar_init(full_k(sl), 1);
+            mbar_init(full_v(sl), 1);
+            mbar_init(empty_k(sl), 8);  // one arrival per consumer warp
+            mbar_init(empty_v(sl), 8);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    // Registers move from the producer warpgroup (24 each) to the consumers (240): per SM
+    // sub-partition one warp of each, 24 + 2 x 240 <= 512 registers per thread slot.
+    if (tid >= 128 * WGS) {  // the producer warpgroup: one thread issues every copy
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 128 * WGS) {
+            mbar_expect_tx(full_q, TILE_BYTES);
+            for (int c = 0; c < 2; ++c)
+                tma_load_3d(s_q + c * (TILE_BYTES / 2), &p.tq, full_q, 64 * c, h, start + q_start);
+            for (int i = 0; i < ntiles; ++i) {
+                const int j = n_hi - 1 - i, sl = i & 1, ph = ((i >> 1) & 1) ^ 1;
+                mbar_wait(empty_k(sl), ph);  // (a fresh barrier passes the "previous" phase)
+                mbar_expect_tx(full_k(sl), TILE_BYTES);
+                for (int c = 0; c < 2; ++c)
+                    tma_load_3d(s_k(sl) + c * (TILE_BYTES / 2), &p.tk, full_k(sl), 64 * c, kvh, start + j * BN);
+                mbar_wait(empty_v(sl), ph);
+                mbar_expect_tx(full_v(sl), TILE_BYTES);
+                for (int c = 0; c < 2; ++c)
+                    tma_load_3d(s_v(sl) + c * (TILE_BYTES / 2), &p.tv, full_v(sl), 64 * c, kvh, start + j * BN);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
     const int wg_first = q_start + 64 * wg;           // this warpgroup's first query row
     const int wg_last = min(wg_first + 63, len - 1);  // < wg_first: no rows here
     const int r0 = wg_first + 16 * warp + g, r1 = r0 + 8;  // this thread's two rows
-
-    const int64_t q_stride = (int64_t)p.q_heads * D, kv_stride = (int64_t)p.kv_heads * D;
-    const T *qg = static_cast<const T *>(p.q) + (int64_t)start * q_stride + (int64_t)h * D;
-    const T *kg = static_cast<const T *>(p.k) + (int64_t)start * kv_stride + (int64_t)kvh * D;
-    const T *vg = static_cast<const T *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
-
-    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
-    const int n_hi = (q_last + BN) / BN;
-    const int n_lo = p.window > 0 ? max(0, q_start - p.window + 1) / BN : 0;
-
-#pragma unroll
-    for (int w = 0; w < WGS; ++w)
-        load_rows<THREADS, T, 64>(s_q + (uint32_t)(w * Q_BYTES), qg, q_stride, q_start + 64 * w, len, tid);
-    load_rows<THREADS, T, BN>(s_k(n_hi - 1), kg, kv_stride, (n_hi - 1) * BN, len, tid);
-    cp_async_commit();
+    const float sc = p.scale_log2;
 
     float o[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // m in scaled (log2) units
     float s[64];
     uint32_t pa[8][4];  // P of the previous tile, as the A fragments of 8 k-steps
-    const uint32_t q_wg = s_q + (uint32_t)(wg * Q_BYTES);
+    const uint32_t q_wg = s_q + (uint32_t)(wg * 64 * 128);  // this warpgroup's 64 rows
 
     // Every wgmma below is issued unconditionally by both warpgroups (a wgmma in a path ptxas
     // cannot prove warpgroup-uniform gets serialised, warning C7520). A tile that holds no key a
     // row of this warpgroup sees (a warpgroup past the sequence end, a tile before its window)
     // is computed fully masked and adds nothing.
-    // Top of iteration j: K_j and V_{j+1} landed (this thread's copies), fenced to the async
-    // proxy, and everyone's; everyone also finished reading K_{j+1} and V_{j+2}, whose stages
-    // the copies of K_{j-1} and V_j then overwrite.
-    auto sync_and_load = [&](int j) {
-        cp_async_wait<0>();
-        fence_async_smem();
-        __syncthreads();
-        if (j - 1 >= n_lo) load_rows<THREADS, T, BN>(s_k(j - 1), kg, kv_stride, (j - 1) * BN, len, tid);
-        load_rows<THREADS, T, BN>(s_v(j), vg, kv_stride, j * BN, len, tid);
-        cp_async_commit();
-    };
-    auto issue_s = [&](int j) {
+    auto issue_s = [&](int sl) {
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-            const uint32_t oq = (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32);
-            const uint32_t ok = (uint32_t)((kk >> 2) * 16384 + (kk & 3) * 32);
-            Wg<T>::ss_m64n128k16(s, mdesc(q_wg + oq, 16, 1024), mdesc(s_k(j) + ok, 16, 1024), kk);
+            const uint32_t off = (uint32_t)((kk >> 2) * (TILE_BYTES / 2) + (kk & 3) * 32);
+            Wg<T>::ss_m64n128k16(s, mdesc(q_wg + off, 16, 1024), mdesc(s_k(sl) + off, 16, 1024), kk);
         }
         wgmma_commit();
     };
-    auto issue_pv = [&](int j) {
+    auto issue_pv = [&](int sl) {
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
-            Wg<T>::rs_m64n128k16_tb(o, pa[kk], mdesc(s_v(j) + (uint32_t)kk * 2048u, 16384, 1024));
+            Wg<T>::rs_m64n128k16_tb(o, pa[kk], mdesc(s_v(sl) + (uint32_t)kk * 2048u, TILE_BYTES / 2, 1024));
         wgmma_commit();
     };
     // Online softmax of S_j in place (s becomes P), returning the factors O must be rescaled by.
@@ -121,32 +150,32 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
         // s[4c + e] = (row r0, key 8c + 2t + e), s[4c + 2 + e] = (row r1, same key). Masks only
         // where a key of the tile lies beyond a row (the diagonal) or before its window.
         const bool masked = (j + 1) * BN - 1 > wg_first || (p.window > 0 && j * BN <= wg_last - p.window);
+        if (masked) {
+#pragma unroll
+            for (int c = 0; c < 16; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = j * BN + 8 * c + 2 * t + e;
+                    if (key > r0 || (p.window > 0 && key <= r0 - p.window)) s[4 * c + e] = -INFINITY;
+                    if (key > r1 || (p.window > 0 && key <= r1 - p.window)) s[4 * c + 2 + e] = -INFINITY;
+                }
+        }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int c = 0; c < 16; ++c)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float v0 = s[4 * c + e] * p.scale_log2, v1 = s[4 * c + 2 + e] * p.scale_log2;
-                if (masked) {
-                    const int key = j * BN + 8 * c + 2 * t + e;
-                    if (key > r0 || (p.window > 0 && key <= r0 - p.window)) v0 = -INFINITY;
-                    if (key > r1 || (p.window > 0 && key <= r1 - p.window)) v1 = -INFINITY;
-                }
-                s[4 * c + e] = v0;
-                s[4 * c + 2 + e] = v1;
-                mx0 = fmaxf(mx0, v0);
-                mx1 = fmaxf(mx1, v1);
-            }
+        for (int c = 0; c < 16; ++c) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * c], s[4 * c + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * c + 2], s[4 * c + 3]));
+        }
 #pragma unroll
         for (int x = 1; x <= 2; x <<= 1) {
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
         }
-        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        const float n0 = fmaxf(m0, mx0 * sc), n1 = fmaxf(m1, mx1 * sc);  // sc > 0
         // A row with no visible key yet keeps m = -inf; exp2 against 0 then gives 0s.
         const float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
-        a0 = exp2f(m0 - u0);
-        a1 = exp2f(m1 - u1);
+        a0 = ex2_ftz(m0 - u0);
+        a1 = ex2_ftz(m1 - u1);
         m0 = n0;
         m1 = n1;
         sum0 = 0.f;
@@ -155,8 +184,8 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
         for (int c = 0; c < 16; ++c)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                s[4 * c + e] = exp2f(s[4 * c + e] - u0);
-                s[4 * c + 2 + e] = exp2f(s[4 * c + 2 + e] - u1);
+                s[4 * c + e] = ex2_ftz(fmaf(s[4 * c + e], sc, -u0));
+                s[4 * c + 2 + e] = ex2_ftz(fmaf(s[4 * c + 2 + e], sc, -u1));
                 sum0 += s[4 * c + e];
                 sum1 += s[4 * c + 2 + e];
             }
@@ -164,12 +193,14 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
     auto rescale_and_pack = [&](float a0, float a1, float sum0, float sum1) {
         l0 = l0 * a0 + sum0;  // per-thread partial sums; the quad adds them at the end
         l1 = l1 * a1 + sum1;
+        if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-        for (int c = 0; c < 16; ++c) {
-            o[4 * c] *= a0;
-            o[4 * c + 1] *= a0;
-            o[4 * c + 2] *= a1;
-            o[4 * c + 3] *= a1;
+            for (int c = 0; c < 16; ++c) {
+                o[4 * c] *= a0;
+                o[4 * c + 1] *= a0;
+                o[4 * c + 2] *= a1;
+                o[4 * c + 3] *= a1;
+            }
         }
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk)
@@ -178,37 +209,42 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
     };
 
     float a0, a1, sum0, sum1;
-    {  // the diagonal tile: S only
-        const int j = n_hi - 1;
-        sync_and_load(j);
+    mbar_wait(full_q, 0);
+    {  // tile i = 0 (the diagonal): S only
+        mbar_wait(full_k(0), 0);
         wgmma_fence();
-        issue_s(j);
+        issue_s(0);
         wgmma_wait<0>();
         fence_regs(s);
-        softmax(j, a0, a1, sum0, sum1);
+        if (lane == 0) mbar_arrive(empty_k(0));
+        softmax(n_hi - 1, a0, a1, sum0, sum1);
         rescale_and_pack(a0, a1, sum0, sum1);
     }
-    for (int j = n_hi - 2; j >= n_lo; --j) {
-        sync_and_load(j);
+    for (int i = 1; i < ntiles; ++i) {
+        const int sl = i & 1, pl = sl ^ 1;
+        mbar_wait(full_k(sl), (i >> 1) & 1);
+        mbar_wait(full_v(pl), ((i - 1) >> 1) & 1);
         // S_j, then O += P_{j+1} V_{j+1}, which runs while S_j's softmax is computed
         wgmma_fence();
-        issue_s(j);
-        issue_pv(j + 1);
+        issue_s(sl);
+        issue_pv(pl);
         wgmma_wait<1>();
         fence_regs(s);
-        softmax(j, a0, a1, sum0, sum1);
+        if (lane == 0) mbar_arrive(empty_k(sl));
+        softmax(n_hi - 1 - i, a0, a1, sum0, sum1);
         wgmma_wait<0>();  // O and pa may be touched again
         fence_regs(o);
+        if (lane == 0) mbar_arrive(empty_v(pl));
         rescale_and_pack(a0, a1, sum0, sum1);
     }
-    // The last P V product, with V_{n_lo} (copied at the top of the last iteration).
-    cp_async_wait<0>();
-    fence_async_smem();
-    __syncthreads();
-    wgmma_fence();
-    issue_pv(n_lo);
-    wgmma_wait<0>();
-    fence_regs(o);
+    {  // the last P V product
+        const int pl = (ntiles - 1) & 1;
+        mbar_wait(full_v(pl), ((ntiles - 1) >> 1) & 1);
+        wgmma_fence();
+        issue_pv(pl);
+        wgmma_wait<0>();
+        fence_regs(o);
+    }
 
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
@@ -219,6 +255,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(Params p) {
     // subroutine, and with relocatable device code ptxas then serialises every wgmma of the
     // kernel (warning C7509).
     const float i0 = l0 > 0.f ? __fdividef(1.f, l0) : 0.f, i1 = l1 > 0.f ? __fdividef(1.f, l1) : 0.f;
+    const int64_t q_stride = (int64_t)p.q_heads * D;
     T *og = static_cast<T *>(p.out) + (int64_t)start * q_stride + (int64_t)h * D;
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -244,12 +281,45 @@ inline bool device_ok() {
     return major == 9;
 }
 
+// cuTensorMapEncodeTiled from the driver (looked up once; null when the driver lacks it).
+inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            f = nullptr;
+        }
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return fn;
+}
+
+// [tokens, heads, 128] 16-bit row-major as a 3-d map (innermost first), boxes of 64 elements
+// (128 bytes: the 128-byte swizzle's span) x 1 head x 128 tokens; out-of-range rows read 0.
+inline bool make_map(CUtensorMap *m, CUtensorMapDataType dt, const void *ptr, int heads, int tokens) {
+    const auto enc = encode_fn();
+    if (!enc) return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)tokens};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)heads * D * 2};
+    const cuuint32_t box[3] = {64, 1, (cuuint32_t)BN};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    return enc(m, dt, 3, const_cast<void *>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <typename T>
 fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     Params p;
-    p.q = a->q;
-    p.k = a->k;
-    p.v = a->v;
+    const CUtensorMapDataType dt =
+        a->dtype == FL_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    if (!make_map(&p.tq, dt, a->q, a->q_heads, a->total_tokens) ||
+        !make_map(&p.tk, dt, a->k, a->kv_heads, a->total_tokens) ||
+        !make_map(&p.tv, dt, a->v, a->kv_heads, a->total_tokens))
+        return FL_ERR_UNSUPPORTED_DTYPE;  // no TMA here: the mma.sync kernel runs instead
     p.out = a->out;
     p.cu_seqlens = a->cu_seqlens;
     p.batch = a->batch;

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const DEFAULT_ARCHS: &str = "80,86,89,90a,compute_80";
+/// Sources compiled without relocatable device code (see where they are built).
+const WHOLE_PROGRAM: &[&str] = &["attention_prefill_wgmma.cu"];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -120,7 +122,13 @@ fn main() {
             build.flag(f);
         }
     }
-    for s in &sources {
+    let whole_program = |s: &Path| {
+        WHOLE_PROGRAM
+            .iter()
+            .any(|w| s.file_name().is_some_and(|n| n == *w))
+    };
+    let single = build.clone(); // the flags without any file, for the whole-program sources
+    for s in sources.iter().filter(|s| !whole_program(s)) {
         build.file(s);
     }
     // The library depends only on the inputs hashed below, never on the cargo profile (the
@@ -145,6 +153,17 @@ fn main() {
     });
     if !hit {
         build.cargo_metadata(false);
+        // Kernels that hand registers between warpgroups (setmaxnreg) are compiled as whole
+        // programs, each on its own: with relocatable device code (what cc uses for more than
+        // one CUDA file) ptxas ignores setmaxnreg (warning C7504) and the kernel spills. Their
+        // objects join the library beside the others; the device-link step leaves them alone.
+        for s in sources.iter().filter(|s| whole_program(s)) {
+            let mut one = single.clone();
+            one.file(s);
+            for o in one.compile_intermediates() {
+                build.object(o);
+            }
+        }
         build.compile("fl_kernels");
         check_no_host_exit(&lib);
         if let Some(c) = &cache {
