@@ -84,30 +84,20 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// DEEP (16-bit MHA only, FL_ATTN_DEEP): a ring of 16 stages of 2 keys per worker in 128 KB of
-// dynamic shared memory, one CTA per SM, so that a short split has (nearly) all its keys in
-// flight at once: at batch 1 a 7B model's 32 CTAs leave 100 SMs idle, and the 3-stage ring
-// makes each CTA wait ~4 memory round trips for 256 keys (5.8 us per layer under ncu).
-constexpr int kDeepU = 2, kDeepS = 16;
-constexpr int kDeepBytes = kDeepS * kDeepU * 2 * kThreads * 16;  // CH = 1
-
-template <typename T, int D, int G, bool PAGED, bool DEEP = false>
-__global__ void __launch_bounds__(kThreads, DEEP ? 1 : ctas_per_sm(G, sizeof(T)))
-    decode_kernel(Params p) {
+template <typename T, int D, int G, bool PAGED>
+__global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_kernel(Params p) {
     pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
-    static_assert(!DEEP || (sizeof(T) == 2 && G == 1), "the deep ring is for 16-bit MHA");
     constexpr int LPK = lanes_per_key(D);
     constexpr int WPW = 32 / LPK;          // workers per warp
     constexpr int NW = kWarps * WPW;       // workers per CTA
-    constexpr int U = DEEP ? kDeepU : keys_per_stage(G, sizeof(T));  // keys per worker per stage
-    constexpr int S = DEEP ? kDeepS : stages(G, sizeof(T));
+    constexpr int U = keys_per_stage(G, sizeof(T));  // keys per worker per stage
+    constexpr int S = stages(G, sizeof(T));
     constexpr int TK = NW * U;             // keys per stage (tile) of the CTA
     constexpr int CH = (int)sizeof(T) * 8 / 16;  // 16-byte slices of a lane's 8 dims
     constexpr int EPC = 8 / CH;                  // elements per slice
     constexpr int kPipe = S * U * 2 * CH * kThreads;  // 16-byte slots
     static_assert(CH == 1 || CH == 2, "16- or 32-bit elements");
-    static_assert(DEEP || kPipe * 16 <= 48 * 1024, "static shared memory limit");
-    static_assert(!DEEP || kPipe * 16 == kDeepBytes, "deep ring size");
+    static_assert(kPipe * 16 <= 48 * 1024, "static shared memory limit");
     static_assert((NW * G * D + 2 * NW * G) * 4 <= kPipe * 16, "merge buffers fit the ring");
     static_assert(S * U <= 32, "validity bits fit a word");
     using V8 = Vec<T, 8>;
@@ -115,14 +105,7 @@ __global__ void __launch_bounds__(kThreads, DEEP ? 1 : ctas_per_sm(G, sizeof(T))
     // Slot (stage st, key u, K or V, slice c, thread) = (((st * U + u) * 2 + kv) * CH + c) *
     // kThreads + tid: a warp touches 512 contiguous bytes per access (no bank conflicts).
     // After the key loop the same memory holds the merge buffers.
-    uint4 *ring;
-    if constexpr (DEEP) {
-        extern __shared__ __align__(16) uint4 deep_ring[];
-        ring = deep_ring;
-    } else {
-        __shared__ __align__(16) uint4 static_ring[DEEP ? 1 : kPipe];
-        ring = static_ring;
-    }
+    __shared__ __align__(16) uint4 ring[kPipe];
 
     const int split = blockIdx.z;
     const int chunks = (p.q_heads / p.kv_heads) / G;
@@ -797,14 +780,6 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     return (int)best_s;
 }
 
-// FL_ATTN_DEEP (read once): `off` (default until measured), `auto` (16-bit MHA grids of at
-// most one CTA per SM take the deep ring), `on` (every 16-bit MHA launch: for the tests).
-inline int deep_mode() {
-    static const EnvChoice choices[] = {{"off", 0}, {"auto", 1}, {"on", 2}};
-    static const int v = env_choice("FL_ATTN_DEEP", choices, 0);
-    return v;
-}
-
 template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
@@ -815,31 +790,10 @@ fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st
         else
             decode_mma_kernel<T, D, G, false><<<grid, 32, 0, st>>>(p);
     } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
-        bool deep = false;
-        if constexpr (sizeof(T) == 2 && G == 1) {
-            const int mode = deep_mode();
-            const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-            deep = mode == 2 || (mode == 1 && ctas <= (a->sm_count > 0 ? a->sm_count : 132));
-            if (deep) {
-                const bool paged = a->layout == FL_KV_PAGED;
-                auto kern = paged ? decode_kernel<T, D, G, true, true> : decode_kernel<T, D, G, false, true>;
-                // A GPU with less than 128 KB of shared memory per CTA (sm_86, sm_89) refuses
-                // the size: the normal ring runs instead.
-                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kDeepBytes) != cudaSuccess) {
-                    (void)cudaGetLastError();
-                    deep = false;
-                } else {
-                    kern<<<grid, kThreads, kDeepBytes, st>>>(p);
-                }
-            }
-        }
-        if (!deep) {
-            if (a->layout == FL_KV_PAGED)
-                decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
-            else
-                decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
-        }
+        if (a->layout == FL_KV_PAGED)
+            decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
+        else
+            decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
     }
     fl_status s = launch_status();
     if (s != FL_OK || p.num_splits == 1) return s;

@@ -700,13 +700,14 @@ inline Params make_params(const fl_prefill_attention_args *a) {
     return p;
 }
 
-// FL_PREFILL_PATH (read once): `mma` (this file's kernel, the default) or `wgmma` (the
-// experimental Hopper kernel of attention_prefill_wgmma.cu, head_dim 128, f16 / bf16, sm_90;
-// other calls keep the mma kernel).
+// FL_PREFILL_PATH (read once): `auto` (the default: the Hopper kernel of
+// attention_prefill_wgmma.cu wherever it runs, i.e. head_dim 128, f16 / bf16, sm_90 with TMA;
+// this file's mma.sync kernel elsewhere), `wgmma` (the same as auto), or `mma` (this file's
+// kernel always: for A/B runs and for the tests of this kernel on Hopper).
 inline bool wgmma_chosen() {
-    static const EnvChoice choices[] = {{"mma", 0}, {"wgmma", 1}};
+    static const EnvChoice choices[] = {{"auto", 0}, {"wgmma", 0}, {"mma", 1}};
     static const int v = env_choice("FL_PREFILL_PATH", choices, 0);
-    return v == 1;
+    return v == 0;
 }
 
 }  // namespace prefill

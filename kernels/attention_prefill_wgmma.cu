@@ -1,6 +1,6 @@
-// Causal prefill attention on Hopper tensor cores (wgmma + TMA), head_dim 128, f16 / bf16: the
-// FL_PREFILL_PATH=wgmma path of fl_attention_prefill (attention_prefill.cu keeps the
-// mma.sync kernel as the default until this one is the measured winner; see bench/RESULTS.md).
+// Causal prefill attention on Hopper tensor cores (wgmma + TMA), head_dim 128, f16 / bf16: what
+// fl_attention_prefill runs on sm_90 for those calls (the mma.sync kernel of
+// attention_prefill.cu runs every other call, and every call under FL_PREFILL_PATH=mma).
 //
 // One CTA owns BM = 128 query rows of one (sequence, q head): two consumer warpgroups of 64
 // rows each and one producer warpgroup. Key tiles of BN = 128 keys, from the diagonal tile down:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the prefill attention (both paths) into a shared library for bench/gpu/prefill_lab.py:
+# Builds the prefill attention (both paths) into a shared library for bench/scripts/prefill_lab.py:
 #     bash bench/gpu/build_prefill_lab.sh OUT.so [extra nvcc flags, e.g. -DSOMETHING=1]
 # sm_90a only, cudart static; needs nvcc on PATH (source scripts/setup-cuda.sh).
 set -euo pipefail

@@ -26,12 +26,11 @@
 #            (FL_GEMV_NORM=0), alternated; the attention tests with 16-key splits
 #   torchgen bench/scripts/torch_generate.py on the issue-7 rows (eager and compiled)
 #   subtests the test binaries in $FL_TESTS one by one, a line each, stopping after $FL_TEST_BUDGET s
-#   deep     decode attention with the deep ring (FL_ATTN_DEEP, session 7): the attention and
-#            engine tests with it on, memcheck
-#   deepab   batch-1/4 decode with FL_ATTN_DEEP off / auto, alternated
-#   wgmma    the Hopper prefill attention (session 7, never run yet): the wgmma probes, the
-#            prefill tests and memcheck with FL_PREFILL_PATH=wgmma
-#   pbench   the prefill bench on both paths (mma, wgmma), and fl bench's prefill rows on both
+#   wgmma    the Hopper prefill attention: the wgmma probes, the prefill tests on both paths
+#            (FL_PREFILL_PATH=auto, the default, and mma) and memcheck on the default
+#   pbench   the prefill bench on both paths, and fl bench's prefill rows on both
+#   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
+#            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
 # output already written.
 # The one GPU script to extend (runs 4-6 of earlier sessions are in git history: see
@@ -182,25 +181,22 @@ subtests)
   done ;;
 wgmma)
   timeout 60 "$B/tests/fl-kernels__wgmma_probe" --test-threads=1 2>&1 | grep -E "^test |panicked|test result" | cut -c1-300
-  FL_PREFILL_PATH=wgmma timeout 200 "$B/tests/fl-kernels__attention_prefill" --test-threads=2 > "$OUT/wgmma-tests.log" 2>&1
-  echo "prefill tests FL_PREFILL_PATH=wgmma rc=$? $(grep -E '^test result' "$OUT/wgmma-tests.log" | tail -1)"
-  grep -E "panicked|rel L2" "$OUT/wgmma-tests.log" | cut -c1-250 | head -8
-  FL_PREFILL_PATH=wgmma timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention_prefill" ragged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
+  for path in auto mma; do
+    FL_PREFILL_PATH=$path timeout 200 "$B/tests/fl-kernels__attention_prefill" --test-threads=2 > "$OUT/prefill-$path.log" 2>&1
+    echo "prefill tests FL_PREFILL_PATH=$path rc=$? $(grep -E '^test result' "$OUT/prefill-$path.log" | tail -1)"
+    grep -E "panicked" "$OUT/prefill-$path.log" | cut -c1-250 | head -6
+  done
+  timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention_prefill" ragged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
 pbench)
-  for path in mma wgmma; do
-    FL_PREFILL_PATH=$path timeout 150 "$B/benches/attention_prefill" --bench --warm-up-time 0.1 --measurement-time 0.3 2>&1 | grep -E "^attn_prefill" | sed "s/^/$path /"
+  for path in auto mma; do
+    FL_PREFILL_PATH=$path timeout 150 "$B/benches/attention_prefill" --bench --warm-up-time 0.1 --measurement-time 0.3 2>&1 | grep -E "^attn_prefill [a-z]" | sed "s/^/$path /"
     r=$(FL_PREFILL_PATH=$path timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:2048:2,16:512:2 2>&1 | grep -E "prefill:|rror" | awk '{printf "%s | ", $0}')
     echo "$path fl bench $r"
   done ;;
-deep)
-  for n in fl-kernels__attention fl-engine__engine_gpu; do
-    FL_ATTN_DEEP=on timeout 200 "$B/tests/$n" --test-threads=2 > "$OUT/deep-$n.log" 2>&1
-    echo "$n FL_ATTN_DEEP=on rc=$? $(grep -E '^test result' "$OUT/deep-$n.log" | tail -1)"
-    grep -E "panicked" "$OUT/deep-$n.log" | cut -c1-250 | head -4
-  done
-  FL_ATTN_DEEP=on timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention" paged --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
-deepab)
-  for e in "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto" "FL_ATTN_DEEP=off" "FL_ATTN_DEEP=auto"; do
-    r=$(env $e timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:128:128,1:4032:64,4:512:64 2>&1 | grep -E "decode:|rror" | sed -E 's/ms\/step.*= ([0-9.]+)% of the bandwidth floor/ms \1%/' | awk '{printf "%s | ", $0}')
-    echo "$e $r"; done ;;
+lab)
+  # the prefill kernels from bench/gpu/build_prefill_lab.sh libraries ($FL_LAB_LIBS) beside
+  # torch's SDPA backends, one process per path
+  for path in ${FL_LAB_PATHS:-auto mma}; do
+    FL_PREFILL_PATH=$path timeout 200 python3 "$B/scripts/prefill_lab.py" $FL_LAB_LIBS ${FL_LAB_ARGS:---check --bench} 2>&1 | grep -vE "Warn|warn" | grep -vE " ok$"
+  done ;;
 esac; done

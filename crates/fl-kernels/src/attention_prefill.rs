@@ -51,8 +51,15 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
     4 * head_dim as u64 * q_heads as u64 * pairs
 }
 
-/// Causal prefill attention over a packed, padding-free batch (FlashAttention-2: on tensor
+/// Causal prefill attention over a packed, padding-free batch (flash attention: on tensor
 /// cores for `f16`/`bf16`, on CUDA cores in f32 for `f32`).
+///
+/// Kernels: on Hopper (sm_90) with `head_dim` 128 in `f16`/`bf16`, a FlashAttention-3-style
+/// kernel (TMA copies issued by a producer warpgroup, wgmma, the P·V product of one key tile
+/// overlapped with the softmax of the next); everywhere else an mma.sync kernel
+/// (FlashAttention-2 style). `FL_PREFILL_PATH=mma` forces the latter. The Hopper kernel reads
+/// K/V in 128-token boxes, which may take rows of the next sequence in the batch: they are
+/// masked out, but a NaN or infinity in them would reach this sequence's output (0 · ∞).
 ///
 /// Sequence `b` owns tokens `s = cu_seqlens[b] .. cu_seqlens[b + 1]` of the packed tensors.
 /// For its query at position `i` and q head `h`:

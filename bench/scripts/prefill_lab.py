@@ -4,7 +4,7 @@ bench/gpu/build_prefill_lab.sh) side by side with torch's SDPA backends, in one 
 
     python3 prefill_lab.py LIB.so [LIB2.so ...] [--check] [--bench] [--dtypes f16,bf16]
 
-The path is FL_PREFILL_PATH of the process (mma or wgmma), the same for every library: the
+The path is FL_PREFILL_PATH of the process (auto or mma), the same for every library: the
 setting is read once into a static of an inline function, which the dynamic linker shares
 between copies of a library (a GNU unique symbol), so one process cannot run both paths.
 --check: ragged batches at odd lengths, GQA ratios 1/4/8/32, windows, against a float64
@@ -147,7 +147,7 @@ def main():
         if a == "--dtypes":
             dts = args[i + 1]
     dts = dts.split(",")
-    path = os.environ.get("FL_PREFILL_PATH", "mma")
+    path = os.environ.get("FL_PREFILL_PATH", "auto")
     libs = [(f"{os.path.basename(lib)[:-3]}:{path}", load(lib)) for lib in libs_paths]
     if "--check" in args:
         check(libs, dts)
