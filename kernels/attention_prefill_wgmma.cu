@@ -18,8 +18,9 @@
 // TMA reads whole 128-row boxes: rows past the sequence's end belong to the next sequence
 // (or are zero past the last token); they are masked out of every softmax and never written,
 // but a NaN or Inf in a neighbour's V rows would reach these rows' output through 0 * Inf.
-// Not yet done (what FA3 adds): explicit ping-pong scheduling of the two warpgroups, GQA heads
-// sharing a CTA, a persistent tile scheduler.
+// CTAs are persistent (one per SM, see item_of). Not yet done (what FA3 adds): explicit
+// ping-pong scheduling of the two warpgroups, GQA heads sharing a CTA, a dynamic (atomic)
+// work queue, and 2 CTAs' worth of overlap for short sequences (0.78-0.79x cuDNN at 512).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
