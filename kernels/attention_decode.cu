@@ -367,11 +367,15 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_ke
 // S - 1 tiles ahead of the math, so only __syncwarp orders copies and reads; one warp per
 // CTA also means no merge between warps at the end. Rows are padded by 16 bytes so the 8
 // rows an ldmatrix phase reads hit distinct banks. Shared memory per CTA: S x 2 x 16 x
-// (D + 8) x 2 B = 26 KB at D = 128 (S = 3): 8 CTAs per SM on sm_90; bytes in flight per SM
-// while the math runs: 8 warps x 2 tiles x 8 KB = 128 KB, against the ~23-45 KB that
-// ~3 TB/s x ~1-2 us of loaded latency / 132 SMs needs. P is rounded to the input dtype for
-// the P V product (as FlashAttention does); S, the softmax and all sums stay in f32.
-__host__ __device__ constexpr int mma_stages(int d) { return d >= 256 ? 2 : 3; }
+// (D + 8) x 2 B = 17 KB at D = 128 (S = 2): 12 CTAs per SM on sm_90; bytes in flight per SM
+// while the math runs: 12 warps x 1 tile x 8 KB = 96 KB, against the ~23-45 KB that
+// ~3 TB/s x ~1-2 us of loaded latency / 132 SMs needs. More warps beat deeper rings here
+// (H100, GQA 32/8, b1 x 32768 / b4 x 16384 / b16 x 8192 / b64 x 4096, us): S = 2 (12 CTAs
+// per SM) 58.4-58.9 / 104.9-105.4 / 199.3-200.2 / 388.4-389.3; S = 3 (8) 60.3-60.8 /
+// 105.3-106.9 / 200.0-200.8 / 390.0-391.4; S = 4 (6) and S = 6 (4) slower still. P is
+// rounded to the input dtype for the P V product (as FlashAttention does); S, the softmax
+// and all sums stay in f32.
+__host__ __device__ constexpr int mma_stages(int d) { return d >= 128 ? 2 : 3; }
 __host__ __device__ constexpr int mma_smem_bytes(int d) {
     return mma_stages(d) * 2 * 16 * (d + 8) * 2;
 }
