@@ -330,6 +330,24 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
 #endif
 }
 
+// The kernel body exists only in sm_90a code. Without sm_90 in the build (FL_CUDA_ARCHS), a
+// Hopper GPU would run the empty body JIT-compiled from compute_80 PTX and write nothing:
+// such a library hands every call to the mma.sync kernel. sm_90 without the `a` features is
+// refused at compile time (below), so "some 9.x target in the build" means sm_90a.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1000 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_prefill_wgmma.cu needs sm_90a for Hopper: name 90a, not 90, in FL_CUDA_ARCHS"
+#endif
+#ifdef __CUDA_ARCH_LIST__
+constexpr int kArchList[] = {__CUDA_ARCH_LIST__};
+constexpr bool have_sm90(int i = 0) {
+    return i < (int)(sizeof(kArchList) / sizeof(kArchList[0])) &&
+           ((kArchList[i] >= 900 && kArchList[i] < 1000) || have_sm90(i + 1));
+}
+constexpr bool kHaveSm90Code = have_sm90();
+#else
+constexpr bool kHaveSm90Code = true;  // an nvcc without the list (< 11.5): assume it is there
+#endif
+
 // Whether this process's device runs the kernel (compute capability 9.x: sm_90a code).
 inline bool device_ok() {
     int dev = 0, major = 0;
@@ -393,6 +411,7 @@ fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     if (n_work > INT32_MAX / 2) return FL_ERR_UNSUPPORTED_DTYPE;  // the mma.sync kernel runs it
     p.m_blocks = (int32_t)m_blocks;
     p.n_work = (int32_t)n_work;
+    if (!kHaveSm90Code) return FL_ERR_UNSUPPORTED_DTYPE;
     auto kern = prefill_wgmma_kernel<T>;
     cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     int dev = 0, sms = 0;
