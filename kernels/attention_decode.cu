@@ -386,6 +386,15 @@ __host__ __device__ constexpr int mma_ctas_per_sm(int d) {
                : (228 * 1024) / (mma_smem_bytes(d) + 1024);
 }
 
+// Launch bound of decode_mma_kernel. sm_90 fits mma_ctas_per_sm CTAs (12 at D = 128) in its
+// 228 KB of shared memory; sm_8x has 100-164 KB, fits fewer, and bounding its registers for 12
+// CTAs only made it spill (92 bytes at D = 128): at most 8 there, as before the 2-stage ring.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FL_MMA_MIN_CTAS(D) (mma_ctas_per_sm(D) > 8 ? 8 : mma_ctas_per_sm(D))
+#else
+#define FL_MMA_MIN_CTAS(D) mma_ctas_per_sm(D)
+#endif
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -438,7 +447,7 @@ template <> struct Mma<__nv_bfloat16> {
 };
 
 template <typename T, int D, int G, bool PAGED>
-__global__ void __launch_bounds__(32, mma_ctas_per_sm(D)) decode_mma_kernel(Params p) {
+__global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Params p) {
     pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int S = mma_stages(D);
     constexpr int LD = D + 8;             // padded row, elements
