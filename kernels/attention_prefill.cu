@@ -145,10 +145,8 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     const int kvh = h / group;
 
     // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
-    int start = p.cu_seqlens[b], end = p.cu_seqlens[b + 1];
-    start = min(max(start, 0), p.total_tokens);
-    end = min(max(end, start), p.total_tokens);
-    const int len = end - start;
+    int start, len;
+    packed_seq(p.cu_seqlens, b, p.total_tokens, start, len);
     const int q_start = m_block * BR;
     if (q_start >= len) return;
     const int q_last = min(q_start + BR, len) - 1;
@@ -434,10 +432,8 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
     const int kvh = h / group;
 
     // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
-    int start = p.cu_seqlens[b], end = p.cu_seqlens[b + 1];
-    start = min(max(start, 0), p.total_tokens);
-    end = min(max(end, start), p.total_tokens);
-    const int len = end - start;
+    int start, len;
+    packed_seq(p.cu_seqlens, b, p.total_tokens, start, len);
     const int q_start = m_block * BR;
     if (q_start >= len) return;
     const int q_last = min(q_start + BR, len) - 1;

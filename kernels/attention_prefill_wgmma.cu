@@ -59,12 +59,7 @@ __device__ __forceinline__ bool work_item(const Params &p, int w, Work &it) {
     const int m_block = p.m_blocks - 1 - w / hb;
     it.h = w % p.q_heads;
     it.kvh = it.h / (p.q_heads / p.kv_heads);
-    const int b = (w % hb) / p.q_heads;
-    int start = p.cu_seqlens[b], end = p.cu_seqlens[b + 1];
-    start = min(max(start, 0), p.total_tokens);
-    end = min(max(end, start), p.total_tokens);
-    it.start = start;
-    it.len = end - start;
+    packed_seq(p.cu_seqlens, (w % hb) / p.q_heads, p.total_tokens, it.start, it.len);
     it.q_start = m_block * BM;
     if (it.q_start >= it.len) return false;
     const int q_last = min(it.q_start + BM, it.len) - 1;
@@ -349,15 +344,7 @@ constexpr bool kHaveSm90Code = true;  // an nvcc without the list (< 11.5): assu
 #endif
 
 // Whether this process's device runs the kernel (compute capability 9.x: sm_90a code).
-inline bool device_ok() {
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return major == 9;
-}
+inline bool device_ok() { return cc_major() == 9; }
 
 // cuTensorMapEncodeTiled from the driver (looked up once; null when the driver lacks it).
 inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -416,16 +403,14 @@ fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     p.n_work = (int32_t)n_work;
     if (!kHaveSm90Code) return FL_ERR_UNSUPPORTED_DTYPE;
     auto kern = prefill_wgmma_kernel<T>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
-    int dev = 0, sms = 0;
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const cudaError_t e =
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return (fl_status)e;
     }
     // One resident CTA per SM (its shared memory allows no second), each walking work items.
-    const unsigned grid = (unsigned)std::min<int64_t>(n_work, std::max(sms, 1));
+    const unsigned grid = (unsigned)std::min<int64_t>(n_work, sm_count());
     kern<<<grid, THREADS, SMEM_BYTES, st>>>(p);
     return launch_status();
 }

@@ -191,6 +191,16 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s
     y1 = __fmaf_rn(x1, c, __fmul_rn(x0, s));
 }
 
+// Bounds [start, start + len) of packed sequence b from prefix offsets `cu` ([batch + 1]),
+// clamped to the packed tensor's `total` tokens whatever `cu` holds (len >= 0).
+__device__ __forceinline__ void packed_seq(const int32_t *cu, int b, int total, int &start, int &len) {
+    int s = cu[b], e = cu[b + 1];
+    s = min(max(s, 0), total);
+    e = min(max(e, s), total);
+    start = s;
+    len = e - s;
+}
+
 // Multiprocessors of the current device, looked up once per device (132 when the lookup
 // fails; a lookup error is cleared, the launch reports its own).
 inline int sm_count() {
@@ -212,6 +222,29 @@ inline int sm_count() {
     }
     if (dev >= 0 && dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
     return sms;
+}
+
+// Compute-capability major of the current device, looked up once per device (0 when the
+// lookup fails; the error is cleared).
+inline int cc_major() {
+    static std::atomic<int> cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c > 0) return c;
+    }
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        major < 1) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) cache[dev].store(major, std::memory_order_relaxed);
+    return major;
 }
 
 
@@ -361,26 +394,7 @@ inline int pdl_mode() {
     static const int mode = env_choice("FL_PDL", choices, 0);
     return mode;
 }
-inline bool pdl_enabled() {
-    if (pdl_mode() == 0) return false;
-    static std::atomic<int> cache[64];  // 0 unknown, 1 no, 2 yes
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 64) {
-        const int c = cache[dev].load(std::memory_order_relaxed);
-        if (c > 0) return c == 2;
-    }
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 64) cache[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-    return major >= 9;
-}
+inline bool pdl_enabled() { return pdl_mode() != 0 && cc_major() >= 9; }
 
 }  // namespace fl
 
