@@ -33,6 +33,15 @@ constexpr int KV_BYTES = 128 * 128 * 2;  // K or V tile: 128 rows of 128 f16
 // Dynamic shared memory of qk_kernel: Q and K tiles, plus slack to align the base to 1024.
 constexpr int QK_SMEM = Q_BYTES + KV_BYTES + 1024;
 
+// Offset in a row-major [64, 128] matrix of accumulator register i of this thread in a
+// m64n128 wgmma (warp w: rows 16w..16w+15; g = lane / 4, t = lane % 4): d[4j + e] is
+// (16w + g + 8 (e / 2), 8j + 2t + e % 2).
+__device__ __forceinline__ int acc_offset(int i) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int j = i >> 2, e = i & 3;
+    return (16 * w + g + 8 * (e >> 1)) * 128 + 8 * j + 2 * t + (e & 1);
+}
+
 __global__ void __launch_bounds__(128) qk_kernel(const __half *q, const __half *k, float *s) {
 #ifdef FL_HAVE_WGMMA
     using namespace fl::wg;
@@ -60,15 +69,8 @@ __global__ void __launch_bounds__(128) qk_kernel(const __half *q, const __half *
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(d);
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int r = 16 * w + g, c = 8 * j + 2 * t;
-        s[r * 128 + c] = d[4 * j];
-        s[r * 128 + c + 1] = d[4 * j + 1];
-        s[(r + 8) * 128 + c] = d[4 * j + 2];
-        s[(r + 8) * 128 + c + 1] = d[4 * j + 3];
-    }
+    for (int i = 0; i < 64; ++i) s[acc_offset(i)] = d[i];
 #else
     for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) s[i] = __int_as_float(0x7fc00000);
 #endif
@@ -84,17 +86,10 @@ __global__ void __launch_bounds__(128) pv_kernel(const float *p, const __half *v
     cp_async_wait<0>();
     fence_async_smem();
     __syncthreads();
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     // P in the accumulator layout of a m64n128 wgmma (as the S = Q K^T product leaves it).
     float pa[64];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int r = 16 * w + g, c = 8 * j + 2 * t;
-        pa[4 * j] = p[r * 128 + c];
-        pa[4 * j + 1] = p[r * 128 + c + 1];
-        pa[4 * j + 2] = p[(r + 8) * 128 + c];
-        pa[4 * j + 3] = p[(r + 8) * 128 + c + 1];
-    }
+    for (int i = 0; i < 64; ++i) pa[i] = p[acc_offset(i)];
     uint32_t a[8][4];  // A fragments of the 8 k-steps, formed before the wgmmas read them
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
@@ -113,13 +108,7 @@ __global__ void __launch_bounds__(128) pv_kernel(const float *p, const __half *v
     wgmma_wait<0>();
     fence_regs(d);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const int r = 16 * w + g, c = 8 * j + 2 * t;
-        o[r * 128 + c] = d[4 * j];
-        o[r * 128 + c + 1] = d[4 * j + 1];
-        o[(r + 8) * 128 + c] = d[4 * j + 2];
-        o[(r + 8) * 128 + c + 1] = d[4 * j + 3];
-    }
+    for (int i = 0; i < 64; ++i) o[acc_offset(i)] = d[i];
 #else
     for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x) o[i] = __int_as_float(0x7fc00000);
 #endif

@@ -27,6 +27,21 @@ fn halves(r: &mut impl Rng, n: usize) -> Vec<f16> {
         .collect()
 }
 
+/// Asserts a [64, 128] row-major result within rel L2 1e-5 of its f64 reference, naming the
+/// first wrong element (to tell a layout error, a permutation, from noise).
+fn check_64x128(what: &str, got: &[f32], want: &[f64]) {
+    let got64: Vec<f64> = got.iter().map(|&x| x as f64).collect();
+    let err = rel_l2(got, want);
+    let bad = (0..64 * 128).find(|&i| (got64[i] - want[i]).abs() > 1e-3 * (1.0 + want[i].abs()));
+    assert!(
+        err < 1e-5,
+        "{what} rel L2 {err}; first bad (row, col) {:?}: got {:?} want {:?}",
+        bad.map(|i| (i / 128, i % 128)),
+        bad.map(|i| got64[i]),
+        bad.map(|i| want[i])
+    );
+}
+
 #[test]
 fn wgmma_qk_matches_f64() {
     let Some(gpu) = gpu_or_skip("wgmma_qk_matches_f64") else {
@@ -62,18 +77,7 @@ fn wgmma_qk_matches_f64() {
                     .sum();
             }
         }
-        let got64: Vec<f64> = got.iter().map(|&x| x as f64).collect();
-        let err = rel_l2(&got, &want);
-        // first wrong element, to tell a layout error (a permutation) from noise
-        let bad =
-            (0..64 * 128).find(|&i| (got64[i] - want[i]).abs() > 1e-3 * (1.0 + want[i].abs()));
-        assert!(
-            err < 1e-5,
-            "case {case}: S = Q K^T rel L2 {err}; first bad (row, col) {:?}: got {:?} want {:?}",
-            bad.map(|i| (i / 128, i % 128)),
-            bad.map(|i| got64[i]),
-            bad.map(|i| want[i])
-        );
+        check_64x128(&format!("case {case}: S = Q K^T"), &got, &want);
     }
 }
 
@@ -115,16 +119,6 @@ fn wgmma_pv_matches_f64() {
                     .sum();
             }
         }
-        let got64: Vec<f64> = got.iter().map(|&x| x as f64).collect();
-        let err = rel_l2(&got, &want);
-        let bad =
-            (0..64 * 128).find(|&i| (got64[i] - want[i]).abs() > 1e-3 * (1.0 + want[i].abs()));
-        assert!(
-            err < 1e-5,
-            "case {case}: O = P V rel L2 {err}; first bad (row, col) {:?}: got {:?} want {:?}",
-            bad.map(|i| (i / 128, i % 128)),
-            bad.map(|i| got64[i]),
-            bad.map(|i| want[i])
-        );
+        check_64x128(&format!("case {case}: O = P V"), &got, &want);
     }
 }
