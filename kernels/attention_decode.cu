@@ -7,7 +7,8 @@
 // each split writes its normalised partial output and its log-sum-exp (base 2) to the
 // workspace, and a third kernel combines them.
 //
-// - G >= 2 (GQA, MQA): decode_mma_kernel, one warp, tensor cores (see the comment there).
+// - G >= 2 (GQA, MQA): decode_mma_kernel, W warps (8 on Hopper), tensor cores (see the
+//   comment there).
 // - G == 1 (MHA): decode_kernel, 4 warps of CUDA-core "workers" of LPK lanes, each owning one
 //   key row at a time (each lane 8 dims) with its own online-softmax state, merged through
 //   shared memory at the end. One head per K/V row keeps the math light (MHA already ran at
@@ -362,38 +363,67 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_ke
 // P V another 16 (V with ldmatrix.trans, P straight from the S accumulators, the
 // FlashAttention-2 register trick). About 13 instructions per key in all, copies included.
 //
-// One CTA is ONE warp, for one (batch row, kv head, chunk of G <= 8 heads, split). It streams
-// 16-key tiles of K and V through a private ring of S stages in shared memory with cp.async,
-// S - 1 tiles ahead of the math, so only __syncwarp orders copies and reads; one warp per
-// CTA also means no merge between warps at the end. Rows are padded by 16 bytes so the 8
-// rows an ldmatrix phase reads hit distinct banks. Shared memory per CTA: S x 2 x 16 x
-// (D + 8) x 2 B = 17 KB at D = 128 (S = 2): 12 CTAs per SM on sm_90; bytes in flight per SM
-// while the math runs: 12 warps x 1 tile x 8 KB = 96 KB, against the ~23-45 KB that
-// ~3 TB/s x ~1-2 us of loaded latency / 132 SMs needs. More warps beat deeper rings here
-// (H100, GQA 32/8, b1 x 32768 / b4 x 16384 / b16 x 8192 / b64 x 4096, us): S = 2 (12 CTAs
-// per SM) 58.4-58.9 / 104.9-105.4 / 199.3-200.2 / 388.4-389.3; S = 3 (8) 60.3-60.8 /
-// 105.3-106.9 / 200.0-200.8 / 390.0-391.4; S = 4 (6) and S = 6 (4) slower still. P is
-// rounded to the input dtype for the P V product (as FlashAttention does); S, the softmax
-// and all sums stay in f32.
-__host__ __device__ constexpr int mma_stages(int d) { return d >= 128 ? 2 : 3; }
-__host__ __device__ constexpr int mma_smem_bytes(int d) {
-    return mma_stages(d) * 2 * 16 * (d + 8) * 2;
+// One CTA is W warps for one (batch row, kv head, chunk of G <= 8 heads, split). Each warp
+// streams 16-key tiles of K and V through its own ring of S stages in shared memory with
+// cp.async, S - 1 tiles ahead of its math, so only __syncwarp orders copies and reads; warp w
+// takes tiles w, w + W, ... of the split, so the CTA reads W x 16 adjacent keys (W x 4 KB of
+// K and of V at D = 128) at a time, and the W online-softmax states are merged through shared
+// memory at the end. Rows are stored unpadded with their 16-byte chunks XOR-swizzled by
+// (key & 7) where D / 8 is a multiple of 8 (D = 64, 128, 256), padded by 16 bytes otherwise,
+// so the 8 rows an ldmatrix phase reads hit distinct banks either way.
+//
+// Why W warps and not W one-warp CTAs (measured on H100, bench/scripts/decode_lab.py, GQA
+// 32/8, D = 128, f16, b1 x 32768 / b4 x 16384 / b16 x 8192 / b64 x 4096, us, torch SDPA
+// (cuDNN) 55.5 / 101.5 / 186.7 / 370.4 in the same process): one warp per CTA, 2 padded
+// stages, 12 CTAs per SM (the previous kernel): 58.4 / 106.2 / 199.6 / 391.8 (76-91% of
+// copy); W = 4 swizzled, 3 CTAs per SM: 55.0 / 100.4 / 191.0 / 373.2; W = 8 swizzled, 128 KB,
+// one CTA per SM: 53.6 / 97.8 / 181.2 / 356.6 (83 / 91 / 99 / 100% of the 3.0 TB/s copy,
+// 1.03-1.04x torch); 12 warps, or 3 stages, or W = 4 with 3-4 stages: within 1-2% of W = 8.
+// Same bytes in flight, longer runs of adjacent keys per CTA: the HBM reads, not the SM, were
+// what held the one-warp kernel back. Swizzled rows beat padded ones at every W (W = 4:
+// 368.7 against 391.7 us at b64 x 4096) though both are conflict-free.
+// Shared memory per CTA: W x S x 2 x 16 x D x 2 B: 128 KB at W = 8, S = 2, D = 128. Before
+// Hopper (99-163 KB per block) W is halved (64 KB).
+
+// Configuration of the tensor-core kernel: W warps per CTA, each with its own ring of S
+// stages; SW: rows stored unpadded with the 16-byte chunks XOR-swizzled by (key & 7) (the 8
+// rows an ldmatrix phase reads still hit distinct banks) instead of padded by 16 bytes.
+template <int W_, int S_, bool SW_> struct MmaCfg {
+    static constexpr int W = W_, S = S_;
+    static constexpr bool SW = SW_;
+};
+// The configuration used: Hopper (228 KB of shared memory per SM) W = 8 warps (4 at D = 256),
+// 2 stages, 128 KB per CTA; before Hopper (sm_86/89 allow 99 KB per block) half the warps,
+// 64 KB. Swizzled where the row has a multiple of 8 chunks.
+template <int D, bool HOPPER>
+using MmaFor = MmaCfg<(HOPPER ? 8 : 4) / (D > 128 ? 2 : 1), 2, (D / 8) % 8 == 0>;
+
+__host__ __device__ constexpr int mma_ld(int d, bool sw) { return sw ? d : d + 8; }
+__host__ __device__ constexpr int mma_smem_bytes(int d, int w, int s, bool sw) {
+    return w * s * 2 * 16 * mma_ld(d, sw) * 2;
 }
-// CTAs per SM on sm_90 (228 KB of shared memory, 1 KB reserved per CTA), at most 16.
-__host__ __device__ constexpr int mma_ctas_per_sm(int d) {
-    return (228 * 1024) / (mma_smem_bytes(d) + 1024) > 16
-               ? 16
-               : (228 * 1024) / (mma_smem_bytes(d) + 1024);
+// CTAs per SM with smem_kb of shared memory per SM (228 on sm_90; 1 KB reserved per CTA), at
+// most 16 CTAs and 64 warps.
+__host__ __device__ constexpr int mma_ctas_per_sm(int d, int w, int s, bool sw, int smem_kb = 228) {
+    int n = (smem_kb * 1024) / (mma_smem_bytes(d, w, s, sw) + 1024);
+    n = n > 16 ? 16 : n;
+    n = n > 64 / w ? 64 / w : n;
+    return n < 1 ? 1 : n;
 }
 
-// Launch bound of decode_mma_kernel. sm_90 fits mma_ctas_per_sm CTAs (12 at D = 128) in its
-// 228 KB of shared memory; sm_8x has 100-164 KB, fits fewer, and bounding its registers for 12
-// CTAs only made it spill (92 bytes at D = 128): at most 8 there, as before the 2-stage ring.
+// Launch bound of decode_mma_kernel: the CTAs per SM that fit in sm_90's shared memory, but
+// at most 12 warps' worth (more only capped the registers: W = 8 at D = 64 fits 3 CTAs, and
+// 85 registers spilled), and on sm_8x at most 8 warps' worth (bounding registers for 12
+// one-warp CTAs there made the kernel spill: 92 bytes at D = 128).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define FL_MMA_MIN_CTAS(D) (mma_ctas_per_sm(D) > 8 ? 8 : mma_ctas_per_sm(D))
+#define FL_MMA_WARPS_BOUND 8
 #else
-#define FL_MMA_MIN_CTAS(D) mma_ctas_per_sm(D)
+#define FL_MMA_WARPS_BOUND 12
 #endif
+#define FL_MMA_MIN_CTAS(D, W, S, SW)                                                          \
+    (mma_ctas_per_sm(D, W, S, SW) < (FL_MMA_WARPS_BOUND / (W) > 0 ? FL_MMA_WARPS_BOUND / (W) : 1) \
+         ? mma_ctas_per_sm(D, W, S, SW)                                                       \
+         : (FL_MMA_WARPS_BOUND / (W) > 0 ? FL_MMA_WARPS_BOUND / (W) : 1))
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -446,27 +476,29 @@ template <> struct Mma<__nv_bfloat16> {
     }
 };
 
-template <typename T, int D, int G, bool PAGED>
-__global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Params p) {
+template <typename T, int D, int G, bool PAGED, int W, int S, bool SW>
+__global__ void __launch_bounds__(32 * W, FL_MMA_MIN_CTAS(D, W, S, SW))
+    decode_mma_kernel(Params p) {
     pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
-    constexpr int S = mma_stages(D);
-    constexpr int LD = D + 8;             // padded row, elements
+    constexpr int LD = mma_ld(D, SW);     // row stride, elements
     constexpr int KD = D / 16;            // k-steps of Q K^T
     constexpr int DT = D / 8;             // 8-wide column tiles of O
     constexpr int CPR = D / 8;            // 16-byte chunks per row
     constexpr int STAGE = 2 * 16 * LD;    // elements: K tile [16][LD], then V tile [16][LD]
+    constexpr int RING = S * STAGE * 2;   // bytes of one warp's ring
     static_assert(G >= 1 && G <= 8, "heads fill rows 0-7 of the m16 tile");
     static_assert(D % 16 == 0 && DT % 2 == 0 && (16 * CPR) % 32 == 0, "head_dim");
-    static_assert(S * STAGE * 2 <= 48 * 1024, "static shared memory limit");
-    static_assert(S <= 4, "validity bits fit 64 bits");
-    __shared__ __align__(16) uint4 ring[S * STAGE * 2 / 16];
+    static_assert(S >= 2 && S <= 4, "validity bits fit 64 bits");
+    static_assert(W == 1 || 8 * D * 4 + 64 <= RING, "a warp's merge buffer fits its ring");
+    extern __shared__ __align__(16) unsigned char mma_smem[];  // W rings of RING bytes
 
     const int split = blockIdx.z;
     const int chunks = (p.q_heads / p.kv_heads) / G;
     const int kvh = blockIdx.y / chunks;
     const int h0 = kvh * (p.q_heads / p.kv_heads) + (blockIdx.y % chunks) * G;
     const int b = blockIdx.x;  // x: up to 2^31-1 sequences (z would cap it at 65535)
-    const int lane = threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int warp = W == 1 ? 0 : (int)(threadIdx.x >> 5);
     const int gid = lane >> 2, t4 = lane & 3;  // mma fragment row / column pair
 
     int len = p.seq_lens[b];
@@ -477,23 +509,26 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
     const int chunk = (n + p.num_splits - 1) / p.num_splits;
     const int s_lo = lo + split * chunk;
     const int s_hi = min(len, s_lo + chunk);
-    const int ntiles = s_hi > s_lo ? (s_hi - s_lo + 15) / 16 : 0;
+    // 16-key tiles of the split; warp w takes tiles w, w + W, w + 2W, ... (its tile t is tile
+    // t W + w of the split), so the W warps of a CTA read W x 16 adjacent keys at a time.
+    const int nsplit = s_hi > s_lo ? (s_hi - s_lo + 15) / 16 : 0;
+    const int ntiles = nsplit > warp ? (nsplit - warp + W - 1) / W : 0;
 
     const T *kbase = static_cast<const T *>(p.k);
     const T *vbase = static_cast<const T *>(p.v);
     const int64_t tbl = (int64_t)b * p.max_blocks;
     const int64_t head_row0 = ((int64_t)b * p.kv_heads + kvh) * p.capacity;  // contiguous
-    const uint32_t sbase = smem_u32(ring);
+    const uint32_t sbase = smem_u32(mma_smem) + (uint32_t)(warp * RING);
 
     // Paged: lanes 0-15 fetch the block id of key `lane` of tile `tile` (-1 past the end).
     auto block_of = [&](int tile) -> int {
-        const int j = s_lo + tile * 16 + lane;
+        const int j = s_lo + (tile * W + warp) * 16 + lane;
         return lane < 16 && j < s_hi ? __ldg(p.block_table + tbl + j / p.block_size) : -1;
     };
     // Starts the copies of tile `tile` into stage st; returns the tile's 16 validity bits.
     // Lane k < 16 finds the row of key k; every 16-byte chunk gets it by a shuffle.
     auto issue = [&](int tile, int st, int blk) -> uint32_t {
-        const int j = s_lo + tile * 16 + lane;
+        const int j = s_lo + (tile * W + warp) * 16 + lane;
         int64_t off = -1;  // element offset of the row
         if (lane < 16 && j < s_hi) {
             if (PAGED) {
@@ -513,7 +548,8 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
                 const int c = lane + 32 * i;
                 const int key = c / CPR, part = c % CPR;
                 const int64_t o = __shfl_sync(0xffffffffu, off, key);
-                const uint32_t dst = (uint32_t)((key * LD + part * 8) * 2);
+                const uint32_t dst = SW ? (uint32_t)(key * LD * 2 + ((part ^ (key & 7)) << 4))
+                                        : (uint32_t)((key * LD + part * 8) * 2);
                 const int64_t src = o >= 0 ? o + part * 8 : 0;
                 const int nb = o >= 0 ? 16 : 0;  // invalid key: zeros (masked below)
                 cp_async16(sk + dst, kbase + src, nb);
@@ -562,9 +598,14 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
     // ldmatrix lane roles. K (non-trans): (keys 0-7, k 0-7), (keys 0-7, k 8-15),
     // (keys 8-15, k 0-7), (keys 8-15, k 8-15). V (trans): (keys 0-7, d 0-7),
     // (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+    // Swizzled rows: chunk c of key k sits at chunk c ^ (k & 7) = c ^ mr; with c = 2 kk + (mat &
+    // 1) for K and c = j + (mat >> 1) (j even) for V that is 2 kk ^ k_x and j ^ v_x.
     const int mat = lane >> 3, mr = lane & 7;
-    const uint32_t k_lane = (uint32_t)((((mat >> 1) * 8 + mr) * LD + (mat & 1) * 8) * 2);
-    const uint32_t v_lane = (uint32_t)((((mat & 1) * 8 + mr) * LD + (mat >> 1) * 8) * 2);
+    const uint32_t k_lane = SW ? (uint32_t)((((mat >> 1) * 8 + mr) * LD) * 2)
+                               : (uint32_t)((((mat >> 1) * 8 + mr) * LD + (mat & 1) * 8) * 2);
+    const uint32_t v_lane = SW ? (uint32_t)((((mat & 1) * 8 + mr) * LD) * 2)
+                               : (uint32_t)((((mat & 1) * 8 + mr) * LD + (mat >> 1) * 8) * 2);
+    const uint32_t k_x = (uint32_t)((mat & 1) ^ mr), v_x = (uint32_t)((mat >> 1) ^ mr);
 
     int st_c = 0, st_i = S - 1;  // stage computed / issued this iteration
     for (int t = 0; t < ntiles; ++t) {
@@ -587,7 +628,7 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk) {
             uint32_t bk[4];
-            ldsm_x4(bk, kb + (uint32_t)(kk * 32));
+            ldsm_x4(bk, kb + (SW ? (((uint32_t)(2 * kk) ^ k_x) << 4) : (uint32_t)(kk * 32)));
             const uint32_t a[4] = {qa[kk][0], 0u, qa[kk][1], 0u};
             Mma<T>::run(sc[0], a, bk[0], bk[1]);
             Mma<T>::run(sc[1], a, bk[2], bk[3]);
@@ -631,7 +672,7 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
 #pragma unroll
         for (int j = 0; j < DT; j += 2) {
             uint32_t bv[4];
-            ldsm_x4_t(bv, vb + (uint32_t)(j * 16));
+            ldsm_x4_t(bv, vb + (SW ? (((uint32_t)j ^ v_x) << 4) : (uint32_t)(j * 16)));
             Mma<T>::run(o[j], a, bv[0], bv[1]);
             Mma<T>::run(o[j + 1], a, bv[2], bv[3]);
         }
@@ -640,21 +681,65 @@ __global__ void __launch_bounds__(32, FL_MMA_MIN_CTAS(D)) decode_mma_kernel(Para
 
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    if (gid < G) {
-        const int64_t bh = (int64_t)b * p.q_heads + h0 + gid;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        if (p.num_splits == 1) {
-            T *orow = static_cast<T *>(p.out) + bh * D + 2 * t4;
+    if constexpr (W == 1) {
+        if (gid < G) {
+            const int64_t bh = (int64_t)b * p.q_heads + h0 + gid;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            if (p.num_splits == 1) {
+                T *orow = static_cast<T *>(p.out) + bh * D + 2 * t4;
+#pragma unroll
+                for (int j = 0; j < DT; ++j)
+                    *reinterpret_cast<uint32_t *>(orow + j * 8) =
+                        Mma<T>::pack(o[j][0] * inv, o[j][1] * inv);
+            } else {
+                float *w = p.ws_o + (bh * p.num_splits + split) * D + 2 * t4;
+#pragma unroll
+                for (int j = 0; j < DT; ++j)
+                    *reinterpret_cast<float2 *>(w + j * 8) =
+                        make_float2(o[j][0] * inv, o[j][1] * inv);
+                if (t4 == 0)
+                    p.ws_lse[bh * p.num_splits + split] = l > 0.f ? m + log2f(l) : -INFINITY;
+            }
+        }
+    } else {
+        // Merge the W warps' states: each warp leaves (O unnormalised [8][D], m[8], l[8]) in
+        // its own ring (its copies have all landed), then the CTA combines them per element.
+        __syncwarp();
+        float *mine = reinterpret_cast<float *>(mma_smem + warp * RING);
+        if (gid < G) {
 #pragma unroll
             for (int j = 0; j < DT; ++j)
-                *reinterpret_cast<uint32_t *>(orow + j * 8) =
-                    Mma<T>::pack(o[j][0] * inv, o[j][1] * inv);
-        } else {
-            float *w = p.ws_o + (bh * p.num_splits + split) * D + 2 * t4;
+                *reinterpret_cast<float2 *>(mine + gid * D + j * 8 + 2 * t4) =
+                    make_float2(o[j][0], o[j][1]);
+            if (t4 == 0) {
+                mine[8 * D + gid] = m;
+                mine[8 * D + 8 + gid] = l;
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < G * D; e += 32 * W) {
+            const int r = e / D, d = e % D;
+            float M = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < DT; ++j)
-                *reinterpret_cast<float2 *>(w + j * 8) = make_float2(o[j][0] * inv, o[j][1] * inv);
-            if (t4 == 0) p.ws_lse[bh * p.num_splits + split] = l > 0.f ? m + log2f(l) : -INFINITY;
+            for (int w = 0; w < W; ++w)
+                M = fmaxf(M, reinterpret_cast<const float *>(mma_smem + w * RING)[8 * D + r]);
+            float L = 0.f, O = 0.f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) {
+                const float *s = reinterpret_cast<const float *>(mma_smem + w * RING);
+                const float f = M == -INFINITY ? 0.f : exp2f(s[8 * D + r] - M);
+                L = fmaf(f, s[8 * D + 8 + r], L);
+                O = fmaf(f, s[r * D + d], O);
+            }
+            const int64_t bh = (int64_t)b * p.q_heads + h0 + r;
+            const float inv = L > 0.f ? 1.f / L : 0.f;
+            if (p.num_splits == 1) {
+                static_cast<T *>(p.out)[bh * D + d] = from_f32<T>(O * inv);
+            } else {
+                p.ws_o[(bh * p.num_splits + split) * D + d] = O * inv;
+                if (d == 0)
+                    p.ws_lse[bh * p.num_splits + split] = L > 0.f ? M + log2f(L) : -INFINITY;
+            }
         }
     }
 }
@@ -721,6 +806,48 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
     }
 }
 
+// The tensor-core kernel's configuration for a call: MmaFor<D, device is sm_90+>, except in the
+// lab build (bench/gpu/build_decode_lab.sh defines FL_DECODE_LAB), where FL_GQA_MMA = i >= 1
+// (read on every call) picks variant i of FL_MMA_VARIANTS for head_dim 128, G = 4.
+struct MmaChoice {
+    int w, s;
+    bool sw;
+};
+#ifdef FL_DECODE_LAB
+#define FL_MMA_VARIANTS(X)                                                                    \
+    X(1, 2, false) X(4, 2, true) X(8, 2, true) X(4, 3, true) X(12, 2, true) X(8, 3, true)
+inline int lab_variant() {
+    const char *e = getenv("FL_GQA_MMA");
+    return e && e[0] ? atoi(e) : 0;
+}
+#endif
+template <int D> MmaChoice mma_choice_d(bool hopper) {
+    if (hopper) return {MmaFor<D, true>::W, MmaFor<D, true>::S, MmaFor<D, true>::SW};
+    return {MmaFor<D, false>::W, MmaFor<D, false>::S, MmaFor<D, false>::SW};
+}
+inline MmaChoice mma_choice(int d, int g) {
+#ifdef FL_DECODE_LAB
+    if (d == 128 && g == 4) {
+        static const MmaChoice v[] = {
+#define FL_MMA_ROW(W, S, SW) {W, S, SW},
+            FL_MMA_VARIANTS(FL_MMA_ROW)
+#undef FL_MMA_ROW
+        };
+        const int i = lab_variant();
+        if (i >= 1 && i <= (int)(sizeof(v) / sizeof(v[0]))) return v[i - 1];
+    }
+#endif
+    (void)g;
+    const bool hopper = cc_major() >= 9;
+    switch (d) {
+    case 64: return mma_choice_d<64>(hopper);
+    case 80: return mma_choice_d<80>(hopper);
+    case 96: return mma_choice_d<96>(hopper);
+    case 256: return mma_choice_d<256>(hopper);
+    default: return mma_choice_d<128>(hopper);
+    }
+}
+
 inline int group_tile(int group) {
     return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
 }
@@ -759,6 +886,13 @@ inline int64_t split_min_keys() {
     return v;
 }
 
+// For the split choice: sm_90 has 228 KB per SM; before it, 100 KB is the smallest (sm_86/89;
+// sm_80 has 164 KB, where this undercounts and the split comes out coarser, not wrong).
+inline int mma_ctas(int d, int g) {
+    const MmaChoice c = mma_choice(d, g);
+    return mma_ctas_per_sm(d, c.w, c.s, c.sw, cc_major() >= 9 ? 228 : 100);
+}
+
 // Splits: fill whole waves of CTAs. A wave is sms x (CTAs per SM of the kernel used) CTAs; with `units`
 // (batch x kv heads x head chunks) CTAs per split, s splits take ceil(units s / wave) waves of
 // 1/s of the work each, so the time goes as cost(s) = ceil(units s / wave) / s. Take the
@@ -773,7 +907,7 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     if (units < 1) return 1;
     const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
     const int64_t wave = sms * (a->dtype == FL_DTYPE_F32 ? ctas_per_sm(gt, 4)
-                                : gt >= 2                ? mma_ctas_per_sm(a->head_dim)
+                                : gt >= 2                ? mma_ctas(a->head_dim, gt)
                                                          : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
     const int64_t keys = split_min_keys();
@@ -793,15 +927,53 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     return (int)best_s;
 }
 
+template <typename T, int D, int G, int W, int S, bool SW>
+fl_status launch_mma(const fl_decode_attention_args *a, Params &p, dim3 grid, cudaStream_t st) {
+    constexpr int smem = mma_smem_bytes(D, W, S, SW);
+    auto kern = a->layout == FL_KV_PAGED ? decode_mma_kernel<T, D, G, true, W, S, SW>
+                                         : decode_mma_kernel<T, D, G, false, W, S, SW>;
+    if (smem > 48 * 1024) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return (fl_status)e;
+        }
+    }
+    kern<<<grid, 32 * W, smem, st>>>(p);
+    return launch_status();
+}
+
 template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores, one warp per CTA
-        if (a->layout == FL_KV_PAGED)
-            decode_mma_kernel<T, D, G, true><<<grid, 32, 0, st>>>(p);
-        else
-            decode_mma_kernel<T, D, G, false><<<grid, 32, 0, st>>>(p);
+    if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores
+        fl_status s = FL_ERR_INVALID_ARGUMENT;
+        bool done = false;
+#ifdef FL_DECODE_LAB
+        if constexpr (D == 128 && G == 4) {
+            int i = 1;
+            const int want = lab_variant();
+#define FL_MMA_LAUNCH(W_, S_, SW_)                                                            \
+    if (!done && i++ == want) {                                                               \
+        s = launch_mma<T, D, G, W_, S_, SW_>(a, p, grid, st);                                  \
+        done = true;                                                                          \
+    }
+            FL_MMA_VARIANTS(FL_MMA_LAUNCH)
+#undef FL_MMA_LAUNCH
+        }
+#endif
+        if (!done) {
+            if (cc_major() >= 9) {
+                using C = MmaFor<D, true>;
+                s = launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
+            } else {
+                using C = MmaFor<D, false>;
+                s = launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
+            }
+        }
+        if (s != FL_OK || p.num_splits == 1) return s;
     } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
         if (a->layout == FL_KV_PAGED)
             decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);

@@ -29,6 +29,9 @@
 #   wgmma    the Hopper prefill attention: the wgmma probes, the prefill tests on both paths
 #            (FL_PREFILL_PATH=auto, the default, and mma) and memcheck on the default
 #   pbench   the prefill bench on both paths, and fl bench's prefill rows on both
+#   decode   the decode attention (issue 6): its GPU tests, memcheck on the paged and GQA
+#            tests, bench/scripts/decode_lab.py ($B/lab/decode.so, check + bench beside torch)
+#            and compare.py's decode_attn table
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -193,6 +196,15 @@ pbench)
     r=$(FL_PREFILL_PATH=$path timeout 100 "$B/bin/fl" bench --model llama-2-7b --runs 1:2048:2,16:512:2 2>&1 | grep -E "prefill:|rror" | awk '{printf "%s | ", $0}')
     echo "$path fl bench $r"
   done ;;
+decode)
+  timeout 200 "$B/tests/fl-kernels__attention" --test-threads=2 > "$OUT/attn.log" 2>&1
+  echo "attention tests rc=$? $(grep -E '^test result' "$OUT/attn.log" | tail -1)"
+  grep -E "panicked" "$OUT/attn.log" | cut -c1-250 | head -6
+  for t in decode_paged_matches_dense decode_every_head_dim decode_sliding_window_and_forced_splits; do
+    r=$(timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__attention" $t --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tr '\n' ' ')
+    echo "memcheck $t: $r"; done
+  [ -f "$B/lab/decode.so" ] && timeout 200 python3 "$B/scripts/decode_lab.py" "$B/lab/decode.so" --check --bench --dtypes f16,bf16 --variants 0,1,2 2>&1 | grep -vE "Warn|warn| ok$"
+  timeout 200 python3 "$B/scripts/compare.py" "$B/bin/optable" decode_attn 2>&1 | grep -vE "Warning|warn" | tail -20 ;;
 lab)
   # the prefill kernels from bench/gpu/build_prefill_lab.sh libraries ($FL_LAB_LIBS) beside
   # torch's SDPA backends, one process per path
