@@ -752,6 +752,7 @@ constexpr int kCombineThreads = 256;
 template <typename T, int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
     pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
+    pdl_wait();     // launched as a programmatic dependent of the split kernel on sm_90
     constexpr int D4 = D / 4;
     constexpr int R = kCombineThreads / D4;
     static_assert(D % 4 == 0 && R >= 1, "head_dim");
@@ -982,9 +983,32 @@ fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st
     }
     fl_status s = launch_status();
     if (s != FL_OK || p.num_splits == 1) return s;
-    const size_t smem = sizeof(float) * p.num_splits;
-    combine_kernel<T, D><<<a->batch * a->q_heads, kCombineThreads, smem, st>>>(p);
-    return launch_status();
+    // On sm_90 the combine is a programmatic dependent launch: its CTAs are scheduled while the
+    // split kernel's last CTAs run (every split CTA triggers at its start) and wait in
+    // griddepcontrol.wait for its completion, so the second launch's latency hides behind the
+    // first's tail. FL_ATTN_COMBINE=plain (read once) launches it normally, for A/B runs.
+    static const int plain = [] {
+        static const EnvChoice choices[] = {{"pdl", 0}, {"plain", 1}};
+        return env_choice("FL_ATTN_COMBINE", choices, 0);
+    }();
+    const int64_t bhs = (int64_t)a->batch * a->q_heads;
+    if (bhs > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)bhs);
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.dynamicSmemBytes = sizeof(float) * p.num_splits;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = !plain && cc_major() >= 9 ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel<T, D>, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (fl_status)e;
+    }
+    return FL_OK;
 }
 
 template <typename T, int D>

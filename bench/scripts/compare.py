@@ -7,7 +7,7 @@ in the same run, joined on `op|dtype|shape`.
 Torch cases come from every torch_<family>.py beside this file: each defines
 `cases()` yielding (key, make) where make() allocates inputs and returns a dict
 {"eager": fn, "compile": fn or None}. Timing: CUDA events around a batch of calls after a
-warm-up, median of 7 batches, inputs as the user would call them (eager includes Python's
+warm-up of >= 25 ms, median of 7 batches, inputs as the user would call them (eager includes Python's
 launch overhead, as users see it). Where optable rotates two instances of a case (working set
 under 256 MB, so the L2 cache does not serve repeats), the torch side does too: two make()
 calls, called in turn (before 2026-11-24 torch always reused one set of inputs).
@@ -40,6 +40,13 @@ def time_us(fns):
     s.record(); fns[0](); e.record(); e.synchronize()
     probe = max(s.elapsed_time(e), 1e-4)
     iters = int(min(max(2.0 / probe, 5), 2000))
+    warm = 0.0  # >= 25 ms before measuring, as optable
+    while warm < 25.0:
+        s.record()
+        for i in range(iters):
+            fns[i % len(fns)]()
+        e.record(); e.synchronize()
+        warm += max(s.elapsed_time(e), 1e-3)
     out = []
     for _ in range(7):
         s.record()

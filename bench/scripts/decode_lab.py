@@ -182,7 +182,10 @@ SHAPES = [(1, 32768, 8), (4, 16384, 8), (16, 8192, 8), (64, 4096, 8), (1, 4096, 
 
 def bench(so, dts, variants):
     cp = copy_tbps()
-    print(f"bench: device copy {cp:.3f} TB/s (1 GiB, read + write)")
+    x = torch.empty(1 << 29, dtype=torch.float16, device="cuda").uniform_()
+    rd = x.numel() * 2 / loop_time(lambda: x.sum(dtype=torch.float32), 30.0) / 1e6
+    del x
+    print(f"bench: device copy {cp:.3f} TB/s (1 GiB, read + write); read-only {rd:.3f} TB/s (torch sum of 1 GiB)")
     print(" | ".join(["dtype", "b x L kv", "torch us"] + [f"{NAMES[v]} us (%copy, x torch, splits)" for v in variants]))
     for dt in dts:
         for b, L, hk in SHAPES:
