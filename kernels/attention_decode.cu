@@ -889,6 +889,25 @@ inline int64_t split_min_keys() {
 
 // For the split choice: sm_90 has 228 KB per SM; before it, 100 KB is the smallest (sm_86/89;
 // sm_80 has 164 KB, where this undercounts and the split comes out coarser, not wrong).
+// MHA (group 1) at head_dim 128, f16/bf16, on sm_90, with batch x kv heads >= 128 and
+// max_seq_len >= 4096: the tensor-core kernel (G = 1, 15 of its 16 rows idle) instead of the
+// CUDA-core one. There both run at the read-bandwidth ceiling and the tensor-core kernel's
+// long runs of adjacent keys (8 warps x 16 keys per CTA) measured ~1% faster (H100,
+// decode_lab.py --splits, f16, us: b64 x 4096 1386.2 against 1403.2, b16 x 8192 703.9
+// against 709.9). Below either bound the CUDA-core kernel's 4 CTAs per SM are kept: a
+// batch-1 engine step has 32 (batch x kv heads), and llama-2-7b decode at 16 x 1024 and
+// 64 x 1024 ran 0.3% slower on the tensor-core kernel (8.583 / 17.404 ms per step against
+// 8.554 / 17.358). FL_ATTN_MHA=cuda|mma (read once) forces either for A/B runs.
+inline bool mha_on_mma(const fl_decode_attention_args *a) {
+    if (a->q_heads != a->kv_heads || a->head_dim != 128 || a->dtype == FL_DTYPE_F32) return false;
+    static const int force = [] {
+        static const EnvChoice choices[] = {{"cuda", 1}, {"mma", 2}};
+        return env_choice("FL_ATTN_MHA", choices, 0);
+    }();
+    if (force) return force == 2;
+    return cc_major() >= 9 && (int64_t)a->batch * a->kv_heads >= 128 && a->max_seq_len >= 4096;
+}
+
 inline int mma_ctas(int d, int g) {
     const MmaChoice c = mma_choice(d, g);
     return mma_ctas_per_sm(d, c.w, c.s, c.sw, cc_major() >= 9 ? 228 : 100);
@@ -908,7 +927,7 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     if (units < 1) return 1;
     const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
     const int64_t wave = sms * (a->dtype == FL_DTYPE_F32 ? ctas_per_sm(gt, 4)
-                                : gt >= 2                ? mma_ctas(a->head_dim, gt)
+                                : gt >= 2 || mha_on_mma(a) ? mma_ctas(a->head_dim, gt)
                                                          : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
     const int64_t keys = split_min_keys();
@@ -945,48 +964,12 @@ fl_status launch_mma(const fl_decode_attention_args *a, Params &p, dim3 grid, cu
     return launch_status();
 }
 
-template <typename T, int D, int G>
-fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
-    const int group = a->q_heads / a->kv_heads;
-    dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores
-        fl_status s = FL_ERR_INVALID_ARGUMENT;
-        bool done = false;
-#ifdef FL_DECODE_LAB
-        if constexpr (D == 128 && G == 4) {
-            int i = 1;
-            const int want = lab_variant();
-#define FL_MMA_LAUNCH(W_, S_, SW_)                                                            \
-    if (!done && i++ == want) {                                                               \
-        s = launch_mma<T, D, G, W_, S_, SW_>(a, p, grid, st);                                  \
-        done = true;                                                                          \
-    }
-            FL_MMA_VARIANTS(FL_MMA_LAUNCH)
-#undef FL_MMA_LAUNCH
-        }
-#endif
-        if (!done) {
-            if (cc_major() >= 9) {
-                using C = MmaFor<D, true>;
-                s = launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
-            } else {
-                using C = MmaFor<D, false>;
-                s = launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
-            }
-        }
-        if (s != FL_OK || p.num_splits == 1) return s;
-    } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
-        if (a->layout == FL_KV_PAGED)
-            decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
-        else
-            decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
-    }
-    fl_status s = launch_status();
-    if (s != FL_OK || p.num_splits == 1) return s;
-    // On sm_90 the combine is a programmatic dependent launch: its CTAs are scheduled while the
-    // split kernel's last CTAs run (every split CTA triggers at its start) and wait in
-    // griddepcontrol.wait for its completion, so the second launch's latency hides behind the
-    // first's tail. FL_ATTN_COMBINE=plain (read once) launches it normally, for A/B runs.
+// The split combine. On sm_90 it is a programmatic dependent launch: its CTAs are scheduled
+// while the split kernel's last CTAs run (every split CTA triggers at its start) and wait in
+// griddepcontrol.wait for its completion, so the second launch's latency hides behind the
+// first's tail. FL_ATTN_COMBINE=plain (read once) launches it normally, for A/B runs.
+template <typename T, int D>
+fl_status launch_combine(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     static const int plain = [] {
         static const EnvChoice choices[] = {{"pdl", 0}, {"plain", 1}};
         return env_choice("FL_ATTN_COMBINE", choices, 0);
@@ -1009,6 +992,62 @@ fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st
         return (fl_status)e;
     }
     return FL_OK;
+}
+
+// The tensor-core kernel at group tile G: the lab's variant if one is picked, else MmaFor.
+template <typename T, int D, int G>
+fl_status launch_mma_auto(const fl_decode_attention_args *a, Params &p, dim3 grid,
+                          cudaStream_t st) {
+#ifdef FL_DECODE_LAB
+    if constexpr (D == 128 && G == 4) {
+        fl_status s = FL_ERR_INVALID_ARGUMENT;
+        bool done = false;
+        int i = 1;
+        const int want = lab_variant();
+#define FL_MMA_LAUNCH(W_, S_, SW_)                                                            \
+    if (!done && i++ == want) {                                                               \
+        s = launch_mma<T, D, G, W_, S_, SW_>(a, p, grid, st);                                  \
+        done = true;                                                                          \
+    }
+        FL_MMA_VARIANTS(FL_MMA_LAUNCH)
+#undef FL_MMA_LAUNCH
+        if (done) return s;
+    }
+#endif
+    if (cc_major() >= 9) {
+        using C = MmaFor<D, true>;
+        return launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
+    }
+    using C = MmaFor<D, false>;
+    return launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);
+}
+
+template <typename T, int D, int G>
+fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
+    const int group = a->q_heads / a->kv_heads;
+    dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
+    fl_status s;
+    if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores
+        s = launch_mma_auto<T, D, G>(a, p, grid, st);
+    } else if constexpr (G == 1 && sizeof(T) == 2 && D == 128) {  // MHA: see mha_on_mma
+        if (mha_on_mma(a)) {
+            s = launch_mma_auto<T, D, 1>(a, p, grid, st);
+        } else {
+            if (a->layout == FL_KV_PAGED)
+                decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
+            else
+                decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
+            s = launch_status();
+        }
+    } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
+        if (a->layout == FL_KV_PAGED)
+            decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
+        else
+            decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
+        s = launch_status();
+    }
+    if (s != FL_OK || p.num_splits == 1) return s;
+    return launch_combine<T, D>(a, p, st);
 }
 
 template <typename T, int D>

@@ -177,7 +177,8 @@ def copy_tbps():
     return 2 * x.numel() * 2 / us / 1e6
 
 
-SHAPES = [(1, 32768, 8), (4, 16384, 8), (16, 8192, 8), (64, 4096, 8), (1, 4096, 8), (1, 32768, 32), (64, 4096, 32)]
+SHAPES = [(1, 32768, 8), (4, 16384, 8), (16, 8192, 8), (64, 4096, 8), (1, 4096, 8), (1, 32768, 32), (4, 16384, 32),
+          (16, 8192, 32), (64, 4096, 32), (1, 4096, 32)]
 
 
 def bench(so, dts, variants):
@@ -209,6 +210,42 @@ def bench(so, dts, variants):
                 c = cs[0]
                 us = loop_time(cs)
                 row.append(f"{us:.1f} ({byts / us / 1e6 / cp * 100:.0f}%, {tus / us:.3f}x, s{c.splits})")
+            print(" | ".join(row), flush=True)
+
+
+def splits(so, dts):
+    """Forced split counts against the automatic one (s0 = auto), at the shapes where the
+    automatic choice runs 128 CTAs on 132 SMs. (FL_ATTN_MHA=cuda|mma, read once per process,
+    picks the MHA kernel.)"""
+    cp = copy_tbps()
+    print(f"splits: device copy {cp:.3f} TB/s")
+    rows = [(16, 8192, 8, [0, 2, 33, 66]), (64, 4096, 8, [0, 2, 33]), (1, 32768, 8, [0, 33, 66]),
+            (4, 16384, 8, [0, 33]), (64, 4096, 32, [0, 2]), (16, 8192, 32, [0]), (1, 32768, 32, [0, 33])]
+    for dt in dts:
+        for b, L, hk, forced in rows:
+            esz = torch.finfo(DT[dt][0]).bits // 8
+            byts = 2 * b * hk * L * 128 * esz + 2 * b * 32 * 128 * esz
+            sets = []
+            for _ in range(2 if byts < (256 << 20) else 1):
+                q = torch.randn(b, 32, 128, device="cuda", dtype=DT[dt][0])
+                k = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
+                v = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
+                sets.append((q, k, v, torch.empty_like(q)))
+            ln = torch.full((b,), L, dtype=torch.int32, device="cuda")
+            tfs = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q.view(b, 32, 1, 128), k, v, enable_gqa=hk != 32)
+                   for q, k, v, _ in sets]
+            row = [dt, f"{b}x{L} kv{hk}", f"torch {loop_time(tfs):.1f}"]
+            for mha in ["auto"]:
+                for sp in forced:
+                    set_variant(0)
+                    cs = []
+                    for q, k, v, out in sets:
+                        c = Call(so, dt, q, k, v, out, ln, L, 128 ** -0.5)
+                        c.a.num_splits = sp
+                        c.prepare()
+                        cs.append(c)
+                    us = loop_time(cs)
+                    row.append(f"s{cs[0].splits}: {us:.1f} ({byts / us / 1e6 / cp * 100:.0f}%)")
             print(" | ".join(row), flush=True)
 
 
@@ -259,6 +296,8 @@ def main():
         bench(so, dts.split(","), variants)
     if "--prof" in args:
         prof(so, variants)
+    if "--splits" in args:
+        splits(so, dts.split(","))
 
 
 if __name__ == "__main__":
