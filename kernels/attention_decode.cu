@@ -9,7 +9,9 @@
 //
 // - G >= 2 (GQA, MQA): decode_mma_kernel, W warps (8 on Hopper), tensor cores (see the
 //   comment there).
-// - G == 1 (MHA): decode_kernel, 4 warps of CUDA-core "workers" of LPK lanes, each owning one
+// - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 with long contexts and wide
+//   batches, where the tensor-core kernel reads faster: see mha_on_mma), 4 warps of CUDA-core
+//   "workers" of LPK lanes, each owning one
 //   key row at a time (each lane 8 dims) with its own online-softmax state, merged through
 //   shared memory at the end. One head per K/V row keeps the math light (MHA already ran at
 //   94-101% of copy bandwidth); its copies run ahead through a per-thread ring (below).
