@@ -32,7 +32,8 @@ typedef enum fl_kv_layout {
  *   workspace:  fl_attention_decode_workspace_size(...) bytes (may be NULL when that is 0),
  *               16-byte aligned.
  * Math in f32 whatever the dtype: scores, online softmax (base 2), sums. f16/bf16 with
- * q_heads / kv_heads even run the products on tensor cores (P rounded to the dtype for P V);
+ * q_heads / kv_heads even run the products on tensor cores (P rounded to the dtype for P V),
+ * as does MHA at head_dim 128 on sm_90 when batch * kv_heads >= 128 and max_seq_len >= 4096;
  * f32 (any group) and odd groups run on CUDA cores, f32 reading the cache as 4-byte values.
  * Pointers 16-byte aligned (FL_ERR_MISALIGNED).
  * Returns FL_ERR_INVALID_ARGUMENT on a bad size, dtype, layout or a too small workspace. */
