@@ -397,8 +397,13 @@ template <int W_, int S_, bool SW_> struct MmaCfg {
 // The configuration used: Hopper (228 KB of shared memory per SM) W = 8 warps (4 at D = 256),
 // 2 stages, 128 KB per CTA; before Hopper (sm_86/89 allow 99 KB per block) half the warps,
 // 64 KB. Swizzled where the row has a multiple of 8 chunks.
+__host__ __device__ constexpr int mma_for_w(int d, bool hopper) {
+    return (hopper ? 8 : 4) / (d > 128 ? 2 : 1);
+}
+constexpr int kMmaForS = 2;
+__host__ __device__ constexpr bool mma_for_sw(int d) { return (d / 8) % 8 == 0; }
 template <int D, bool HOPPER>
-using MmaFor = MmaCfg<(HOPPER ? 8 : 4) / (D > 128 ? 2 : 1), 2, (D / 8) % 8 == 0>;
+using MmaFor = MmaCfg<mma_for_w(D, HOPPER), kMmaForS, mma_for_sw(D)>;
 
 __host__ __device__ constexpr int mma_ld(int d, bool sw) { return sw ? d : d + 8; }
 __host__ __device__ constexpr int mma_smem_bytes(int d, int w, int s, bool sw) {
@@ -422,10 +427,10 @@ __host__ __device__ constexpr int mma_ctas_per_sm(int d, int w, int s, bool sw, 
 #else
 #define FL_MMA_WARPS_BOUND 12
 #endif
-#define FL_MMA_MIN_CTAS(D, W, S, SW)                                                          \
-    (mma_ctas_per_sm(D, W, S, SW) < (FL_MMA_WARPS_BOUND / (W) > 0 ? FL_MMA_WARPS_BOUND / (W) : 1) \
-         ? mma_ctas_per_sm(D, W, S, SW)                                                       \
-         : (FL_MMA_WARPS_BOUND / (W) > 0 ? FL_MMA_WARPS_BOUND / (W) : 1))
+__host__ __device__ constexpr int mma_min_ctas(int d, int w, int s, bool sw, int warps_bound) {
+    const int cap = warps_bound / w > 0 ? warps_bound / w : 1;
+    return mma_ctas_per_sm(d, w, s, sw) < cap ? mma_ctas_per_sm(d, w, s, sw) : cap;
+}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -479,7 +484,7 @@ template <> struct Mma<__nv_bfloat16> {
 };
 
 template <typename T, int D, int G, bool PAGED, int W, int S, bool SW>
-__global__ void __launch_bounds__(32 * W, FL_MMA_MIN_CTAS(D, W, S, SW))
+__global__ void __launch_bounds__(32 * W, mma_min_ctas(D, W, S, SW, FL_MMA_WARPS_BOUND))
     decode_mma_kernel(Params p) {
     pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int LD = mma_ld(D, SW);     // row stride, elements
@@ -824,10 +829,6 @@ inline int lab_variant() {
     return e && e[0] ? atoi(e) : 0;
 }
 #endif
-template <int D> MmaChoice mma_choice_d(bool hopper) {
-    if (hopper) return {MmaFor<D, true>::W, MmaFor<D, true>::S, MmaFor<D, true>::SW};
-    return {MmaFor<D, false>::W, MmaFor<D, false>::S, MmaFor<D, false>::SW};
-}
 inline MmaChoice mma_choice(int d, int g) {
 #ifdef FL_DECODE_LAB
     if (d == 128 && g == 4) {
@@ -841,14 +842,8 @@ inline MmaChoice mma_choice(int d, int g) {
     }
 #endif
     (void)g;
-    const bool hopper = cc_major() >= 9;
-    switch (d) {
-    case 64: return mma_choice_d<64>(hopper);
-    case 80: return mma_choice_d<80>(hopper);
-    case 96: return mma_choice_d<96>(hopper);
-    case 256: return mma_choice_d<256>(hopper);
-    default: return mma_choice_d<128>(hopper);
-    }
+    const bool hopper = cc_major() >= 9;  // MmaFor<d, hopper>, from the same functions
+    return {mma_for_w(d, hopper), kMmaForS, mma_for_sw(d)};
 }
 
 inline int group_tile(int group) {
@@ -1028,28 +1023,22 @@ template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    fl_status s;
+    // The split kernel's status, then the combine when there are splits.
+    auto combine = [&](fl_status s) {
+        return s != FL_OK || p.num_splits == 1 ? s : launch_combine<T, D>(a, p, st);
+    };
     if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores
-        s = launch_mma_auto<T, D, G>(a, p, grid, st);
-    } else if constexpr (G == 1 && sizeof(T) == 2 && D == 128) {  // MHA: see mha_on_mma
-        if (mha_on_mma(a)) {
-            s = launch_mma_auto<T, D, 1>(a, p, grid, st);
-        } else {
-            if (a->layout == FL_KV_PAGED)
-                decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
-            else
-                decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
-            s = launch_status();
-        }
-    } else {  // MHA (one head per K/V row: the math is light), and f32: CUDA cores
+        return combine(launch_mma_auto<T, D, G>(a, p, grid, st));
+    } else {
+        if constexpr (sizeof(T) == 2 && D == 128)  // MHA: see mha_on_mma
+            if (mha_on_mma(a)) return combine(launch_mma_auto<T, D, 1>(a, p, grid, st));
+        // MHA (one head per K/V row: the math is light), and f32: CUDA cores
         if (a->layout == FL_KV_PAGED)
             decode_kernel<T, D, G, true><<<grid, kThreads, 0, st>>>(p);
         else
             decode_kernel<T, D, G, false><<<grid, kThreads, 0, st>>>(p);
-        s = launch_status();
+        return combine(launch_status());
     }
-    if (s != FL_OK || p.num_splits == 1) return s;
-    return launch_combine<T, D>(a, p, st);
 }
 
 template <typename T, int D>

@@ -40,21 +40,18 @@ def time_us(fns):
     s.record(); fns[0](); e.record(); e.synchronize()
     probe = max(s.elapsed_time(e), 1e-4)
     iters = int(min(max(2.0 / probe, 5), 2000))
+
+    def batch():  # ms for `iters` calls
+        s.record()
+        for i in range(iters):
+            fns[i % len(fns)]()
+        e.record(); e.synchronize()
+        return s.elapsed_time(e)
+
     warm = 0.0  # >= 25 ms before measuring, as optable
     while warm < 25.0:
-        s.record()
-        for i in range(iters):
-            fns[i % len(fns)]()
-        e.record(); e.synchronize()
-        warm += max(s.elapsed_time(e), 1e-3)
-    out = []
-    for _ in range(7):
-        s.record()
-        for i in range(iters):
-            fns[i % len(fns)]()
-        e.record(); e.synchronize()
-        out.append(s.elapsed_time(e) * 1e3 / iters)
-    return median(out)
+        warm += max(batch(), 1e-3)
+    return median([batch() * 1e3 / iters for _ in range(7)])
 
 
 def torch_cases(filt):

@@ -181,6 +181,24 @@ SHAPES = [(1, 32768, 8), (4, 16384, 8), (16, 8192, 8), (64, 4096, 8), (1, 4096, 
           (16, 8192, 32), (64, 4096, 32), (1, 4096, 32)]
 
 
+def decode_inputs(b, L, hk, dt):
+    """Inputs of one timed shape (32 q heads, d 128, every sequence L long): (bytes moved,
+    [(q, k, v, out)] -- two instances, called in turn, under 256 MB as optable does -- lens,
+    torch SDPA callables over the same instances)."""
+    esz = torch.finfo(DT[dt][0]).bits // 8
+    byts = 2 * b * hk * L * 128 * esz + 2 * b * 32 * 128 * esz
+    sets = []
+    for _ in range(2 if byts < (256 << 20) else 1):
+        q = torch.randn(b, 32, 128, device="cuda", dtype=DT[dt][0])
+        k = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
+        v = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
+        sets.append((q, k, v, torch.empty_like(q)))
+    ln = torch.full((b,), L, dtype=torch.int32, device="cuda")
+    tfs = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q.view(b, 32, 1, 128), k, v, enable_gqa=hk != 32)
+           for q, k, v, _ in sets]
+    return byts, sets, ln, tfs
+
+
 def bench(so, dts, variants):
     cp = copy_tbps()
     x = torch.empty(1 << 29, dtype=torch.float16, device="cuda").uniform_()
@@ -191,17 +209,7 @@ def bench(so, dts, variants):
     for dt in dts:
         for b, L, hk in SHAPES:
             torch.manual_seed(b + L)
-            esz = torch.finfo(DT[dt][0]).bits // 8
-            byts = 2 * b * hk * L * 128 * esz + 2 * b * 32 * 128 * esz
-            sets = []
-            for _ in range(2 if byts < (256 << 20) else 1):  # two instances in turn under 256 MB
-                q = torch.randn(b, 32, 128, device="cuda", dtype=DT[dt][0])
-                k = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
-                v = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
-                sets.append((q, k, v, torch.empty_like(q)))
-            ln = torch.full((b,), L, dtype=torch.int32, device="cuda")
-            tfs = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q.view(b, 32, 1, 128), k, v, enable_gqa=hk != 32)
-                   for q, k, v, _ in sets]
+            byts, sets, ln, tfs = decode_inputs(b, L, hk, dt)
             tus = loop_time(tfs)
             row = [dt, f"{b}x{L} kv{hk}", f"{tus:.1f}"]
             for vi in (variants if hk == 8 else variants[:1]):
@@ -223,29 +231,18 @@ def splits(so, dts):
             (4, 16384, 8, [0, 33]), (64, 4096, 32, [0, 2]), (16, 8192, 32, [0]), (1, 32768, 32, [0, 33])]
     for dt in dts:
         for b, L, hk, forced in rows:
-            esz = torch.finfo(DT[dt][0]).bits // 8
-            byts = 2 * b * hk * L * 128 * esz + 2 * b * 32 * 128 * esz
-            sets = []
-            for _ in range(2 if byts < (256 << 20) else 1):
-                q = torch.randn(b, 32, 128, device="cuda", dtype=DT[dt][0])
-                k = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
-                v = torch.randn(b, hk, L, 128, device="cuda", dtype=DT[dt][0])
-                sets.append((q, k, v, torch.empty_like(q)))
-            ln = torch.full((b,), L, dtype=torch.int32, device="cuda")
-            tfs = [lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q.view(b, 32, 1, 128), k, v, enable_gqa=hk != 32)
-                   for q, k, v, _ in sets]
+            byts, sets, ln, tfs = decode_inputs(b, L, hk, dt)
             row = [dt, f"{b}x{L} kv{hk}", f"torch {loop_time(tfs):.1f}"]
-            for mha in ["auto"]:
-                for sp in forced:
-                    set_variant(0)
-                    cs = []
-                    for q, k, v, out in sets:
-                        c = Call(so, dt, q, k, v, out, ln, L, 128 ** -0.5)
-                        c.a.num_splits = sp
-                        c.prepare()
-                        cs.append(c)
-                    us = loop_time(cs)
-                    row.append(f"s{cs[0].splits}: {us:.1f} ({byts / us / 1e6 / cp * 100:.0f}%)")
+            for sp in forced:
+                set_variant(0)
+                cs = []
+                for q, k, v, out in sets:
+                    c = Call(so, dt, q, k, v, out, ln, L, 128 ** -0.5)
+                    c.a.num_splits = sp
+                    c.prepare()
+                    cs.append(c)
+                us = loop_time(cs)
+                row.append(f"s{cs[0].splits}: {us:.1f} ({byts / us / 1e6 / cp * 100:.0f}%)")
             print(" | ".join(row), flush=True)
 
 
