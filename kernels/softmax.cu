@@ -22,12 +22,6 @@
 //    on a device of compute capability >= 9 whose loaded kernel image is sm_90+ code (a
 //    build with only compute_80 PTX JIT-compiles the empty body: never launched), and falls
 //    back to the other paths if the cluster launch is refused.
-//  - ring (sm_90+; the rows of the cluster path whose two shared-memory buffers per block,
-//    2 * ceil(n / vec / 8) * 16 bytes, fit 100 KB; forced: 200 KB): the cluster path's split of
-//    a row over 8 blocks, but each block's part arrives in shared memory through one bulk copy
-//    (TMA) on an mbarrier, double-buffered, so the copy of the next row is in flight while the
-//    block reduces, waits at the cluster barrier and writes the current one. Persistent grid
-//    (the clusters that fit at once). See softmax_ring_kernel.
 //  - split (few long rows: rows < 128, n > 4096, a workspace given, and not the cluster
 //    path): each row is cut into chunks, one block of 256 threads per (row, chunk), with the
 //    chunk length chosen so that rows * chunks ~ 4 * SMs and each thread has >= 8 vectors
@@ -53,13 +47,12 @@
 //    capped at one block per SM so that the rows in flight fit in L2 and the second read
 //    mostly hits it.
 // Long-row path override (read once per process, for A/B runs; any value is correct, only
-// speed moves): FL_SOFTMAX_LONG = ring (the ring path wherever its buffers fit 200 KB, else as
-// cluster), cluster (the cluster path wherever it applies, else split / generic: the
-// behaviour before ring and twopass existed), cluster_pf (the same with the next-row L2
+// speed moves): FL_SOFTMAX_LONG = cluster (the cluster path wherever it applies, else split /
+// generic: the behaviour before twopass existed), cluster_pf (the same with the next-row L2
 // prefetch), cluster_db (the same with the next row's loads issued into a second register set
 // before the current row's writes; measured 20-35 points slower on the H100), twopass (twopass for every row the register path does not take, on any GPU),
 // portable (split / generic only, as before sm_90). Unset or anything else: automatic
-// (ring, cluster, split, generic: the measured order; twopass and cluster_pf were slower on the
+// (cluster, split, generic: the measured order; twopass and cluster_pf were slower on the
 // H100, see bench/RESULTS.md). fl_softmax_path
 // selects the same per call (tests). FL_SOFTMAX_CLUSTER_GRID (an experiment; on the H100 neither "rows" nor "resident" beat the default)
 // sets how many clusters the cluster path launches: unset 2 per SM (each loops over ~rows / (2
@@ -503,28 +496,6 @@ __global__ void __launch_bounds__(kChunkThreads)
 
 
 // ------------------------------------------------------------------ cluster path (sm_90+)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The row's statistics from the (max, sum) pairs every block of the cluster left at `mine`
-// (the same shared-memory slot in each block), after a cluster.sync: lanes 0..7 of every warp
-// read one block's pair each and merge them over the 8 lanes (xor 4, 2, 1 stays within the
-// group); lane 0's result goes to the whole warp.
-__device__ __forceinline__ Stats cluster_stats(cooperative_groups::cluster_group &cluster, float2 *mine,
-                                               float scale) {
-    const int lane = threadIdx.x & 31;
-    Stats t{-INFINITY, 0.f};
-    if (lane < kCluster) {
-        const float2 p = *cluster.map_shared_rank(mine, lane);
-        t = Stats{p.x, p.y};
-    }
-#pragma unroll
-    for (int o = kCluster / 2; o > 0; o >>= 1) {
-        const Stats u{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)};
-        t = merge(t, u, scale);
-    }
-    return Stats{__shfl_sync(0xffffffffu, t.m, 0), __shfl_sync(0xffffffffu, t.s, 0)};
-}
-#endif
-
 // grid: a multiple of kCluster blocks, cluster dims (kCluster, 1, 1); cluster c handles rows
 // c, c + clusters, ... Block rank r of a cluster holds vectors [r * 256 * VPT, (r + 1) * 256 *
 // VPT) of the row, thread t vectors r * 256 * VPT + k * 256 + t, k < VPT (coalesced).
@@ -607,8 +578,20 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
         const float bs = block_sum(ts, scratch);
         if (threadIdx.x == 0) part[buf] = make_float2(bm, bs);
         cluster.sync();  // every block's part[buf] written and visible cluster-wide
-        const Stats t = cluster_stats(cluster, &part[buf], scale);
-        const float m = t.m, s = t.s;
+        // Lanes 0..7 of every warp read one block's pair each and merge them over the 8
+        // lanes (xor 4, 2, 1 stays within the group); lane 0's result goes to the warp.
+        Stats t{-INFINITY, 0.f};
+        if (lane < kCluster) {
+            const float2 p = *cluster.map_shared_rank(&part[buf], lane);
+            t = Stats{p.x, p.y};
+        }
+#pragma unroll
+        for (int o = kCluster / 2; o > 0; o >>= 1) {
+            const Stats u{__shfl_xor_sync(0xffffffffu, t.m, o), __shfl_xor_sync(0xffffffffu, t.s, o)};
+            t = merge(t, u, scale);
+        }
+        const float m = __shfl_sync(0xffffffffu, t.m, 0);
+        const float s = __shfl_sync(0xffffffffu, t.s, 0);
         const bool zero = (m == -INFINITY);
         const float inv = 1.f / s;  // inf for a masked row (unused); NaN for a NaN/+inf row
         V nx[DB ? VPT : 1];
@@ -635,103 +618,6 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
             for (int k = 0; k < (DB ? VPT : 0); ++k) r[k] = nx[k];
         }
         buf ^= 1;
-    }
-    cluster.sync();  // no block exits while another may still read its part[]
-#endif
-}
-
-// ------------------------------------------------------------------ ring path (sm_90+)
-// The cluster path's work split (8 blocks of 256 threads per row, one cluster.sync per row,
-// clusters looping over rows), but a block's part of a row comes into shared memory through
-// one bulk copy (TMA) counted on an mbarrier, into one of two buffers: while the block reduces
-// and writes row j from buffer j & 1, the copy of its next row is in flight, and the copy of
-// the row after that is issued into buffer j & 1 as soon as row j's writes have read it. So
-// the DRAM reads of a block never stop for its reductions, its cluster barrier or its writes
-// (in the cluster path each row's loads start only after the previous row is written), and
-// no registers hold data in flight.
-// Block rank r holds vectors [r * P, min((r + 1) * P, nvec)) of a row (P = part_vecs, dynamic
-// shared memory 2 * P * 16 bytes); thread t reads vectors t, t + 256, ... of it from shared
-// memory in each of its three passes (max, sum, write). The grid should be the clusters that
-// fit at once (each loops over rows c, c + clusters, ...).
-template <typename Tin, typename Tout>
-__global__ void __launch_bounds__(kClusterThreads)
-    softmax_ring_kernel(const Tin *x, Tout *y, int64_t rows, int64_t n, int part_vecs, float scale) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    constexpr int N = vec16<Tin>();
-    using V = Vec<Tin, N>;
-    extern __shared__ __align__(128) unsigned char ring_smem[];
-    __shared__ float scratch[64];
-    __shared__ float2 part[2];  // this block's (max, sum) of rows j with j & 1 = index
-    __shared__ __align__(8) uint64_t full[2];
-    cg::cluster_group cluster = cg::this_cluster();
-    const int rank = (int)cluster.block_rank();
-    const int64_t nvec = n / N;
-    const int64_t first = (int64_t)rank * part_vecs;
-    const int64_t left = nvec - first;
-    const int cnt = left <= 0 ? 0 : (left < part_vecs ? (int)left : part_vecs);  // this block's vectors
-    const uint32_t bytes = (uint32_t)cnt * 16u;
-    const int64_t clusters = gridDim.x / kCluster;
-    const int64_t row0 = blockIdx.x / kCluster;
-    const uint32_t sbuf = static_cast<uint32_t>(__cvta_generic_to_shared(ring_smem));
-    const uint32_t sbar = static_cast<uint32_t>(__cvta_generic_to_shared(full));
-    const uint64_t policy = l2_evict_first_policy();
-    // Thread 0: the copy of `row` into buffer b (an arrival with its byte count, so a block
-    // with nothing to copy completes the phase at once).
-    auto issue = [&](int64_t row, int b) {
-        mbar_expect_tx(sbar + 8u * b, bytes);
-        if (bytes) bulk_load(sbuf + (uint32_t)b * (uint32_t)part_vecs * 16u, x + row * n + first * N, bytes,
-                             sbar + 8u * b, policy);
-    };
-    if (threadIdx.x == 0) {
-        mbar_init(sbar, 1);
-        mbar_init(sbar + 8u, 1);
-        fence_mbar_init();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (row0 < rows) issue(row0, 0);
-        if (row0 + clusters < rows) issue(row0 + clusters, 1);
-    }
-    int j = 0;
-    for (int64_t row = row0; row < rows; row += clusters, ++j) {
-        const int b = j & 1;
-        const V *xv = reinterpret_cast<const V *>(ring_smem) + (int64_t)b * part_vecs;
-        mbar_wait(sbar + 8u * b, (j >> 1) & 1);
-        float tmax = -INFINITY;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < cnt; i += kClusterThreads) {
-            const V v = xv[i];
-#pragma unroll
-            for (int e = 0; e < N; ++e) tmax = nanmax(tmax, to_f32(v.v[e]));
-        }
-        const float bm = block_nanmax(tmax, scratch);
-        float ts = 0.f;
-        if (bm != -INFINITY) {  // a block of only -inf (or with no vectors): sum 0
-#pragma unroll 4
-        for (int i = threadIdx.x; i < cnt; i += kClusterThreads) {
-                const V v = xv[i];
-#pragma unroll
-                for (int e = 0; e < N; ++e) ts += exp2f((to_f32(v.v[e]) - bm) * scale);
-            }
-        }
-        const float bs = block_sum(ts, scratch);
-        if (threadIdx.x == 0) part[b] = make_float2(bm, bs);
-        cluster.sync();  // every block's part[b] written and visible cluster-wide
-        const Stats t = cluster_stats(cluster, &part[b], scale);
-        const bool zero = (t.m == -INFINITY);
-        const float inv = 1.f / t.s;  // inf for a masked row (unused); NaN for a NaN/+inf row
-        Tout *yr = y + row * n + first * N;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < cnt; i += kClusterThreads) {
-            const V v = xv[i];
-            float o[N];
-#pragma unroll
-            for (int e = 0; e < N; ++e) o[e] = prob(to_f32(v.v[e]), t.m, inv, scale, zero);
-            store_f32<Tout, N>(yr + (int64_t)i * N, o);
-        }
-        __syncthreads();  // buffer b fully read: it may take the row after next
-        if (threadIdx.x == 0 && row + 2 * clusters < rows) issue(row + 2 * clusters, b);
     }
     cluster.sync();  // no block exits while another may still read its part[]
 #endif
@@ -816,8 +702,7 @@ inline int env_long_path() {
                                         {"cluster_pf", FL_SOFTMAX_LONG_CLUSTER_PREFETCH},
                                         {"cluster_db", FL_SOFTMAX_LONG_CLUSTER_PIPELINED},
                                         {"twopass", FL_SOFTMAX_LONG_TWOPASS},
-                                        {"portable", FL_SOFTMAX_LONG_PORTABLE},
-                                        {"ring", FL_SOFTMAX_LONG_RING}};
+                                        {"portable", FL_SOFTMAX_LONG_PORTABLE}};
     static const int v = env_choice("FL_SOFTMAX_LONG", choices, FL_SOFTMAX_LONG_AUTO);
     return v;
 }
@@ -891,56 +776,6 @@ cudaError_t launch_cluster(const Tin *x, Tout *y, int64_t rows, int64_t n, float
     return cudaLaunchKernelEx(&cfg, kernel, x, y, rows, n, scale);
 }
 
-// Ring path: P = ceil(nvec / 8) vectors per block, 2 * P * 16 bytes of shared memory.
-constexpr int64_t kRingMaxSmem = 200 << 10;   // the most a forced ring launch asks for
-constexpr int64_t kRingAutoSmem = 100 << 10;  // automatic: >= 2 blocks per SM on an H100
-inline int64_t ring_smem_bytes(int64_t nvec) { return ceil_div(nvec, kCluster) * 32; }
-
-// The ring kernel's grid: as many clusters as fit at once (cudaOccupancyMaxActiveClusters,
-// looked up once per device and shared-memory size), at most one per row.
-template <typename Tin, typename Tout>
-cudaError_t launch_ring(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, int sms,
-                        cudaStream_t s) {
-    constexpr int N = vec16<Tin>();
-    const int64_t part = ceil_div(n / N, kCluster);
-    const int64_t smem = 2 * part * 16;
-    const auto kernel = softmax_ring_kernel<Tin, Tout>;
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(kClusterThreads, 1, 1);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    // Cache: (device + 1) << 32 | shared-memory bytes -> resident clusters.
-    static std::atomic<int64_t> key_cache[kMaxDevices];
-    static std::atomic<int> val_cache[kMaxDevices];
-    const int dev = current_device();
-    const int64_t key = ((int64_t)(dev + 1) << 32) | smem;
-    int resident = 0;
-    if (dev >= 0 && dev < kMaxDevices && key_cache[dev].load(std::memory_order_acquire) == key)
-        resident = val_cache[dev].load(std::memory_order_relaxed);
-    if (resident <= 0) {
-        cfg.gridDim = dim3((unsigned)kCluster, 1, 1);
-        if (cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg) != cudaSuccess || resident <= 0) {
-            (void)cudaGetLastError();
-            resident = sms / kCluster > 0 ? sms / kCluster : 1;  // one block per SM
-        } else if (dev >= 0 && dev < kMaxDevices) {
-            val_cache[dev].store(resident, std::memory_order_relaxed);
-            key_cache[dev].store(key, std::memory_order_release);
-        }
-    }
-    const int64_t clusters = rows < resident ? rows : resident;
-    cfg.gridDim = dim3((unsigned)(clusters * kCluster), 1, 1);
-    return cudaLaunchKernelEx(&cfg, kernel, x, y, rows, n, (int)part, scale);
-}
-
 template <typename Tin, typename Tout>
 fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, void *ws,
                   int64_t ws_bytes, int path, cudaStream_t s) {
@@ -974,17 +809,6 @@ fl_status softmax(const Tin *x, Tout *y, int64_t rows, int64_t n, float scale, v
         else
             softmax_twopass_kernel<Tin, Tout, false><<<grid, kTpThreads, 0, s>>>(x, y, rows, n, scale);
         return launch_status();
-    }
-    // Ring path: forced, or automatic where a block's two buffers leave room for >= 2 blocks
-    // per SM (bf16 2048 x 128256: 64 KB per block). Rows the cluster path takes only: 4096 <
-    // nvec (the register path's limit) and nvec <= 32768 (8 x 256 threads x 16 vectors).
-    const int64_t ring_smem = ring_smem_bytes(nvec);
-    const bool ring = vec_ok && dev.cluster_ok && nvec <= (int64_t)kCluster * kClusterThreads * kClusterMaxVpt &&
-                      ((path == FL_SOFTMAX_LONG_RING && ring_smem <= kRingMaxSmem) ||
-                       (path == FL_SOFTMAX_LONG_AUTO && ring_smem <= kRingAutoSmem));
-    if (ring) {
-        if (launch_ring<Tin, Tout>(x, y, rows, n, scale, dev.sms, s) == cudaSuccess) return launch_status();
-        cudaGetLastError();  // refused (no room for a cluster): the cluster path or the others
     }
     const ClusterVariant variant = path == FL_SOFTMAX_LONG_CLUSTER_PREFETCH  ? kClusterPrefetch
                                    : path == FL_SOFTMAX_LONG_CLUSTER_PIPELINED ? kClusterPipelined
@@ -1064,7 +888,7 @@ extern "C" fl_status fl_softmax_path(fl_dtype x_dtype, const void *x, fl_dtype y
                                      fl_stream stream) {
     using namespace fl::softmax_detail;
     if (rows < 0 || n < 1 || workspace_bytes < 0) return FL_ERR_INVALID_ARGUMENT;
-    if (long_path < FL_SOFTMAX_LONG_AUTO || long_path > FL_SOFTMAX_LONG_RING)
+    if (long_path < FL_SOFTMAX_LONG_AUTO || long_path > FL_SOFTMAX_LONG_CLUSTER_PIPELINED)
         return FL_ERR_INVALID_ARGUMENT;
     if (!(temperature >= FLT_MIN) || !std::isfinite(temperature)) return FL_ERR_INVALID_ARGUMENT;
     if (y_dtype != x_dtype && y_dtype != FL_DTYPE_F32) return FL_ERR_UNSUPPORTED_DTYPE;

@@ -396,49 +396,6 @@ inline int pdl_mode() {
 }
 inline bool pdl_enabled() { return pdl_mode() != 0 && cc_major() >= 9; }
 
-// ---------------------------------------------------------------- mbarriers and bulk copies (sm_90+)
-// Used by the wgmma prefill attention (with its TMA tensor loads, common/wgmma.cuh) and by the
-// softmax ring path (1-D bulk copies). `bar` and `dst` are shared-memory addresses (cvta).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes mbarrier initialisations visible to the async proxy (TMA) and the other threads; the
-// caller then synchronises the CTA once.
-__device__ __forceinline__ void fence_mbar_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Arrives on `bar` and adds `bytes` to the transaction count the phase waits for.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase of `bar` with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-// 1-D bulk copy (TMA) of `bytes` (a multiple of 16; src and dst 16-byte aligned) from global
-// memory into this CTA's shared memory; completion is counted in bytes on `bar`. `policy`: an
-// L2 cache policy (l2_evict_first_policy() for data read once).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
-                                          uint64_t policy) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-        : "memory");
-}
-#endif
-
 }  // namespace fl
 
 // Dispatch on a float dtype: runs BODY with `scalar_t` bound to the C++ type.

@@ -37,9 +37,8 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 
 /* Long-row paths of fl_softmax_path (rows the register path does not take: n / vector width
  * > 4096, or n not a multiple of the vector width, or unaligned x / y):
- *   AUTO     the environment's FL_SOFTMAX_LONG if set (ring, cluster, cluster_pf,
- *            cluster_db, twopass, portable), else automatic: ring (sm_90+, rows whose two
- *            buffers of ceil(n / vec / 8) vectors fit 100 KB), cluster (sm_90+), split, generic;
+ *   AUTO     the environment's FL_SOFTMAX_LONG if set (cluster, cluster_pf, cluster_db,
+ *            twopass, portable), else automatic: cluster (sm_90+), split, generic;
  *   CLUSTER  cluster path where it applies (sm_90+, 16-byte vectors, n <= 32768 vectors),
  *            else split / generic;
  *   CLUSTER_PREFETCH  the same, each block prefetching its part of its cluster's next row
@@ -49,11 +48,7 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
  *            ones run the plain cluster kernel);
  *   TWOPASS  one block per row, one per SM (rows in flight fit ~60% of L2): an online
  *            (max, sum) pass, then a pass re-reading x (from L2) and writing y;
- *   PORTABLE split (with a workspace, few rows) or generic: what runs before sm_90;
- *   RING     the cluster path's split of a row over 8 blocks, each block's part brought into
- *            shared memory by a bulk copy (TMA), two buffers, the next row's copy in flight
- *            while the block works on the current one (where the buffers fit 200 KB per
- *            block; else as CLUSTER).
+ *   PORTABLE split (with a workspace, few rows) or generic: what runs before sm_90.
  * Every path gives the same result up to f32 summation order; only speed differs. */
 #define FL_SOFTMAX_LONG_AUTO 0
 #define FL_SOFTMAX_LONG_CLUSTER 1
@@ -61,7 +56,6 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 #define FL_SOFTMAX_LONG_TWOPASS 3
 #define FL_SOFTMAX_LONG_PORTABLE 4
 #define FL_SOFTMAX_LONG_CLUSTER_PIPELINED 5
-#define FL_SOFTMAX_LONG_RING 6
 
 /* fl_softmax with the long-row path chosen by the caller (FL_SOFTMAX_LONG_*; AUTO is
  * fl_softmax itself). A path that cannot run on the device or shape falls back as described

@@ -101,8 +101,8 @@ fn rows_n<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
 /// Which kernel runs rows too long for the register path (testing and A/B benchmarking only:
 /// every path gives the same result up to f32 summation order). [`LongPath::Auto`] is what
 /// [`softmax`] and [`softmax_f32`] do: the `FL_SOFTMAX_LONG` environment variable
-/// (`ring`, `cluster`, `cluster_pf`, `cluster_db`, `twopass`, `portable`; read once per process) if
-/// set, else the ring or the cluster path on sm_90+, the split or the generic path (twopass only when asked for: it
+/// (`cluster`, `cluster_pf`, `cluster_db`, `twopass`, `portable`; read once per process) if set, else
+/// the cluster path on sm_90+, the split or the generic path (twopass only when asked for: it
 /// measured slower than the cluster path on the H100). A path that cannot run on the
 /// device or shape falls back as `Auto` would (see `fl_softmax.h`).
 #[doc(hidden)]
@@ -121,10 +121,6 @@ pub enum LongPath {
     TwoPass,
     /// Split (few rows, with a workspace) or generic: what runs before sm_90.
     Portable,
-    /// Clusters as [`LongPath::Cluster`], each block's part of a row brought into shared
-    /// memory by a bulk copy (TMA), the next row's copy in flight while it works on this one
-    /// (rows whose two buffers fit 200 KB of shared memory per block; else as `Cluster`).
-    Ring,
 }
 
 impl LongPath {
@@ -136,7 +132,6 @@ impl LongPath {
             LongPath::ClusterPipelined => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED,
             LongPath::TwoPass => fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS,
             LongPath::Portable => fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE,
-            LongPath::Ring => fl_kernels_sys::FL_SOFTMAX_LONG_RING,
         }) as i32
     }
 }

@@ -206,7 +206,6 @@ fn softmax_every_long_path_matches_reference() {
         LongPath::ClusterPipelined,
         LongPath::TwoPass,
         LongPath::Portable,
-        LongPath::Ring,
     ] {
         for &n in &[
             1usize, 7, 4095, 4104, 16_388, 32_776, 40_001, 65_536, 128_256, 128_257, 131_072,
@@ -253,7 +252,6 @@ fn softmax_in_place_on_every_long_path() {
         ),
         (LongPath::TwoPass, fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS),
         (LongPath::Portable, fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE),
-        (LongPath::Ring, fl_kernels_sys::FL_SOFTMAX_LONG_RING),
     ] {
         for &(rows, n) in &[(300usize, 65_536usize), (3, 128_256), (140, 40_001)] {
             let x: Vec<bf16> = logits(&mut r, rows * n);
@@ -292,7 +290,7 @@ fn softmax_in_place_on_every_long_path() {
         use fl_kernels::cudarc::driver::DevicePtr;
         let (px, _g1) = x.as_slice().device_ptr(s);
         let (py, _g2) = y.as_slice_mut().device_ptr_mut(s);
-        let past_last = fl_kernels_sys::FL_SOFTMAX_LONG_RING as i32 + 1;
+        let past_last = fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED as i32 + 1;
         for bad in [-1i32, past_last, 100] {
             // SAFETY: rejected before any launch.
             let st = unsafe {
@@ -394,7 +392,6 @@ fn softmax_special_values_on_every_path() {
             LongPath::ClusterPipelined,
             LongPath::TwoPass,
             LongPath::Portable,
-            LongPath::Ring,
         ] {
             let got = run_path(&gpu, &x, &[rows, n], 1.0, Out::Same, Some(&mut ws), path);
             let got_b = run_path(&gpu, &xb, &[rows, n], 1.0, Out::F32, None, path);
