@@ -65,6 +65,10 @@
 //   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see
 //   use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path
 //   force a kernel.
+// - At one token, int8 (every size) and int4 (from 2^25 weights) take a kernel of their own on
+//   the tensor-core side (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of
+//   loads per warp, and the A rows that padding wasted at m = 1 used to keep each piece's
+//   products apart for its group scale); FL_GEMV_T1=0 turns it off.
 #include <cstring>
 #include <type_traits>
 
@@ -318,7 +322,16 @@ gemv_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *
         const int delta = (int)(a & 15);
         for (int64_t wi = wa + lane; wi < wb; wi += 32) {
             const int64_t left = total - 16 * wi;  // > 0: word wi starts inside w
-            cp_async16(slot + 16 * (wi - wa), w + 16 * wi, left >= 16 ? 16 : (int)left);
+            if (left >= 16) {
+                cp_async16(slot + 16 * (wi - wa), w + 16 * wi, 16);
+            } else {
+                // The tensor's last word, partial (GGUF tensors end 2 bytes past a 16-byte
+                // boundary, or more): byte loads. cp.async with a smaller source size compiles
+                // to a whole 16-byte read (LDGSTS.ZFILL), past the tensor (compute-sanitizer,
+                // session 10).
+#pragma unroll 1
+                for (int b = 0; b < 16; ++b) slot[16 * (wi - wa) + b] = b < left ? __ldg(w + 16 * wi + b) : 0;
+            }
         }
         if constexpr (F == I4 || F == I4Z) {
             // This lane's (scale, zero) per unit, in flight with the copies.
@@ -681,14 +694,16 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
                         if (v) wq[u][j][0] = ld_stream32(w + wrow[j] * (k >> 1) + c * 16 + 4 * t, policy);
                     } else {
                         // GGUF: this lane's quants start at an even byte a; read the aligned
-                        // words covering them (the last one only when a is not 4-byte aligned).
+                        // words covering them, and when a is not 4-byte aligned the 2 bytes
+                        // after them as a 16-bit load (a 32-bit one would read 2 bytes past the
+                        // tensor at its last block: compute-sanitizer, session 10).
                         constexpr int QB = F == Q80 ? 8 : 4;  // quant bytes per lane
                         const int64_t a = (wrow[j] * chunks + c) * block_bytes<F>() + 2 + QB * t;
                         const uint8_t *pa = w + (a & ~(int64_t)3);
                         if (v) {
 #pragma unroll
                             for (int i = 0; i < WQ - 1; ++i) wq[u][j][i] = ld_stream32(pa + 4 * i, policy);
-                            if (a & 2) wq[u][j][WQ - 1] = ld_stream32(pa + 4 * (WQ - 1), policy);
+                            if (a & 2) wq[u][j][WQ - 1] = ld_stream16(pa + 4 * (WQ - 1), policy);
                         }
                     }
                 }
@@ -814,6 +829,275 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
 }
 
+// ---------------------------------------------------------------- one token (t1): int8, int4
+// The kernel above reads int4 weights 4 bytes per lane per chunk (16 bytes of each row per
+// load instruction: half a 32-byte sector) and keeps one batch of loads in flight per warp
+// (issued, waited for, then used); at one token that held int4 at 54-71% of the copy
+// bandwidth, and int8 stayed on the CUDA-core kernel (68-96%; bench/RESULTS.md, session 6).
+// This kernel, for m = 1 only (int8 and int4, both activation types):
+// - Each lane loads 16 contiguous bytes of a row per tile (a "piece": 16 int8 or 32 int4
+//   values). A superchunk is 4 pieces = 64 bytes of a row; lane (g, t) takes piece slot t of
+//   weight row g of each tile of 8 rows, so a copy instruction covers 2 full sectors per row.
+// - The pieces go global -> shared memory with cp.async into a ring of S superchunks per
+//   warp, each lane copying (and later reading) only its own 16-byte slots, so no barrier is
+//   needed: S - 1 superchunks (NT x 16 bytes per lane each) are always in flight, and no
+//   registers hold them. (A first version kept the ring in registers; ptxas, at 128
+//   registers, moved the loads down to their uses and the kernel ran at 38-52% of copy.)
+// - The mma is m16n8k16 with B = the weights (k x 8 rows, as above: lane (g, t) supplies
+//   weight row g at the k-slots {2t, 2t+1, 2t+8, 2t+9}, which here all come from its own
+//   piece slot t) and A = x split by piece slot: A row r holds x only at the k-slots of piece
+//   slot r (lane (g, t) holds x where g == t, else 0; rows 4..15 are 0). So D row r is the dot
+//   product of piece slot r alone, for each of the 8 weight rows: with int4 each D row gets
+//   its own group's scale (groups of 32, 64 or 128 all work) before the slots are summed;
+//   int8's per-row scale multiplies the final sum. The A rows this costs were zero padding
+//   at one token anyway.
+// - Staged once per CTA in shared memory, while the ring's first copies are in flight: x in
+//   the k order of the weight pairs (int4: nib_pairs' (v0, v4), (v1, v5), (v2, v6), (v3, v7)
+//   of each word; int8: as stored), zero up to the last superchunk and followed by 64 zero
+//   bytes that the lanes with g != t read; and, for int4, the scales (and zeros) of the CTA's
+//   8 NT rows.
+// - Dequantisation is nib_pairs / byte_pairs (exact); the (q - z) x products are exact in the
+//   mma's f32 accumulation, as in the kernel above.
+// The warps of a CTA take superchunks w, w + W, ... of its NT tiles (adjacent 64-byte pieces
+// of each row at a time) and are summed in warp order at the end (deterministic).
+// grid.x = ceil(n / (8 * NT)), block = 32 * kT1Warps, dynamic shared memory t1_smem().
+constexpr int kT1Warps = 8;
+template <int F> __host__ __device__ constexpr int t1_piece_values() { return F == I8 ? 16 : 32; }
+template <int F> __host__ __device__ inline int t1_superchunks(int64_t k) {
+    return (int)((k + 4 * t1_piece_values<F>() - 1) / (4 * t1_piece_values<F>()));
+}
+__host__ __device__ constexpr int round16(int b) { return (b + 15) & ~15; }
+// Shared-memory bytes: staged x, scales, zeros, the warps' rings (in this order).
+template <int F> __host__ __device__ inline int t1_x_bytes(int64_t k) {
+    return t1_superchunks<F>(k) * 8 * t1_piece_values<F>() + 64;
+}
+template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int groups) {
+    return (F == I4 || F == I4Z) ? round16(8 * NT * groups * 2) : 0;
+}
+template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) {
+    return F == I4Z ? round16(8 * NT * groups) : 0;
+}
+template <int NT, int S> __host__ __device__ constexpr int t1_ring_bytes() { return kT1Warps * S * NT * 512; }
+template <int F, int NT, int S> inline int64_t t1_smem(int64_t k, int group) {
+    const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
+    return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
+           t1_ring_bytes<NT, S>();
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int F, typename T, int NT, int S>
+__global__ void __launch_bounds__(kT1Warps * 32)
+gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
+               const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
+    constexpr bool I4S = F == I4 || F == I4Z;  // group scales (int4) or one per row (int8)
+    constexpr int PV = t1_piece_values<F>();   // values per piece (16 bytes)
+    constexpr int XV = PV / 8;                 // uint4s of staged x per piece
+    static_assert(S >= 2, "a ring of at least two superchunks");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[kT1Warps][NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsc = t1_superchunks<F>(k);
+    const int pieces = (int)(k / PV);
+    const int groups = I4S ? (int)(k / group) : 0;
+    const int gshift = I4S ? __ffs(group / PV) - 1 : 0;  // log2(pieces per group)
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
+
+    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
+    const int xwords = t1_x_bytes<F>(k) / 16;
+    unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw + t1_x_bytes<F>(k));
+    uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * NT * 32);
+
+    // This lane's weight row (B side) in each tile; rows past n read row n - 1 (valid memory),
+    // the epilogue drops them.
+    const uint8_t *wp[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int64_t r = base + 8 * j + g;
+        wp[j] = w + (r < n ? r : n - 1) * (PV == 16 ? k : k >> 1) + 16 * t;
+    }
+    const int mine = nsc > warp ? (nsc - warp + kT1Warps - 1) / kT1Warps : 0;  // this warp's superchunks
+    // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
+    // commit group (empty past the warp's share, zero-filled past k).
+    auto issue = [&](int i) {
+        const int sci = warp + i * kT1Warps;
+        const bool win = i < mine && 4 * sci + t < pieces;
+        uint4 *slot = ring + (i % S) * (NT * 32) + lane;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) cp_async16(slot + 32 * j, win ? wp[j] + (int64_t)sci * 64 : wp[j], win ? 16 : 0);
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+
+    // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
+    // (v3,v7)); zero past k up to the last superchunk, then 64 zero bytes. int4: the scales and
+    // zeros of rows base .. base + 8 NT - 1 (rows past n: row n - 1's).
+    for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if ((int64_t)i * 8 < k) v = __ldg(reinterpret_cast<const uint4 *>(x) + i);
+        if constexpr (I4S) {
+            uint4 o;
+            o.x = __byte_perm(v.x, v.z, 0x5410);
+            o.y = __byte_perm(v.x, v.z, 0x7632);
+            o.z = __byte_perm(v.y, v.w, 0x5410);
+            o.w = __byte_perm(v.y, v.w, 0x7632);
+            v = o;
+        }
+        xs[i] = v;
+    }
+    if constexpr (I4S) {
+        const unsigned short *sc16 = static_cast<const unsigned short *>(scales);
+        for (int e = threadIdx.x; e < 8 * NT * groups; e += blockDim.x) {
+            const int r = e / groups, gi = e - r * groups;
+            const int64_t row = base + r < n ? base + r : n - 1;
+            ss[e] = __ldg(sc16 + row * groups + gi);
+            if constexpr (F == I4Z) zs[e] = __ldg(zeros + row * groups + gi);
+        }
+    }
+    __syncthreads();
+    // Lanes with g == t read their piece's x; the others the zero tail.
+    const uint4 *xv = xs + (g == t ? XV * t : xwords - 4);
+    const int xstep = g == t ? 4 * XV : 0;  // uint4s per superchunk
+    const NibZ zsym = nib_z<T>(8u);
+
+    float acc[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = 0.f;
+    for (int i = 0; i < mine; ++i) {
+        issue(i + S - 1);    // into slot (i - 1) % S, which this lane read in step i - 1
+        cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
+        const int sci = warp + i * kT1Warps;
+        const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
+        uint4 xw[XV];
+#pragma unroll
+        for (int c = 0; c < XV; ++c) xw[c] = xv[sci * xstep + c];
+        const int pb = 4 * sci + t, pd = 4 * sci + (g & 3);  // B side / D side (row g) piece
+        const int gb = I4S ? (pb < pieces ? pb : pieces - 1) >> gshift : 0;
+        const int gd = I4S ? (pd < pieces ? pd : pieces - 1) >> gshift : 0;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const uint4 wv = slot[32 * j];
+            const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            if constexpr (I4S) {
+                NibZ z = zsym;
+                if constexpr (F == I4Z) z = nib_z<T>((uint32_t)zs[(8 * j + g) * groups + gb]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
+                    uint32_t b[4];
+                    nib_pairs<T>(q[c], z, b);
+                    const uint32_t a1[4] = {xw[c].x, 0u, xw[c].y, 0u};
+                    const uint32_t a2[4] = {xw[c].z, 0u, xw[c].w, 0u};
+                    mma<T>(d, a1, b[0], b[1]);
+                    mma<T>(d, a2, b[2], b[3]);
+                }
+                // d[0], d[1]: D row g (piece slot g), weight rows 2t, 2t + 1 (d[2], d[3]:
+                // rows g + 8, always 0).
+                const float s0 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t) * groups + gd]));
+                const float s1 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t + 1) * groups + gd]));
+                acc[j][0] = fmaf(d[0], s0, acc[j][0]);
+                acc[j][1] = fmaf(d[1], s1, acc[j][1]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {  // word c: values 4c..4c+3 of the piece
+                    uint32_t b0, b1;
+                    byte_pairs<T>(q[c], b0, b1);
+                    const uint32_t xa = c & 1 ? xw[c >> 1].z : xw[c >> 1].x;
+                    const uint32_t xb = c & 1 ? xw[c >> 1].w : xw[c >> 1].y;
+                    const uint32_t a[4] = {xa, 0u, xb, 0u};
+                    mma<T>(d, a, b0, b1);
+                }
+                acc[j][0] += d[0];
+                acc[j][1] += d[1];
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
+
+    // Sum the 4 piece slots (lanes g = 0..3 of each t; g >= 4 hold 0): xor 4, 8.
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = acc[j][c];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            acc[j][c] = v;
+        }
+    if (g == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            red[warp][8 * j + 2 * t] = acc[j][0];
+            red[warp][8 * j + 2 * t + 1] = acc[j][1];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < NT * 8) {
+        const int64_t col = base + threadIdx.x;
+        if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < kT1Warps; ++u) v += red[u][threadIdx.x];  // warp order
+            if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
+            y[col] = from_f32<T>(v);
+        }
+    }
+}
+
+// The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
+// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
+// of 4 superchunks, and for int4 only from 2^25 weights up (below, the kernel above was faster:
+// 4096 x 4096 int4 g128 9.0 us against 9.5 us, H100, bench/RESULTS.md session 10); the lab
+// configurations, for every size: 2: 4 tiles, ring 4; 3: 2 tiles, ring 5; 4: 4 tiles, ring 6.
+// Measured before the choice (same run): 2 tiles with a ring of 6 or 8 and 1 tile with a ring
+// of 8 were slower than 2 tiles with a ring of 4 at every int8 and int4 shape.
+inline int t1_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const int v = env_choice("FL_GEMV_T1", choices, 1);
+    return v;
+}
+constexpr int64_t kT1MaxSmem = 160 << 10;
+// Whether a call takes it: m = 1, int8 / int4 (int4: see t1_config), its shared memory (x,
+// scales, rings) <= 160 KB in the largest configuration (int4 k up to ~60k values), and the
+// 32-bit piece indices hold.
+template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) {
+    const int c = t1_config();
+    if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || c == 0) return false;
+    if ((F == I4 || F == I4Z) && c == 1 && n * k < (int64_t(1) << 25)) return false;
+    return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, 4, 6>(k, group) <= kT1MaxSmem;
+}
+
+template <int F, typename T, int NT, int S>
+fl_status launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                    int64_t n, int64_t k, int group, cudaStream_t s) {
+    const auto kernel = gemv_t1_kernel<F, T, NT, S>;
+    const int64_t smem = t1_smem<F, NT, S>(k, group);
+    if (smem > (48 << 10)) {
+        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (fl_status)e;
+    }
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
+    return launch_status();
+}
+template <int F, typename T>
+fl_status launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                           int64_t n, int64_t k, int group, cudaStream_t s) {
+    switch (t1_config()) {
+    case 2: return launch_t1<F, T, 4, 4>(x, w, scales, zeros, y, n, k, group, s);
+    case 3: return launch_t1<F, T, 2, 5>(x, w, scales, zeros, y, n, k, group, s);
+    case 4: return launch_t1<F, T, 4, 6>(x, w, scales, zeros, y, n, k, group, s);
+    default: return launch_t1<F, T, 2, 4>(x, w, scales, zeros, y, n, k, group, s);
+    }
+}
+
 // Warps per CTA: pick_gemv_warps (common.cuh), as the dense GEMV picks them.
 template <int F, typename T, int NT, bool M16, int R>
 int pick_warps(int64_t ctas, int64_t batches, int sms) {
@@ -853,6 +1137,9 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
     // Two tiles of 8 rows per CTA (x loads shared by both, more weight bytes in flight) when
     // that still gives a CTA per SM; one (twice the CTAs) for small n.
     const bool nt2 = ceil_div(n, 16) >= sms;
+    if constexpr (F == I8 || F == I4 || F == I4Z) {
+        if (t1_applies<F>(m, n, k, group)) return launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s);
+    }
     if (m > 8) {
         if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
         return launch_nt<F, T, 1, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
@@ -1077,11 +1364,14 @@ inline int env_path() {
 // re-run with the tensor-core kernel forced (H100, bench/RESULTS.md, session 6) it passes with
 // a worst rel L2 of 8.1e-3 against 9.2e-3 for the CUDA-core kernel (bound 1e-2: bf16 logits
 // sit close to it on either kernel).
-inline bool use_mma(int path, fl_gemv_format format, int64_t m) {
+// int8 at m = 1 takes the tensor-core launcher when its one-token kernel applies (tc::t1_applies,
+// session 10), else the CUDA-core kernel.
+inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64_t k) {
     if (path == FL_GEMV_PATH_AUTO) path = env_path();
     if (path == FL_GEMV_PATH_MMA) return true;
     if (path == FL_GEMV_PATH_FMA) return false;
-    return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
+    return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
+           (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32));
 }
 
 }  // namespace gemv
@@ -1134,7 +1424,7 @@ extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, c
     if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
     if (int4 && (reinterpret_cast<uintptr_t>(scales) & 1u) != 0) return FL_ERR_MISALIGNED;
     const cudaStream_t s = as_stream(stream);
-    const bool mma = gemv::use_mma(path, format, m);
+    const bool mma = gemv::use_mma(path, format, m, n, k);
     if (dtype == FL_DTYPE_F16)
         return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
     return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);

@@ -32,6 +32,9 @@
 #   decode   the decode attention (issue 6): its GPU tests, memcheck on the paged and GQA
 #            tests, bench/scripts/decode_lab.py ($B/lab/decode.so, check + bench beside torch)
 #            and compare.py's decode_attn table
+#   s10      session 10: the int8/int4 one-token GEMV (gemv_t1_kernel): the GEMV and engine
+#            quantised tests; s10m memcheck on it; s10p the gemv bench's m = 1 lines under each
+#            FL_GEMV_T1 configuration and llama-2-7b --quant int4 / int8 with it on and off
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -116,6 +119,29 @@ gtest)
     echo "$n rc=$? $(grep -E '^test result' "$OUT/gtest-$n.log" | tail -1)"
     grep -E "panicked|rel L2" "$OUT/gtest-$n.log" | cut -c1-250 | head -8
   done ;;
+s10)
+  # session 10: the int8 / int4 one-token GEMV kernel (gemv_t1_kernel): the GEMV tests and the
+  # engine's quantised tests, whole
+  for n in fl-kernels__gemv fl-engine__quant_gpu; do
+    timeout 250 "$B/tests/$n" --test-threads=2 > "$OUT/s10-$n.log" 2>&1
+    echo "$n rc=$? $(grep -E '^test result' "$OUT/s10-$n.log" | tail -1)"
+    grep -E "panicked|FAILED|failed" "$OUT/s10-$n.log" | cut -c1-300 | head -8
+  done ;;
+s10m)
+  # memcheck of the one-token kernel (every format, m = 1..16, f16 and bf16)
+  timeout 150 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" gemv_one_token_kernel_on_large_int4_and_int8 --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2
+  timeout 100 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" gemv_each_path_matches_reference_every_format --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 ;;
+s10p)
+  # the gemv bench's one-token lines under each FL_GEMV_T1 configuration (0 = off), then
+  # llama-2-7b --quant int4 / int8 decode with the default configuration and off
+  for v in ${FL_T1_CONFIGS:-1 2 3 4 0}; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | tee "$OUT/qbench-t1$v.log"
+  done
+  if [ -x "$B/bin/fl" ]; then for qv in "int4 1" "int4 0" "int8 1" "int8 0" "int4 1" "int4 0" "int8 1" "int8 0"; do
+    read -r q v <<< "$qv"
+    r=$(FL_GEMV_T1=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "$q FL_GEMV_T1=$v $r"
+  done; fi ;;
 qbench)
   # the gemv bench's own timing lines (criterion's runs filtered out; each line is timed after
   # untimed warm-up launches), about 40 s

@@ -257,6 +257,12 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
+// 16 bits, zero-extended.
+__device__ __forceinline__ uint32_t ld_stream16(const void *p, uint64_t policy) {
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy));
+    return v;
+}
 __device__ __forceinline__ uint32_t ld_stream32(const void *p, uint64_t policy) {
     uint32_t v;
     asm("ld.global.nc.L1::no_allocate.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(policy));

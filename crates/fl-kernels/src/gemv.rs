@@ -591,7 +591,9 @@ pub fn gemv<T: HalfDType>(
 /// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
 /// the same result up to f32 summation order). [`GemvPath::Auto`] is what [`gemv`] does: the
 /// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
-/// the tensor-core kernel for `m >= 2` and for int4 at `m = 1`, otherwise (int8 / Q8_0 / Q4_0
+/// the tensor-core side for `m >= 2` and for int8 / int4 at `m = 1` (where a one-token kernel
+/// of its own runs: whole 16-byte pieces per lane, loads several pieces ahead; `FL_GEMV_T1=0`
+/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel), otherwise (Q8_0 / Q4_0
 /// at `m = 1`) the CUDA-core kernel (see `fl_gemv.h`); f16 and bf16 activations alike.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

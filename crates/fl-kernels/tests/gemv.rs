@@ -107,7 +107,8 @@ fn gemv_each_path_matches_reference_every_format() {
     // bf16, token counts on both sides of 8 (the second token-row half of the mma), odd n
     // (partial 8-row tiles; n = 2113 gives the 2-tile CTAs), k not a power of two (k = 352
     // puts GGUF blocks at both 4-byte parities within a row; 4224 = 33 * 128 leaves a
-    // partial batch of chunks).
+    // partial batch of chunks; 96 and 352 leave the int4 one-token kernel a partial
+    // superchunk of 128 values).
     let Some(gpu) = gpu_or_skip("gemv_each_path_matches_reference_every_format") else {
         return;
     };
@@ -118,6 +119,9 @@ fn gemv_each_path_matches_reference_every_format() {
         (37, 4224, &[1, 2, 5, 9, 16]),
         (1, 128, &[1, 16]),
         (2113, 384, &[1, 9, 16]),
+        // Past what the int4 one-token kernel stages (x in shared memory): the general
+        // tensor-core kernel takes m = 1 there.
+        (5, 49_280, &[1, 2]),
     ];
     for f in all_formats() {
         for &(n, k, ms) in shapes {
@@ -131,6 +135,32 @@ fn gemv_each_path_matches_reference_every_format() {
                     check_path::<f16>(&gpu, &q, &dw, m, &mut r, path);
                     check_path::<bf16>(&gpu, &q, &dw, m, &mut r, path);
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_one_token_kernel_on_large_int4_and_int8() {
+    // At one token int4 takes the one-token kernel (gemv_t1_kernel) only from 2^25 weights up
+    // (int8 at every size, which the other tests cover): odd n (a partial last tile), k with a
+    // whole number of 128-value superchunks (4224) and without (4192 = 131 pieces of 32), every
+    // group and zero-point option, both activation types, and the CUDA-core kernel forced for
+    // comparison on the same weights.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_on_large_int4_and_int8") else {
+        return;
+    };
+    let mut r = rng("gemv_t1_large");
+    for &(n, k) in &[(8195usize, 4224usize), (8197, 4192)] {
+        for f in all_formats() {
+            if k % f.k_multiple() != 0 || matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0) {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for path in [GemvPath::Auto, GemvPath::Fma] {
+                check_path::<f16>(&gpu, &q, &dw, 1, &mut r, path);
+                check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, path);
             }
         }
     }
