@@ -842,7 +842,7 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   warp, each lane copying (and later reading) only its own 16-byte slots, so no barrier is
 //   needed: S - 1 superchunks (NT x 16 bytes per lane each) are always in flight, and no
 //   registers hold them. (A first version kept the ring in registers; ptxas, at 128
-//   registers, moved the loads down to their uses and the kernel ran at 38-52% of copy.)
+//   registers, moved the loads down to their uses and int4 ran at 38-58% of copy.)
 // - The mma is m16n8k16 with B = the weights (k x 8 rows, as above: lane (g, t) supplies
 //   weight row g at the k-slots {2t, 2t+1, 2t+8, 2t+9}, which here all come from its own
 //   piece slot t) and A = x split by piece slot: A row r holds x only at the k-slots of piece
