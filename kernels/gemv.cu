@@ -489,24 +489,6 @@ template <typename T> __device__ __forceinline__ void nib_pairs(uint32_t w, NibZ
     }
 }
 
-// nib_pairs without the subtraction (the one-token kernel's offset form): f16 b[0], b[2] =
-// 1024 + q, b[1], b[3] = 1024 + 16 q (nibbles left at bits 4..7); bf16 every pair 128 + q.
-template <typename T> __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
-    constexpr uint32_t mg = Bits<T>::magic;
-    const uint32_t w8 = w >> 8;
-    if constexpr (std::is_same<T, __half>::value) {
-        b[0] = and_or<0x000F000Fu, mg>(w);
-        b[1] = and_or<0x00F000F0u, mg>(w);
-        b[2] = and_or<0x000F000Fu, mg>(w8);
-        b[3] = and_or<0x00F000F0u, mg>(w8);
-    } else {
-        b[0] = and_or<0x000F000Fu, mg>(w);
-        b[1] = and_or<0x000F000Fu, mg>(w >> 4);
-        b[2] = and_or<0x000F000Fu, mg>(w8);
-        b[3] = and_or<0x000F000Fu, mg>(w >> 12);
-    }
-}
-
 // The 4 signed bytes of word q as 2 pairs of exact 16-bit floats: b[0] = (byte 0, byte 1),
 // b[1] = (byte 2, byte 3).
 // f16: u = q ^ 0x80 (= q + 128 in 0..255) placed under 0x64 is 1024 + u; minus 1152 = q.
@@ -895,15 +877,11 @@ template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int group
 template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) {
     return F == I4Z ? round16(8 * NT * groups) : 0;
 }
-// int4: per piece, the sums of its staged x and of its x (two floats), for the offset form.
-template <int F> __host__ __device__ inline int t1_sum_bytes(int64_t k) {
-    return (F == I4 || F == I4Z) ? t1_superchunks<F>(k) * 4 * 8 : 0;
-}
 template <int NT, int S> __host__ __device__ constexpr int t1_ring_bytes() { return kT1Warps * S * NT * 512; }
 template <int F, int NT, int S> inline int64_t t1_smem(int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
     return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
-           t1_sum_bytes<F>(k) + t1_ring_bytes<NT, S>();
+           t1_ring_bytes<NT, S>();
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -911,13 +889,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// OFS (int4 only): the offset form. The nibbles go into the mma as the exact 16-bit floats
-// magic + q (f16: 1024 + q, or 1024 + 16 q for a nibble at bits 4..7, whose x is staged
-// divided by 16; bf16: 128 + q), skipping the fma that subtracts magic + z from every pair,
-// and each piece's dot product is corrected once: D - magic * sum(staged x) - z * sum(x). The
-// products are still exact; the f32 sums carry the magic * x terms (up to 1024 |x|), so a
-// piece's result keeps ~14 bits below its largest term instead of being exact.
-template <int F, typename T, int NT, int S, bool OFS>
+template <int F, typename T, int NT, int S>
 __global__ void __launch_bounds__(kT1Warps * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
@@ -939,11 +911,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const int xwords = t1_x_bytes<F>(k) / 16;
     unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw + t1_x_bytes<F>(k));
     uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
-    float2 *psum = reinterpret_cast<float2 *>(zs + t1_zero_bytes<F, NT>(groups));  // (sum x', sum x)
-    uint4 *ring = reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(psum) + t1_sum_bytes<F>(k)) +
-                  warp * (S * NT * 32);
-    constexpr bool kF16 = std::is_same<T, __half>::value;
-    constexpr float kMagicT = kF16 ? 1024.f : 128.f;
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * NT * 32);
 
     // This lane's weight row (B side) in each tile; rows past n read row n - 1 (valid memory),
     // the epilogue drops them.
@@ -979,32 +947,9 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
             o.y = __byte_perm(v.x, v.z, 0x7632);
             o.z = __byte_perm(v.y, v.w, 0x5410);
             o.w = __byte_perm(v.y, v.w, 0x7632);
-            if constexpr (OFS && kF16) {  // odd nibbles sit at bits 4..7: their x / 16 (exact)
-                o.y = fma2<T>(o.y, Bits<T>::sixteenth, 0u);
-                o.w = fma2<T>(o.w, Bits<T>::sixteenth, 0u);
-            }
             v = o;
         }
         xs[i] = v;
-    }
-    if constexpr (I4S && OFS) {
-        // Per piece (32 values, 4 uint4s of x): the sums of the staged x' and of x.
-        for (int p = threadIdx.x; p < nsc * 4; p += blockDim.x) {
-            float sx = 0.f, sxs = 0.f;
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if ((int64_t)(4 * p + c) * 8 < k) v = __ldg(reinterpret_cast<const uint4 *>(x) + 4 * p + c);
-                const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int h = 0; h < 4; ++h) {  // values 2h (even) and 2h + 1 (odd)
-                    const float2 f = widen2<T>(wv[h]);
-                    sx += f.x + f.y;
-                    sxs += f.x + (kF16 ? f.y * 0.0625f : f.y);
-                }
-            }
-            psum[p] = make_float2(sxs, sx);
-        }
     }
     if constexpr (I4S) {
         const unsigned short *sc16 = static_cast<const unsigned short *>(scales);
@@ -1035,36 +980,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         const int pb = 4 * sci + t, pd = 4 * sci + (g & 3);  // B side / D side (row g) piece
         const int gb = I4S ? (pb < pieces ? pb : pieces - 1) >> gshift : 0;
         const int gd = I4S ? (pd < pieces ? pd : pieces - 1) >> gshift : 0;
-        float2 ps = make_float2(0.f, 0.f);  // OFS: D row g's piece sums (0 past k)
-        if constexpr (I4S && OFS) ps = psum[pd];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const uint4 wv = slot[32 * j];
             const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
             float d[4] = {0.f, 0.f, 0.f, 0.f};
-            if constexpr (I4S && OFS) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
-                    uint32_t b[4];
-                    nib_raw<T>(q[c], b);
-                    const uint32_t a1[4] = {xw[c].x, 0u, xw[c].y, 0u};
-                    const uint32_t a2[4] = {xw[c].z, 0u, xw[c].w, 0u};
-                    mma<T>(d, a1, b[0], b[1]);
-                    mma<T>(d, a2, b[2], b[3]);
-                }
-                // D row g's piece: subtract magic * sum(x') + z * sum(x) (z of the D-side
-                // rows 2t, 2t + 1 at the piece's group).
-                float z0 = 8.f, z1 = 8.f;
-                if constexpr (F == I4Z) {
-                    z0 = (float)zs[(8 * j + 2 * t) * groups + gd];
-                    z1 = (float)zs[(8 * j + 2 * t + 1) * groups + gd];
-                }
-                const float s0 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t) * groups + gd]));
-                const float s1 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t + 1) * groups + gd]));
-                const float base_off = kMagicT * ps.x;
-                acc[j][0] = fmaf(d[0] - fmaf(z0, ps.y, base_off), s0, acc[j][0]);
-                acc[j][1] = fmaf(d[1] - fmaf(z1, ps.y, base_off), s1, acc[j][1]);
-            } else if constexpr (I4S) {
+            if constexpr (I4S) {
                 NibZ z = zsym;
                 if constexpr (F == I4Z) z = nib_z<T>((uint32_t)zs[(8 * j + g) * groups + gb]);
 #pragma unroll
@@ -1152,10 +1073,10 @@ template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) 
     return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, 4, 6>(k, group) <= kT1MaxSmem;
 }
 
-template <int F, typename T, int NT, int S, bool OFS>
+template <int F, typename T, int NT, int S>
 fl_status launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                     int64_t n, int64_t k, int group, cudaStream_t s) {
-    const auto kernel = gemv_t1_kernel<F, T, NT, S, OFS>;
+    const auto kernel = gemv_t1_kernel<F, T, NT, S>;
     const int64_t smem = t1_smem<F, NT, S>(k, group);
     if (smem > (48 << 10)) {
         const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1169,12 +1090,11 @@ fl_status launch_t1(const T *x, const uint8_t *w, const void *scales, const uint
 template <int F, typename T>
 fl_status launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                            int64_t n, int64_t k, int group, cudaStream_t s) {
-    constexpr bool kOfs = F == I4 || F == I4Z;
     switch (t1_config()) {
-    case 2: return launch_t1<F, T, 2, 4, false>(x, w, scales, zeros, y, n, k, group, s);
-    case 3: return launch_t1<F, T, 4, 4, kOfs>(x, w, scales, zeros, y, n, k, group, s);
-    case 4: return launch_t1<F, T, 2, 5, kOfs>(x, w, scales, zeros, y, n, k, group, s);
-    default: return launch_t1<F, T, 2, 4, kOfs>(x, w, scales, zeros, y, n, k, group, s);
+    case 2: return launch_t1<F, T, 4, 4>(x, w, scales, zeros, y, n, k, group, s);
+    case 3: return launch_t1<F, T, 2, 5>(x, w, scales, zeros, y, n, k, group, s);
+    case 4: return launch_t1<F, T, 4, 6>(x, w, scales, zeros, y, n, k, group, s);
+    default: return launch_t1<F, T, 2, 4>(x, w, scales, zeros, y, n, k, group, s);
     }
 }
 
