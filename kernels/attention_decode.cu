@@ -72,20 +72,8 @@ __host__ __device__ constexpr int ctas_per_sm(int g, int bytes = 2) {
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing. The "memory" clobbers
-// keep the compiler from moving shared-memory reads across the copy and the wait (there is
-// no __syncthreads in the key loop to do it).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// cp_async16 / cp_async_commit / cp_async_wait: common.cuh's (their "memory" clobbers matter
+// here: there is no __syncthreads in the key loop).
 
 template <typename T, int D, int G, bool PAGED>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_kernel(Params p) {

@@ -114,10 +114,9 @@ template <int F> __host__ __device__ constexpr int value_class(int e) {
 template <int F> __host__ __device__ constexpr bool is_nibble() { return F == I4 || F == I4Z || F == Q40; }
 
 // ---------------------------------------------------------------- small device helpers
+// common.cuh's cp_async16 with a generic pointer to the shared-memory destination.
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
-                 : "memory");
+    fl::cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
@@ -882,11 +881,6 @@ template <int F, int NT, int S> inline int64_t t1_smem(int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
     return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
            t1_ring_bytes<NT, S>();
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <int F, typename T, int NT, int S>

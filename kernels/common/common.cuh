@@ -283,6 +283,23 @@ __device__ __forceinline__ uint4 ld_stream128(const void *p, uint64_t policy) {
     return v;
 }
 
+// ---------------------------------------------------------------- cp.async (sm_80+)
+// 16 bytes global -> shared (dst: a shared-memory address, cvta); bytes = 0 writes zeros and
+// reads nothing (any other value below 16 compiles to a whole 16-byte read, LDGSTS.ZFILL:
+// only 0 and 16 are safe at the end of a buffer). The "memory" clobbers keep the compiler from
+// moving shared-memory reads across the copy and the wait (loops that rely on wait_group alone,
+// with no __syncthreads, need that). Used by the decode attention, the one-token GEMV and the
+// wgmma probes.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // ---------------------------------------------------------------- tensor-core mma (sm_80+)
 // d += A (16 x 16, row-major fragment a0..a3) . B (16 x 8, col-major fragment b0, b1) with f32
 // accumulation: mma.sync.m16n8k16 on f16 or bf16 operands (T picks which). Fragment layouts

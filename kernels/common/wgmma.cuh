@@ -15,14 +15,7 @@ namespace wg {
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// cp_async16 / cp_async_commit / cp_async_wait: common.cuh's.
 // Byte offset of 16-byte chunk c (0..7) of row r in a 128B-swizzled region of 128-byte rows.
 __device__ __forceinline__ uint32_t swz128(int r, int c) {
     return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));

@@ -107,8 +107,9 @@ fn gemv_each_path_matches_reference_every_format() {
     // bf16, token counts on both sides of 8 (the second token-row half of the mma), odd n
     // (partial 8-row tiles; n = 2113 gives the 2-tile CTAs), k not a power of two (k = 352
     // puts GGUF blocks at both 4-byte parities within a row; 4224 = 33 * 128 leaves a
-    // partial batch of chunks; 96 and 352 leave the int4 one-token kernel a partial
-    // superchunk of 128 values).
+    // partial batch of chunks; at m = 1 int8 runs the one-token kernel, and 96 and 352 leave
+    // it a partial superchunk of 64 values; int4 takes that kernel only from 2^25 weights, see
+    // gemv_one_token_kernel_on_large_int4_and_int8).
     let Some(gpu) = gpu_or_skip("gemv_each_path_matches_reference_every_format") else {
         return;
     };
@@ -119,8 +120,8 @@ fn gemv_each_path_matches_reference_every_format() {
         (37, 4224, &[1, 2, 5, 9, 16]),
         (1, 128, &[1, 16]),
         (2113, 384, &[1, 9, 16]),
-        // Past what the int4 one-token kernel stages (x in shared memory): the general
-        // tensor-core kernel takes m = 1 there.
+        // Past what the one-token kernel stages for int8 (x in shared memory): int8 at m = 1
+        // takes the CUDA-core kernel there (the general tensor-core one when forced).
         (5, 49_280, &[1, 2]),
     ];
     for f in all_formats() {
