@@ -1067,28 +1067,37 @@ template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) 
     return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, 4, 6>(k, group) <= kT1MaxSmem;
 }
 
+// Launches the one-token kernel and returns true with its status in `st`; returns false, with
+// no error left behind, when the device refuses the shared memory it needs (kT1MaxSmem is
+// above what GPUs before Hopper allow a block, e.g. 99 KB on sm_86 / sm_89): the caller then
+// takes the general kernels.
 template <int F, typename T, int NT, int S>
-fl_status launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
-                    int64_t n, int64_t k, int group, cudaStream_t s) {
+bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+               int64_t k, int group, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_t1_kernel<F, T, NT, S>;
     const int64_t smem = t1_smem<F, NT, S>(k, group);
-    if (smem > (48 << 10)) {
-        const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (fl_status)e;
+    if (smem > (48 << 10) &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
     }
     const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
     kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
-    return launch_status();
+    st = launch_status();
+    return true;
 }
 template <int F, typename T>
-fl_status launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
-                           int64_t n, int64_t k, int group, cudaStream_t s) {
+bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
+                      int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
     switch (t1_config()) {
-    case 2: return launch_t1<F, T, 4, 4>(x, w, scales, zeros, y, n, k, group, s);
-    case 3: return launch_t1<F, T, 2, 5>(x, w, scales, zeros, y, n, k, group, s);
-    case 4: return launch_t1<F, T, 4, 6>(x, w, scales, zeros, y, n, k, group, s);
-    default: return launch_t1<F, T, 2, 4>(x, w, scales, zeros, y, n, k, group, s);
+    case 2: return launch_t1<F, T, 4, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 3: return launch_t1<F, T, 2, 5>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 4: return launch_t1<F, T, 4, 6>(x, w, scales, zeros, y, n, k, group, s, st);
+    default: return launch_t1<F, T, 2, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     }
 }
 
@@ -1132,7 +1141,9 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
     // that still gives a CTA per SM; one (twice the CTAs) for small n.
     const bool nt2 = ceil_div(n, 16) >= sms;
     if constexpr (F == I8 || F == I4 || F == I4Z) {
-        if (t1_applies<F>(m, n, k, group)) return launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s);
+        fl_status st = FL_OK;
+        if (t1_applies<F>(m, n, k, group) && launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s, st))
+            return st;
     }
     if (m > 8) {
         if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
