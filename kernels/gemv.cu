@@ -883,7 +883,78 @@ template <int F, int NT, int S> inline int64_t t1_smem(int64_t k, int group) {
            t1_ring_bytes<NT, S>();
 }
 
-template <int F, typename T, int NT, int S>
+// Copies `valid` elements of E (2 or 1 bytes) from src to the shared run dst of `slots`
+// elements (a multiple of 16 bytes), zeros after them: whole 16-byte words by cp.async (the
+// caller commits), the word holding the end of the run by element loads (a cp.async of fewer
+// than 16 source bytes still reads 16), all by element loads when src is not 16-byte aligned.
+template <typename E> __device__ __forceinline__ void stage_run(E *dst, const E *src, int valid, int slots) {
+    constexpr int PER = 16 / sizeof(E);
+    if (aligned16(src)) {
+        const int full = valid / PER;
+        for (int c = threadIdx.x; c < slots / PER; c += blockDim.x)
+            if (c != full) cp_async16(dst + c * PER, c < full ? src + c * PER : src, c < full ? 16 : 0);
+        if (full < slots / PER)
+            for (int e = full * PER + (int)threadIdx.x; e < (full + 1) * PER; e += blockDim.x)
+                dst[e] = e < valid ? __ldg(src + e) : E(0);
+    } else {
+        for (int e = threadIdx.x; e < slots; e += blockDim.x) dst[e] = e < valid ? __ldg(src + e) : E(0);
+    }
+}
+
+// One unit of the one-token kernels: the superchunk in this lane's ring slot `slot` (NT tiles)
+// against its staged x words `xp`; pb / pd: the B-side (this lane's) and D-side (row g's)
+// piece indices, for the int4 zero and scale groups.
+template <int F, typename T, int NT>
+__device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, const unsigned short *ss,
+                                        const uint8_t *zs, NibZ zsym, int groups, int pb, int pd,
+                                        int pieces, int gshift, int g, int t, float (&acc)[NT][2]) {
+    constexpr bool I4S = F == I4 || F == I4Z;
+    constexpr int XV = t1_piece_values<F>() / 8;
+    uint4 xw[XV];
+#pragma unroll
+    for (int c = 0; c < XV; ++c) xw[c] = xp[c];
+    const int gb = I4S ? (pb < pieces ? pb : pieces - 1) >> gshift : 0;
+    const int gd = I4S ? (pd < pieces ? pd : pieces - 1) >> gshift : 0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const uint4 wv = slot[32 * j];
+        const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (I4S) {
+            NibZ z = zsym;
+            if constexpr (F == I4Z) z = nib_z<T>((uint32_t)zs[(8 * j + g) * groups + gb]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
+                uint32_t b[4];
+                nib_pairs<T>(q[c], z, b);
+                const uint32_t a1[4] = {xw[c].x, 0u, xw[c].y, 0u};
+                const uint32_t a2[4] = {xw[c].z, 0u, xw[c].w, 0u};
+                mma<T>(d, a1, b[0], b[1]);
+                mma<T>(d, a2, b[2], b[3]);
+            }
+            // d[0], d[1]: D row g (piece slot g), weight rows 2t, 2t + 1 (d[2], d[3]:
+            // rows g + 8, always 0).
+            const float s0 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t) * groups + gd]));
+            const float s1 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t + 1) * groups + gd]));
+            acc[j][0] = fmaf(d[0], s0, acc[j][0]);
+            acc[j][1] = fmaf(d[1], s1, acc[j][1]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {  // word c: values 4c..4c+3 of the piece
+                uint32_t b0, b1;
+                byte_pairs<T>(q[c], b0, b1);
+                const uint32_t xa = c & 1 ? xw[c >> 1].z : xw[c >> 1].x;
+                const uint32_t xb = c & 1 ? xw[c >> 1].w : xw[c >> 1].y;
+                const uint32_t a[4] = {xa, 0u, xb, 0u};
+                mma<T>(d, a, b0, b1);
+            }
+            acc[j][0] += d[0];
+            acc[j][1] += d[1];
+        }
+    }
+}
+
+template <int F, typename T, int NT, int S, bool ASYNC>
 __global__ void __launch_bounds__(kT1Warps * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
@@ -917,7 +988,29 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
     const int mine = nsc > warp ? (nsc - warp + kT1Warps - 1) / kT1Warps : 0;  // this warp's superchunks
     // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
-    // commit group (empty past the warp's share, zero-filled past k).
+    // commit group (empty past the warp's share, zero-filled past k): `issue` below.
+    // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
+    // (v3,v7)); zero past k up to the last superchunk, then 64 zero bytes. int4: the scales and
+    // zeros of rows base .. base + 8 NT - 1 (rows past n: 0; their outputs are dropped).
+    // ASYNC (the default): one batch of cp.async for all of it, committed as one group before
+    // the ring's first copies (so one round trip, not one per loop step), then int4's pair
+    // order applied in place; else register loads and stores in a loop (the first version).
+    if constexpr (ASYNC) {
+        const int xdata = (int)(k / 8);  // uint4s of x (k % 32 == 0)
+        const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+        for (int i = threadIdx.x; i < xwords; i += blockDim.x)
+            cp_async16(xs + i, i < xdata ? x4 + i : x4, i < xdata ? 16 : 0);
+        if constexpr (I4S) {
+            const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
+            // The CTA's scales (zeros) are one contiguous run of rows * groups values,
+            // 16-byte aligned when the tensor is (base is a multiple of 16 rows).
+            stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
+                      t1_scale_bytes<F, NT>(groups) / 2);
+            if constexpr (F == I4Z)
+                stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
+        }
+        cp_async_commit();
+    }
     auto issue = [&](int i) {
         const int sci = warp + i * kT1Warps;
         const bool win = i < mine && 4 * sci + t < pieces;
@@ -929,29 +1022,37 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
 
-    // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
-    // (v3,v7)); zero past k up to the last superchunk, then 64 zero bytes. int4: the scales and
-    // zeros of rows base .. base + 8 NT - 1 (rows past n: row n - 1's).
-    for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if ((int64_t)i * 8 < k) v = __ldg(reinterpret_cast<const uint4 *>(x) + i);
-        if constexpr (I4S) {
-            uint4 o;
-            o.x = __byte_perm(v.x, v.z, 0x5410);
-            o.y = __byte_perm(v.x, v.z, 0x7632);
-            o.z = __byte_perm(v.y, v.w, 0x5410);
-            o.w = __byte_perm(v.y, v.w, 0x7632);
-            v = o;
+    if constexpr (ASYNC) {
+        cp_async_wait<S - 1>();  // the staging group (the S - 1 ring groups after it may be in flight)
+        if constexpr (I4S) {  // each thread reorders the words it copied: no barrier needed
+            for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
+                const uint4 v = xs[i];
+                xs[i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                   __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+            }
         }
-        xs[i] = v;
-    }
-    if constexpr (I4S) {
-        const unsigned short *sc16 = static_cast<const unsigned short *>(scales);
-        for (int e = threadIdx.x; e < 8 * NT * groups; e += blockDim.x) {
-            const int r = e / groups, gi = e - r * groups;
-            const int64_t row = base + r < n ? base + r : n - 1;
-            ss[e] = __ldg(sc16 + row * groups + gi);
-            if constexpr (F == I4Z) zs[e] = __ldg(zeros + row * groups + gi);
+    } else {
+        for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if ((int64_t)i * 8 < k) v = __ldg(reinterpret_cast<const uint4 *>(x) + i);
+            if constexpr (I4S) {
+                uint4 o;
+                o.x = __byte_perm(v.x, v.z, 0x5410);
+                o.y = __byte_perm(v.x, v.z, 0x7632);
+                o.z = __byte_perm(v.y, v.w, 0x5410);
+                o.w = __byte_perm(v.y, v.w, 0x7632);
+                v = o;
+            }
+            xs[i] = v;
+        }
+        if constexpr (I4S) {
+            const unsigned short *sc16 = static_cast<const unsigned short *>(scales);
+            for (int e = threadIdx.x; e < 8 * NT * groups; e += blockDim.x) {
+                const int r = e / groups, gi = e - r * groups;
+                const int64_t row = base + r < n ? base + r : n - 1;
+                ss[e] = __ldg(sc16 + row * groups + gi);
+                if constexpr (F == I4Z) zs[e] = __ldg(zeros + row * groups + gi);
+            }
         }
     }
     __syncthreads();
@@ -968,49 +1069,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
         const int sci = warp + i * kT1Warps;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-        uint4 xw[XV];
-#pragma unroll
-        for (int c = 0; c < XV; ++c) xw[c] = xv[sci * xstep + c];
-        const int pb = 4 * sci + t, pd = 4 * sci + (g & 3);  // B side / D side (row g) piece
-        const int gb = I4S ? (pb < pieces ? pb : pieces - 1) >> gshift : 0;
-        const int gd = I4S ? (pd < pieces ? pd : pieces - 1) >> gshift : 0;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const uint4 wv = slot[32 * j];
-            const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
-            float d[4] = {0.f, 0.f, 0.f, 0.f};
-            if constexpr (I4S) {
-                NibZ z = zsym;
-                if constexpr (F == I4Z) z = nib_z<T>((uint32_t)zs[(8 * j + g) * groups + gb]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
-                    uint32_t b[4];
-                    nib_pairs<T>(q[c], z, b);
-                    const uint32_t a1[4] = {xw[c].x, 0u, xw[c].y, 0u};
-                    const uint32_t a2[4] = {xw[c].z, 0u, xw[c].w, 0u};
-                    mma<T>(d, a1, b[0], b[1]);
-                    mma<T>(d, a2, b[2], b[3]);
-                }
-                // d[0], d[1]: D row g (piece slot g), weight rows 2t, 2t + 1 (d[2], d[3]:
-                // rows g + 8, always 0).
-                const float s0 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t) * groups + gd]));
-                const float s1 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t + 1) * groups + gd]));
-                acc[j][0] = fmaf(d[0], s0, acc[j][0]);
-                acc[j][1] = fmaf(d[1], s1, acc[j][1]);
-            } else {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {  // word c: values 4c..4c+3 of the piece
-                    uint32_t b0, b1;
-                    byte_pairs<T>(q[c], b0, b1);
-                    const uint32_t xa = c & 1 ? xw[c >> 1].z : xw[c >> 1].x;
-                    const uint32_t xb = c & 1 ? xw[c >> 1].w : xw[c >> 1].y;
-                    const uint32_t a[4] = {xa, 0u, xb, 0u};
-                    mma<T>(d, a, b0, b1);
-                }
-                acc[j][0] += d[0];
-                acc[j][1] += d[1];
-            }
-        }
+        t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3), pieces,
+                          gshift, g, t, acc);
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
@@ -1044,44 +1104,289 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
 }
 
-// The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
-// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
-// of 4 superchunks, and for int4 only from 2^25 weights up (below, the kernel above was faster:
-// 4096 x 4096 int4 g128 9.0 us against 9.5 us, H100, bench/RESULTS.md session 10); the lab
-// configurations, for every size: 2: 4 tiles, ring 4; 3: 2 tiles, ring 5; 4: 4 tiles, ring 6.
-// Measured before the choice (same run): 2 tiles with a ring of 6 or 8 and 1 tile with a ring
-// of 8 were slower than 2 tiles with a ring of 4 at every int8 and int4 shape.
+// ------------------------------------------------ one token, persistent (t1p): int8, int4
+// The kernel above with a grid of at most one wave: CTA b takes tiles (of 8 NT rows) b, b + G,
+// b + 2G, ... and each warp's cp.async ring runs on across its tiles, so a warp's stream of
+// superchunks is as long as the CTA's whole share and x is staged once per CTA, not once per
+// tile. Per tile each warp takes U = ceil(superchunks / W) units (superchunks w, w + W, ...;
+// the ones past k are empty); the tile's 8 NT sums are added in warp order after one barrier
+// (double-buffered, so the next tile's copies stay in flight through it). int4's scales (and
+// zeros) of tile i + 1 are loaded into registers at the start of tile i (16-byte words, one
+// DRAM round trip hidden behind a tile) and stored into the other of two shared buffers before
+// its end barrier; int8's row scales likewise, one per epilogue thread.
+// Needs scales (and zeros) 16-byte aligned and groups <= t1p_max_groups() (host checks).
+constexpr int kT1pScaleWords = 2;  // uint4s of a tile's scales per thread (2 for zeros)
+template <int NT> __host__ __device__ constexpr int t1p_max_groups() { return kT1pScaleWords * 32 * kT1Warps * 16 / (8 * NT * 2); }
+template <int F, int NT, int S> inline int64_t t1p_smem(int64_t k, int group) {
+    const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
+    return (int64_t)t1_x_bytes<F>(k) + 2 * t1_scale_bytes<F, NT>(groups) + 2 * t1_zero_bytes<F, NT>(groups) +
+           t1_ring_bytes<NT, S>();
+}
+// Word c (16 bytes) of the run src[0 .. valid) of E when whole, else 0 (t1p_tail fills the
+// word holding the run's end). src is 16-byte aligned.
+template <typename E> __device__ __forceinline__ uint4 t1p_word(const E *src, int c, int valid) {
+    return (c + 1) * (16 / (int)sizeof(E)) <= valid ? __ldg(reinterpret_cast<const uint4 *>(src) + c)
+                                                    : make_uint4(0u, 0u, 0u, 0u);
+}
+// The elements of the run's last, partial word (if any) into dst, by the thread that owns it.
+template <typename E> __device__ __forceinline__ void t1p_tail(E *dst, const E *src, int valid, int owner) {
+    constexpr int PER = 16 / sizeof(E);
+    if (valid % PER != 0 && (int)threadIdx.x == owner) {
+#pragma unroll 1
+        for (int e = valid / PER * PER; e < valid; ++e) dst[e] = __ldg(src + e);
+    }
+}
+
+template <int F, typename T, int NT, int S>
+__global__ void __launch_bounds__(kT1Warps * 32, 4)
+gemv_t1p_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
+                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
+    constexpr bool I4S = F == I4 || F == I4Z;
+    constexpr int PV = t1_piece_values<F>();
+    constexpr int XV = PV / 8;
+    constexpr int SR = kT1pScaleWords, ZR = kT1pScaleWords / 2;
+    static_assert(S >= 2, "a ring of at least two superchunks");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[2][kT1Warps][NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsc = t1_superchunks<F>(k);
+    const int pieces = (int)(k / PV);
+    const int groups = I4S ? (int)(k / group) : 0;
+    const int gshift = I4S ? __ffs(group / PV) - 1 : 0;
+    const int64_t tiles = (n + 8 * NT - 1) / (8 * NT);
+    const int my_tiles = (int)((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= tiles
+    const int U = (nsc + kT1Warps - 1) / kT1Warps;  // units per tile per warp
+    const int total = my_tiles * U;
+    const int64_t rowbytes = PV == 16 ? k : k >> 1;
+    auto tile_base = [&](int ti) { return ((int64_t)blockIdx.x + (int64_t)ti * gridDim.x) * (8 * NT); };
+
+    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
+    const int xwords = t1_x_bytes<F>(k) / 16;
+    const int sbytes = t1_scale_bytes<F, NT>(groups), zbytes = t1_zero_bytes<F, NT>(groups);
+    uint4 *sbuf = reinterpret_cast<uint4 *>(t1_raw + t1_x_bytes<F>(k));  // [2][sbytes]
+    uint4 *zbuf = sbuf + 2 * (sbytes / 16);                               // [2][zbytes]
+    uint4 *ring = zbuf + 2 * (zbytes / 16) + warp * (S * NT * 32);
+
+    // Stage x (one cp.async group, before the ring's).
+    {
+        const int xdata = (int)(k / 8);
+        const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+        for (int i = threadIdx.x; i < xwords; i += blockDim.x)
+            cp_async16(xs + i, i < xdata ? x4 + i : x4, i < xdata ? 16 : 0);
+        cp_async_commit();
+    }
+    // The copy of this warp's unit i (tile i / U, superchunk warp + (i % U) W) into ring slot
+    // i % S, as one commit group (empty past the CTA's share or k).
+    auto issue = [&](int i) {
+        const int ti = i / U, sci = warp + (i - ti * U) * kT1Warps;
+        const bool win = i < total && 4 * sci + t < pieces;
+        const int64_t base = tile_base(ti);
+        uint4 *slot = ring + (i % S) * (NT * 32) + lane;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int64_t r = base + 8 * j + g < n ? base + 8 * j + g : n - 1;
+            cp_async16(slot + 32 * j, win ? w + r * rowbytes + 16 * t + (int64_t)sci * 64 : w, win ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    // Tile ti's scales (zeros) into registers; int8: the epilogue thread's row scale.
+    uint4 sreg[SR], zreg[ZR];
+    float rs_next = 0.f;
+    auto load_scales = [&](int ti) {
+        if (ti >= my_tiles) return;
+        const int64_t base = tile_base(ti);
+        const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
+        if constexpr (I4S) {
+            const unsigned short *src = static_cast<const unsigned short *>(scales) + base * groups;
+#pragma unroll
+            for (int u = 0; u < SR; ++u) {
+                const int c = threadIdx.x + u * blockDim.x;
+                if (c < sbytes / 16) sreg[u] = t1p_word(src, c, rows * groups);
+            }
+            if constexpr (F == I4Z) {
+#pragma unroll
+                for (int u = 0; u < ZR; ++u) {
+                    const int c = threadIdx.x + u * blockDim.x;
+                    if (c < zbytes / 16) zreg[u] = t1p_word(zeros + base * groups, c, rows * groups);
+                }
+            }
+        } else {
+            if ((int)threadIdx.x < rows) rs_next = __ldg(static_cast<const float *>(scales) + base + threadIdx.x);
+        }
+    };
+    // Stores them into buffer ti & 1 (and the run's partial last word, by element loads: only
+    // in the last tile of the matrix).
+    auto store_scales = [&](int ti) {
+        if (!I4S || ti >= my_tiles) return;
+        uint4 *sd = sbuf + (ti & 1) * (sbytes / 16), *zd = zbuf + (ti & 1) * (zbytes / 16);
+#pragma unroll
+        for (int u = 0; u < SR; ++u) {
+            const int c = threadIdx.x + u * blockDim.x;
+            if (c < sbytes / 16) sd[c] = sreg[u];
+        }
+        if constexpr (F == I4Z) {
+#pragma unroll
+            for (int u = 0; u < ZR; ++u) {
+                const int c = threadIdx.x + u * blockDim.x;
+                if (c < zbytes / 16) zd[c] = zreg[u];
+            }
+        }
+        const int64_t base = tile_base(ti);
+        if (n - base < 8 * NT) {
+            const int valid = (int)(n - base) * groups;
+            t1p_tail(reinterpret_cast<unsigned short *>(sd), static_cast<const unsigned short *>(scales) + base * groups,
+                     valid, (valid / 8) % blockDim.x);
+            if constexpr (F == I4Z) t1p_tail(reinterpret_cast<uint8_t *>(zd), zeros + base * groups, valid, (valid / 16) % blockDim.x);
+        }
+    };
+    load_scales(0);
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    cp_async_wait<S - 1>();  // x (the ring's first S - 1 groups may be in flight)
+    if constexpr (I4S) {     // int4's pair order, in place (each thread its own words)
+        for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
+            const uint4 v = xs[i];
+            xs[i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+        }
+    }
+    store_scales(0);
+    float rs = rs_next;
+    __syncthreads();
+    load_scales(1);
+
+    const uint4 *xv = xs + (g == t ? XV * t : xwords - 4);
+    const int xstep = g == t ? 4 * XV : 0;
+    const NibZ zsym = nib_z<T>(8u);
+    float acc[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = 0.f;
+    for (int i = 0; i < total; ++i) {
+        issue(i + S - 1);
+        cp_async_wait<S - 1>();
+        const int ti = i / U, li = i - ti * U;
+        const int sci = warp + li * kT1Warps;
+        if (sci < nsc) {
+            const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
+            const unsigned short *ss = reinterpret_cast<const unsigned short *>(sbuf + (ti & 1) * (sbytes / 16));
+            const uint8_t *zs = reinterpret_cast<const uint8_t *>(zbuf + (ti & 1) * (zbytes / 16));
+            t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3),
+                              pieces, gshift, g, t, acc);
+        }
+        if (li == U - 1) {  // the tile's end
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float v = acc[j][c];
+                    v += __shfl_xor_sync(0xffffffffu, v, 4);
+                    v += __shfl_xor_sync(0xffffffffu, v, 8);
+                    acc[j][c] = 0.f;
+                    if (g == 0) red[ti & 1][warp][8 * j + 2 * t + c] = v;
+                }
+            store_scales(ti + 1);
+            __syncthreads();
+            if (threadIdx.x < NT * 8) {
+                const int64_t col = tile_base(ti) + threadIdx.x;
+                if (col < n) {
+                    float v = 0.f;
+#pragma unroll
+                    for (int u = 0; u < kT1Warps; ++u) v += red[ti & 1][u][threadIdx.x];  // warp order
+                    if constexpr (F == I8) v *= rs;
+                    y[col] = from_f32<T>(v);
+                }
+            }
+            rs = rs_next;
+            load_scales(ti + 2);
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// The one-token kernels' configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
+// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): see t1_applies; lab
+// configurations, int4 at every size: 2: gemv_t1_kernel with the register staging of session
+// 10; 3: gemv_t1_kernel staged by cp.async; 4: gemv_t1p_kernel, one wave; 5: gemv_t1p_kernel
+// with one tile per CTA. All: 2 tiles per CTA, a ring of 4 superchunks (session 10: 4 tiles,
+// rings of 5, 6 or 8 and 1 tile with a ring of 8 were slower at every int8 and int4 shape).
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
+constexpr int kT1Tiles = 2, kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
-// Whether a call takes it: m = 1, int8 / int4 (int4: see t1_config), its shared memory (x,
-// scales, rings) <= 160 KB in the largest configuration (int4 k up to ~60k values), and the
-// 32-bit piece indices hold.
+// Whether a call takes a one-token kernel: m = 1, int8 / int4 (int4 with the default only from
+// 2^25 weights up), its shared memory (x, scales, rings) <= 160 KB (int4 k up to ~70k values
+// at group 32), and the 32-bit piece indices hold.
 template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) {
     const int c = t1_config();
     if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || c == 0) return false;
     if ((F == I4 || F == I4Z) && c == 1 && n * k < (int64_t(1) << 25)) return false;
-    return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, 4, 6>(k, group) <= kT1MaxSmem;
+    return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
+}
+// Whether the persistent kernel can take it (given t1_applies): scales (zeros) 16-byte aligned,
+// at most t1p_max_groups() groups per row, and its double scale buffers fit.
+template <int F> inline bool t1p_fits(const void *scales, const uint8_t *zeros, int64_t k, int group) {
+    if (F == I8) return t1p_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
+    return aligned16(scales) && (F != I4Z || aligned16(zeros)) && k / group <= t1p_max_groups<kT1Tiles>() &&
+           t1p_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
 }
 
-// Launches the one-token kernel and returns true with its status in `st`; returns false, with
-// no error left behind, when the device refuses the shared memory it needs (kT1MaxSmem is
-// above what GPUs before Hopper allow a block, e.g. 99 KB on sm_86 / sm_89): the caller then
-// takes the general kernels.
-template <int F, typename T, int NT, int S>
-bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
-               int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1_kernel<F, T, NT, S>;
-    const int64_t smem = t1_smem<F, NT, S>(k, group);
+// Opts `kernel` into `smem` bytes of dynamic shared memory when above the 48 KB default;
+// false (the error cleared) when the device refuses (kT1MaxSmem is above what GPUs before
+// Hopper allow a block, e.g. 99 KB on sm_86 / sm_89): the caller then takes another kernel.
+template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
     if (smem > (48 << 10) &&
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }
+    return true;
+}
+
+// Launches gemv_t1_kernel and returns true with its status in `st`; false, with no error left
+// behind, when the device refuses its shared memory.
+template <int F, typename T, int NT, int S, bool ASYNC>
+bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+               int64_t k, int group, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC>;
+    const int64_t smem = t1_smem<F, NT, S>(k, group);
+    if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
+    st = launch_status();
+    return true;
+}
+// The same for gemv_t1p_kernel: a grid of min(tiles, resident CTAs) (one wave), or one CTA per
+// tile when !one_wave. The resident CTAs per SM are looked up for the last shared-memory size
+// seen (cached per kernel instance).
+template <int F, typename T, int NT, int S>
+bool launch_t1p(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+                int64_t k, int group, bool one_wave, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_t1p_kernel<F, T, NT, S>;
+    const int64_t smem = t1p_smem<F, NT, S>(k, group);
+    if (!t1_opt_in(kernel, smem)) return false;
+    int64_t ctas = ceil_div(n, 8 * NT);
+    if (one_wave) {
+        static std::atomic<int64_t> cache{0};  // smem << 8 | resident CTAs per SM
+        int64_t c = cache.load(std::memory_order_relaxed);
+        int occ = (c >> 8) == smem ? (int)(c & 255) : 0;
+        if (occ <= 0) {
+            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32 * kT1Warps, (size_t)smem) != cudaSuccess ||
+                occ <= 0) {
+                (void)cudaGetLastError();
+                occ = 1;
+            }
+            cache.store(smem << 8 | (occ & 255), std::memory_order_relaxed);
+        }
+        ctas = std::min<int64_t>(ctas, (int64_t)occ * sm_count());
+    }
     if (ctas > 0x7fffffffLL) {
         st = FL_ERR_INVALID_ARGUMENT;
         return true;
@@ -1093,12 +1398,12 @@ bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *
 template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
-    switch (t1_config()) {
-    case 2: return launch_t1<F, T, 4, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-    case 3: return launch_t1<F, T, 2, 5>(x, w, scales, zeros, y, n, k, group, s, st);
-    case 4: return launch_t1<F, T, 4, 6>(x, w, scales, zeros, y, n, k, group, s, st);
-    default: return launch_t1<F, T, 2, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-    }
+    const int c = t1_config();
+    if (c == 2) return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
+    if (c != 3 && t1p_fits<F>(scales, zeros, k, group) &&
+        launch_t1p<F, T, kT1Tiles, kT1Ring>(x, w, scales, zeros, y, n, k, group, c != 5, s, st))
+        return true;
+    return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
 }
 
 // Warps per CTA: pick_gemv_warps (common.cuh), as the dense GEMV picks them.

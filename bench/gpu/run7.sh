@@ -35,6 +35,9 @@
 #   s10      session 10: the int8/int4 one-token GEMV (gemv_t1_kernel): the GEMV and engine
 #            quantised tests; s10m memcheck on it; s10p the gemv bench's m = 1 lines under each
 #            FL_GEMV_T1 configuration and llama-2-7b --quant int4 / int8 with it on and off
+#   s11      session 11: the one-token GEMV kernels with cp.async staging and the persistent
+#            gemv_t1p_kernel: tests (each FL_GEMV_T1 lab configuration), s11m memcheck, s11p
+#            the gemv bench's m = 1 lines per configuration, s11e llama-2-7b int4 / int8 decode
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -142,6 +145,38 @@ s10p)
     r=$(FL_GEMV_T1=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
     echo "$q FL_GEMV_T1=$v $r"
   done; fi ;;
+s11)
+  # session 11: the one-token GEMV kernels (cp.async staging, persistent gemv_t1p_kernel): the
+  # GEMV tests whole (default configuration), the one-token tests under each lab
+  # configuration, the engine's quantised tests
+  timeout 250 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11-gemv.log" 2>&1
+  echo "fl-kernels__gemv rc=$? $(grep -E '^test result' "$OUT/s11-gemv.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s11-gemv.log" | cut -c1-300 | head -8
+  for v in 2 3 4 5; do
+    FL_GEMV_T1=$v timeout 120 "$B/tests/fl-kernels__gemv" one_token --test-threads=2 > "$OUT/s11-t1$v.log" 2>&1
+    echo "one_token tests FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11-t1$v.log" | tail -1)"
+    grep -E "panicked|FAILED|failed" "$OUT/s11-t1$v.log" | cut -c1-300 | head -4
+  done
+  timeout 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 > "$OUT/s11-quant.log" 2>&1
+  echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s11-quant.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s11-quant.log" | cut -c1-300 | head -8 ;;
+s11m)
+  # memcheck of the one-token kernels' tests (default configuration, then FL_GEMV_T1=3)
+  for v in 1 3; do
+    FL_GEMV_T1=$v timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/T1=$v /"
+  done ;;
+s11p)
+  # the gemv bench's one-token int8 / int4 lines under each FL_GEMV_T1 configuration
+  for v in ${FL_T1_CONFIGS:-2 3 4 5 0}; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | tee "$OUT/qbench-t1$v.log"
+  done ;;
+s11e)
+  # llama-2-7b --quant int4 / int8 decode, FL_GEMV_T1 configurations alternated
+  for qv in ${FL_T1_ENGINE:-"int4 1" "int4 0" "int8 1" "int8 0"}; do
+    read -r q v <<< "${qv//_/ }"
+    r=$(FL_GEMV_T1=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "$q FL_GEMV_T1=$v $r"
+  done ;;
 qbench)
   # the gemv bench's own timing lines (criterion's runs filtered out; each line is timed after
   # untimed warm-up launches), about 40 s

@@ -168,6 +168,91 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 }
 
 #[test]
+fn gemv_one_token_kernels_many_tiles_per_cta() {
+    // 33001 x 1056 (2^25 weights and up, so int4 takes a one-token kernel too): 2063 tiles of
+    // 16 rows, several per CTA of the persistent kernel (gemv_t1p_kernel, one wave of CTAs),
+    // each warp's cp.async ring running across its CTA's tiles; k = 1056 is 8.25 superchunks
+    // of int4 (8 warps: one warp with two units per tile, seven with an empty second unit) and
+    // 16.5 of int8; a partial last tile (33001 = 2062 * 16 + 9).
+    let Some(gpu) = gpu_or_skip("gemv_one_token_kernels_many_tiles_per_cta") else {
+        return;
+    };
+    let mut r = rng("gemv_t1p_tiles");
+    let (n, k) = (33001usize, 1056usize);
+    let formats = [
+        QuantFormat::Int8,
+        QuantFormat::Int4 { group: 32, zero_point: false },
+        QuantFormat::Int4 { group: 32, zero_point: true },
+    ];
+    for f in formats {
+        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        check_path::<f16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
+        check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
+    }
+}
+
+#[test]
+fn gemv_one_token_kernel_with_unaligned_scales() {
+    // The C ABI takes int4 scales 2-byte and zeros 1-byte aligned; the persistent one-token
+    // kernel loads them 16 bytes at a time, so such a call takes the other one-token kernel
+    // (element loads). Scales at +2 bytes and zeros at +1 byte of their buffers, against the
+    // reference, at a size where int4 takes a one-token kernel.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_with_unaligned_scales") else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use fl_kernels_sys::{fl_dtype, fl_gemv_format, fl_gemv_quant};
+    let s = gpu.stream();
+    let mut r = rng("gemv_t1_unaligned");
+    let (n, k) = (16411usize, 2048usize);
+    let f = QuantFormat::Int4 { group: 64, zero_point: true };
+    let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+    let Scales::F16(sc) = q.scales() else { unreachable!() };
+    let mut sc1 = vec![f16::from_f32(0.0)];
+    sc1.extend_from_slice(sc);
+    let mut z1 = vec![0u8];
+    z1.extend_from_slice(q.zeros());
+    let dw = DeviceTensor::from_host(s, q.data(), &[q.data().len()]).unwrap();
+    let ds = DeviceTensor::from_host(s, &sc1, &[sc1.len()]).unwrap();
+    let dz = DeviceTensor::from_host(s, &z1, &[z1.len()]).unwrap();
+    let x: Vec<f16> = random(&mut r, k);
+    let dx = DeviceTensor::from_host(s, &x, &[1, k]).unwrap();
+    let mut y = DeviceTensor::filled(s, &[1, n], f16::from_f32(f32::NAN)).unwrap();
+    {
+        let (pw, _g1) = dw.as_slice().device_ptr(s);
+        let (ps, _g2) = ds.as_slice().device_ptr(s);
+        let (pz, _g3) = dz.as_slice().device_ptr(s);
+        let (px, _g4) = dx.as_slice().device_ptr(s);
+        let (py, _g5) = y.as_slice_mut().device_ptr_mut(s);
+        // SAFETY: w holds n * k / 2 bytes, the scales n * k / 64 halves after the first, the
+        // zeros n * k / 64 bytes after the first, x k and y n halves; all live until the
+        // guards drop, after the launch is queued on `s`.
+        let st = unsafe {
+            fl_gemv_quant(
+                fl_dtype::FL_DTYPE_F16,
+                fl_gemv_format::FL_GEMV_INT4_ZP,
+                px as _,
+                pw as _,
+                (ps + 2) as _,
+                (pz + 1) as _,
+                64,
+                py as _,
+                1,
+                n as i64,
+                k as i64,
+                s.cu_stream() as _,
+            )
+        };
+        assert_eq!(st, 0);
+    }
+    let got = y.to_host(s).unwrap();
+    let want = reference::gemv::gemv(&x, 1, &q);
+    let err = rel_l2(&got, &want);
+    assert!(err < bound::<f16>(), "unaligned scales: rel L2 {err:e}");
+}
+
+#[test]
 fn gemv_mma_path_every_token_count_and_group() {
     // The tensor-core kernel at each m in 1..=16 for every format (k = 640 = 5 groups of 128,
     // 10 of 64, 20 of 32: scale runs of 4, 2 and 1 chunks).
