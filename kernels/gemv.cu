@@ -65,7 +65,7 @@
 //   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see
 //   use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path
 //   force a kernel.
-// - At one token, int8 (every size) and int4 (from 2^25 weights) take a kernel of their own on
+// - At one token, int8 and int4 take a kernel of their own on
 //   the tensor-core side (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of
 //   loads per warp, and the A rows that padding wasted at m = 1 used to keep each piece's
 //   products apart for its group scale); FL_GEMV_T1=0 turns it off.
@@ -118,6 +118,7 @@ template <int F> __host__ __device__ constexpr bool is_nibble() { return F == I4
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
     fl::cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
+
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Two 16-bit floats of a 32-bit word as f32 (low half first).
@@ -850,11 +851,15 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   its own group's scale (groups of 32, 64 or 128 all work) before the slots are summed;
 //   int8's per-row scale multiplies the final sum. The A rows this costs were zero padding
 //   at one token anyway.
-// - Staged once per CTA in shared memory, while the ring's first copies are in flight: x in
-//   the k order of the weight pairs (int4: nib_pairs' (v0, v4), (v1, v5), (v2, v6), (v3, v7)
-//   of each word; int8: as stored), zero up to the last superchunk and followed by 64 zero
-//   bytes that the lanes with g != t read; and, for int4, the scales (and zeros) of the CTA's
-//   8 NT rows.
+// - Staged once per CTA in shared memory by one batch of cp.async (one commit group ahead of
+//   the ring's, so one round trip while the first weight copies are in flight): x, then put in
+//   place in the k order of the weight pairs
+//   (int4: nib_pairs' (v0, v4), (v1, v5), (v2, v6), (v3, v7) of each word; int8: as stored),
+//   zero up to the last superchunk and followed by 64 zero bytes that the lanes with g != t
+//   read; and, for int4, the scales (and zeros) of the CTA's 8 NT rows, one contiguous run
+//   (stage_run; element loads when the tensor is not 16-byte aligned). Session 10 staged them
+//   by register loads in a loop, one round trip per step and per 2-byte scale: int4 g128 at
+//   4096 x 11008 went from 16.7 to 13.6 us with one batch (bench/RESULTS.md, session 11).
 // - Dequantisation is nib_pairs / byte_pairs (exact); the (q - z) x products are exact in the
 //   mma's f32 accumulation, as in the kernel above.
 // The warps of a CTA take superchunks w, w + W, ... of its NT tiles (adjacent 64-byte pieces
@@ -992,9 +997,9 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
     // (v3,v7)); zero past k up to the last superchunk, then 64 zero bytes. int4: the scales and
     // zeros of rows base .. base + 8 NT - 1 (rows past n: 0; their outputs are dropped).
-    // ASYNC (the default): one batch of cp.async for all of it, committed as one group before
-    // the ring's first copies (so one round trip, not one per loop step), then int4's pair
-    // order applied in place; else register loads and stores in a loop (the first version).
+    // ASYNC: one batch of cp.async for all of it, committed as one group before the ring's
+    // first copies (so one round trip, not one per loop step), then int4's pair order applied
+    // in place; else register loads and stores in a loop (session 10; see t1_config).
     if constexpr (ASYNC) {
         const int xdata = (int)(k / 8);  // uint4s of x (k % 32 == 0)
         const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
@@ -1104,234 +1109,29 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
 }
 
-// ------------------------------------------------ one token, persistent (t1p): int8, int4
-// The kernel above with a grid of at most one wave: CTA b takes tiles (of 8 NT rows) b, b + G,
-// b + 2G, ... and each warp's cp.async ring runs on across its tiles, so a warp's stream of
-// superchunks is as long as the CTA's whole share and x is staged once per CTA, not once per
-// tile. Per tile each warp takes U = ceil(superchunks / W) units (superchunks w, w + W, ...;
-// the ones past k are empty); the tile's 8 NT sums are added in warp order after one barrier
-// (double-buffered, so the next tile's copies stay in flight through it). int4's scales (and
-// zeros) of tile i + 1 are loaded into registers at the start of tile i (16-byte words, one
-// DRAM round trip hidden behind a tile) and stored into the other of two shared buffers before
-// its end barrier; int8's row scales likewise, one per epilogue thread.
-// Needs scales (and zeros) 16-byte aligned and groups <= t1p_max_groups() (host checks).
-constexpr int kT1pScaleWords = 2;  // uint4s of a tile's scales per thread (2 for zeros)
-template <int NT> __host__ __device__ constexpr int t1p_max_groups() { return kT1pScaleWords * 32 * kT1Warps * 16 / (8 * NT * 2); }
-template <int F, int NT, int S> inline int64_t t1p_smem(int64_t k, int group) {
-    const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
-    return (int64_t)t1_x_bytes<F>(k) + 2 * t1_scale_bytes<F, NT>(groups) + 2 * t1_zero_bytes<F, NT>(groups) +
-           t1_ring_bytes<NT, S>();
-}
-// Word c (16 bytes) of the run src[0 .. valid) of E when whole, else 0 (t1p_tail fills the
-// word holding the run's end). src is 16-byte aligned.
-template <typename E> __device__ __forceinline__ uint4 t1p_word(const E *src, int c, int valid) {
-    return (c + 1) * (16 / (int)sizeof(E)) <= valid ? __ldg(reinterpret_cast<const uint4 *>(src) + c)
-                                                    : make_uint4(0u, 0u, 0u, 0u);
-}
-// The elements of the run's last, partial word (if any) into dst, by the thread that owns it.
-template <typename E> __device__ __forceinline__ void t1p_tail(E *dst, const E *src, int valid, int owner) {
-    constexpr int PER = 16 / sizeof(E);
-    if (valid % PER != 0 && (int)threadIdx.x == owner) {
-#pragma unroll 1
-        for (int e = valid / PER * PER; e < valid; ++e) dst[e] = __ldg(src + e);
-    }
-}
-
-template <int F, typename T, int NT, int S>
-__global__ void __launch_bounds__(kT1Warps * 32, 4)
-gemv_t1p_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
-                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
-    constexpr bool I4S = F == I4 || F == I4Z;
-    constexpr int PV = t1_piece_values<F>();
-    constexpr int XV = PV / 8;
-    constexpr int SR = kT1pScaleWords, ZR = kT1pScaleWords / 2;
-    static_assert(S >= 2, "a ring of at least two superchunks");
-    extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[2][kT1Warps][NT * 8];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int nsc = t1_superchunks<F>(k);
-    const int pieces = (int)(k / PV);
-    const int groups = I4S ? (int)(k / group) : 0;
-    const int gshift = I4S ? __ffs(group / PV) - 1 : 0;
-    const int64_t tiles = (n + 8 * NT - 1) / (8 * NT);
-    const int my_tiles = (int)((tiles - blockIdx.x + gridDim.x - 1) / gridDim.x);  // >= 1: grid <= tiles
-    const int U = (nsc + kT1Warps - 1) / kT1Warps;  // units per tile per warp
-    const int total = my_tiles * U;
-    const int64_t rowbytes = PV == 16 ? k : k >> 1;
-    auto tile_base = [&](int ti) { return ((int64_t)blockIdx.x + (int64_t)ti * gridDim.x) * (8 * NT); };
-
-    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
-    const int xwords = t1_x_bytes<F>(k) / 16;
-    const int sbytes = t1_scale_bytes<F, NT>(groups), zbytes = t1_zero_bytes<F, NT>(groups);
-    uint4 *sbuf = reinterpret_cast<uint4 *>(t1_raw + t1_x_bytes<F>(k));  // [2][sbytes]
-    uint4 *zbuf = sbuf + 2 * (sbytes / 16);                               // [2][zbytes]
-    uint4 *ring = zbuf + 2 * (zbytes / 16) + warp * (S * NT * 32);
-
-    // Stage x (one cp.async group, before the ring's).
-    {
-        const int xdata = (int)(k / 8);
-        const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-        for (int i = threadIdx.x; i < xwords; i += blockDim.x)
-            cp_async16(xs + i, i < xdata ? x4 + i : x4, i < xdata ? 16 : 0);
-        cp_async_commit();
-    }
-    // The copy of this warp's unit i (tile i / U, superchunk warp + (i % U) W) into ring slot
-    // i % S, as one commit group (empty past the CTA's share or k).
-    auto issue = [&](int i) {
-        const int ti = i / U, sci = warp + (i - ti * U) * kT1Warps;
-        const bool win = i < total && 4 * sci + t < pieces;
-        const int64_t base = tile_base(ti);
-        uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            const int64_t r = base + 8 * j + g < n ? base + 8 * j + g : n - 1;
-            cp_async16(slot + 32 * j, win ? w + r * rowbytes + 16 * t + (int64_t)sci * 64 : w, win ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    // Tile ti's scales (zeros) into registers; int8: the epilogue thread's row scale.
-    uint4 sreg[SR], zreg[ZR];
-    float rs_next = 0.f;
-    auto load_scales = [&](int ti) {
-        if (ti >= my_tiles) return;
-        const int64_t base = tile_base(ti);
-        const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
-        if constexpr (I4S) {
-            const unsigned short *src = static_cast<const unsigned short *>(scales) + base * groups;
-#pragma unroll
-            for (int u = 0; u < SR; ++u) {
-                const int c = threadIdx.x + u * blockDim.x;
-                if (c < sbytes / 16) sreg[u] = t1p_word(src, c, rows * groups);
-            }
-            if constexpr (F == I4Z) {
-#pragma unroll
-                for (int u = 0; u < ZR; ++u) {
-                    const int c = threadIdx.x + u * blockDim.x;
-                    if (c < zbytes / 16) zreg[u] = t1p_word(zeros + base * groups, c, rows * groups);
-                }
-            }
-        } else {
-            if ((int)threadIdx.x < rows) rs_next = __ldg(static_cast<const float *>(scales) + base + threadIdx.x);
-        }
-    };
-    // Stores them into buffer ti & 1 (and the run's partial last word, by element loads: only
-    // in the last tile of the matrix).
-    auto store_scales = [&](int ti) {
-        if (!I4S || ti >= my_tiles) return;
-        uint4 *sd = sbuf + (ti & 1) * (sbytes / 16), *zd = zbuf + (ti & 1) * (zbytes / 16);
-#pragma unroll
-        for (int u = 0; u < SR; ++u) {
-            const int c = threadIdx.x + u * blockDim.x;
-            if (c < sbytes / 16) sd[c] = sreg[u];
-        }
-        if constexpr (F == I4Z) {
-#pragma unroll
-            for (int u = 0; u < ZR; ++u) {
-                const int c = threadIdx.x + u * blockDim.x;
-                if (c < zbytes / 16) zd[c] = zreg[u];
-            }
-        }
-        const int64_t base = tile_base(ti);
-        if (n - base < 8 * NT) {
-            const int valid = (int)(n - base) * groups;
-            t1p_tail(reinterpret_cast<unsigned short *>(sd), static_cast<const unsigned short *>(scales) + base * groups,
-                     valid, (valid / 8) % blockDim.x);
-            if constexpr (F == I4Z) t1p_tail(reinterpret_cast<uint8_t *>(zd), zeros + base * groups, valid, (valid / 16) % blockDim.x);
-        }
-    };
-    load_scales(0);
-#pragma unroll
-    for (int i = 0; i < S - 1; ++i) issue(i);
-    cp_async_wait<S - 1>();  // x (the ring's first S - 1 groups may be in flight)
-    if constexpr (I4S) {     // int4's pair order, in place (each thread its own words)
-        for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
-            const uint4 v = xs[i];
-            xs[i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                               __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
-        }
-    }
-    store_scales(0);
-    float rs = rs_next;
-    __syncthreads();
-    load_scales(1);
-
-    const uint4 *xv = xs + (g == t ? XV * t : xwords - 4);
-    const int xstep = g == t ? 4 * XV : 0;
-    const NibZ zsym = nib_z<T>(8u);
-    float acc[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = 0.f;
-    for (int i = 0; i < total; ++i) {
-        issue(i + S - 1);
-        cp_async_wait<S - 1>();
-        const int ti = i / U, li = i - ti * U;
-        const int sci = warp + li * kT1Warps;
-        if (sci < nsc) {
-            const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-            const unsigned short *ss = reinterpret_cast<const unsigned short *>(sbuf + (ti & 1) * (sbytes / 16));
-            const uint8_t *zs = reinterpret_cast<const uint8_t *>(zbuf + (ti & 1) * (zbytes / 16));
-            t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3),
-                              pieces, gshift, g, t, acc);
-        }
-        if (li == U - 1) {  // the tile's end
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    float v = acc[j][c];
-                    v += __shfl_xor_sync(0xffffffffu, v, 4);
-                    v += __shfl_xor_sync(0xffffffffu, v, 8);
-                    acc[j][c] = 0.f;
-                    if (g == 0) red[ti & 1][warp][8 * j + 2 * t + c] = v;
-                }
-            store_scales(ti + 1);
-            __syncthreads();
-            if (threadIdx.x < NT * 8) {
-                const int64_t col = tile_base(ti) + threadIdx.x;
-                if (col < n) {
-                    float v = 0.f;
-#pragma unroll
-                    for (int u = 0; u < kT1Warps; ++u) v += red[ti & 1][u][threadIdx.x];  // warp order
-                    if constexpr (F == I8) v *= rs;
-                    y[col] = from_f32<T>(v);
-                }
-            }
-            rs = rs_next;
-            load_scales(ti + 2);
-        }
-    }
-    cp_async_wait<0>();
-}
-
-// The one-token kernels' configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
-// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): see t1_applies; lab
-// configurations, int4 at every size: 2: gemv_t1_kernel with the register staging of session
-// 10; 3: gemv_t1_kernel staged by cp.async; 4: gemv_t1p_kernel, one wave; 5: gemv_t1p_kernel
-// with one tile per CTA. All: 2 tiles per CTA, a ring of 4 superchunks (session 10: 4 tiles,
-// rings of 5, 6 or 8 and 1 tile with a ring of 8 were slower at every int8 and int4 shape).
+// The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
+// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
+// of 4 superchunks, staging by cp.async except for int8 with k <= 4096 (register staging);
+// lab configurations: 2: register staging everywhere (session 10); 3: cp.async everywhere.
+// Measured on the H100 (bench/RESULTS.md, session 11, three runs): cp.async staging took int4
+// g128 from 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x
+// 11008 and 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at
+// 11008 x 4096 ran 20.6 us with register staging against 22.0-22.3 with cp.async (x through
+// L1 or not; not understood), and tied at 4096 x 4096 and 32000 x 4096. 1 tile (rings of 4 or
+// 6), 4 tiles (ring 4) and 2 tiles with a ring of 5 were slower at most shapes.
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
 constexpr int kT1Tiles = 2, kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
-// Whether a call takes a one-token kernel: m = 1, int8 / int4 (int4 with the default only from
-// 2^25 weights up), its shared memory (x, scales, rings) <= 160 KB (int4 k up to ~70k values
-// at group 32), and the 32-bit piece indices hold.
+// Whether a call takes it: m = 1, int8 / int4, its shared memory (x, scales, rings) <= 160 KB
+// (int4 k up to ~70k values at group 32), and the 32-bit piece indices hold.
 template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) {
     const int c = t1_config();
     if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || c == 0) return false;
-    if ((F == I4 || F == I4Z) && c == 1 && n * k < (int64_t(1) << 25)) return false;
     return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
-}
-// Whether the persistent kernel can take it (given t1_applies): scales (zeros) 16-byte aligned,
-// at most t1p_max_groups() groups per row, and its double scale buffers fit.
-template <int F> inline bool t1p_fits(const void *scales, const uint8_t *zeros, int64_t k, int group) {
-    if (F == I8) return t1p_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
-    return aligned16(scales) && (F != I4Z || aligned16(zeros)) && k / group <= t1p_max_groups<kT1Tiles>() &&
-           t1p_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
 }
 
 // Opts `kernel` into `smem` bytes of dynamic shared memory when above the 48 KB default;
@@ -1346,8 +1146,9 @@ template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
     return true;
 }
 
-// Launches gemv_t1_kernel and returns true with its status in `st`; false, with no error left
-// behind, when the device refuses its shared memory.
+// Launches the one-token kernel and returns true with its status in `st`; returns false, with
+// no error left behind, when the device refuses the shared memory it needs: the caller then
+// takes the general kernels.
 template <int F, typename T, int NT, int S, bool ASYNC>
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
@@ -1363,46 +1164,12 @@ bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *
     st = launch_status();
     return true;
 }
-// The same for gemv_t1p_kernel: a grid of min(tiles, resident CTAs) (one wave), or one CTA per
-// tile when !one_wave. The resident CTAs per SM are looked up for the last shared-memory size
-// seen (cached per kernel instance).
-template <int F, typename T, int NT, int S>
-bool launch_t1p(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
-                int64_t k, int group, bool one_wave, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1p_kernel<F, T, NT, S>;
-    const int64_t smem = t1p_smem<F, NT, S>(k, group);
-    if (!t1_opt_in(kernel, smem)) return false;
-    int64_t ctas = ceil_div(n, 8 * NT);
-    if (one_wave) {
-        static std::atomic<int64_t> cache{0};  // smem << 8 | resident CTAs per SM
-        int64_t c = cache.load(std::memory_order_relaxed);
-        int occ = (c >> 8) == smem ? (int)(c & 255) : 0;
-        if (occ <= 0) {
-            if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, 32 * kT1Warps, (size_t)smem) != cudaSuccess ||
-                occ <= 0) {
-                (void)cudaGetLastError();
-                occ = 1;
-            }
-            cache.store(smem << 8 | (occ & 255), std::memory_order_relaxed);
-        }
-        ctas = std::min<int64_t>(ctas, (int64_t)occ * sm_count());
-    }
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
-        return true;
-    }
-    kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
-    st = launch_status();
-    return true;
-}
 template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
     const int c = t1_config();
-    if (c == 2) return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
-    if (c != 3 && t1p_fits<F>(scales, zeros, k, group) &&
-        launch_t1p<F, T, kT1Tiles, kT1Ring>(x, w, scales, zeros, y, n, k, group, c != 5, s, st))
-        return true;
+    if (c == 2 || (c == 1 && F == I8 && k <= 4096))
+        return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
     return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
 }
 

@@ -110,10 +110,21 @@ struct Stats {
     float m, s;
 };
 
+// 2^x by the bare MUFU.EX2 (ex2.approx.ftz, max rel. error 2^-22 as exp2f's): results below
+// 2^-126 flush to 0, so probabilities under 1.2e-38 come out as 0 (f32 and bf16 outputs could
+// hold them as denormals; f16 flushes far above). exp2f adds a range fix-up for them around
+// the same instruction: 3 more instructions per element and pass. Measured on the H100
+// (bench/RESULTS.md, session 11): bf16 2048 x 128256 427.7 -> 407.8 us in the cluster path.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
 __device__ __forceinline__ Stats merge(Stats a, Stats b, float scale) {
     const float m = nanmax(a.m, b.m);
     if (m == -INFINITY) return {m, 0.f};
-    return {m, a.s * exp2f((a.m - m) * scale) + b.s * exp2f((b.m - m) * scale)};
+    return {m, a.s * ex2_ftz((a.m - m) * scale) + b.s * ex2_ftz((b.m - m) * scale)};
 }
 
 // Adds K values to the running statistics (one rescale per call).
@@ -124,9 +135,9 @@ __device__ __forceinline__ void update(Stats &t, const float (&v)[K], float scal
     for (int j = 1; j < K; ++j) vm = nanmax(vm, v[j]);
     const float m = nanmax(t.m, vm);
     if (m == -INFINITY) return;  // nothing but -inf so far: s stays 0
-    float s = t.s * exp2f((t.m - m) * scale);
+    float s = t.s * ex2_ftz((t.m - m) * scale);
 #pragma unroll
-    for (int j = 0; j < K; ++j) s += exp2f((v[j] - m) * scale);
+    for (int j = 0; j < K; ++j) s += ex2_ftz((v[j] - m) * scale);
     t = {m, s};
 }
 
@@ -167,7 +178,7 @@ template <typename T, int N> __device__ __forceinline__ void store_f32(T *p, con
 }
 
 __device__ __forceinline__ float prob(float v, float m, float inv, float scale, bool zero) {
-    return zero ? 0.f : exp2f((v - m) * scale) * inv;
+    return zero ? 0.f : ex2_ftz((v - m) * scale) * inv;
 }
 
 // This thread's statistics over x[begin, end), elements strided over the block.
@@ -312,12 +323,12 @@ __device__ __forceinline__ void update_vecs(Stats &t, const Vec<T, N> (&b)[U], i
     }
     const float m = nanmax(t.m, vm);
     if (m == -INFINITY) return;  // nothing but -inf so far: s stays 0
-    float s = t.s * exp2f((t.m - m) * scale);
+    float s = t.s * ex2_ftz((t.m - m) * scale);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
         if (first + u * stride < end) {
 #pragma unroll
-            for (int j = 0; j < N; ++j) s += exp2f((to_f32(b[u].v[j]) - m) * scale);
+            for (int j = 0; j < N; ++j) s += ex2_ftz((to_f32(b[u].v[j]) - m) * scale);
         }
     }
     t = {m, s};
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(1024)
             for (int k = 0; k < VPT; ++k) {
                 if (threadIdx.x + k * blockDim.x < nvec) {
 #pragma unroll
-                    for (int j = 0; j < N; ++j) ts += exp2f((to_f32(r[k].v[j]) - m) * scale);
+                    for (int j = 0; j < N; ++j) ts += ex2_ftz((to_f32(r[k].v[j]) - m) * scale);
                 }
             }
         }
@@ -571,7 +582,7 @@ __global__ void __launch_bounds__(kClusterThreads, 2)
             for (int k = 0; k < VPT; ++k) {
                 if (base + k * kClusterThreads < nvec) {
 #pragma unroll
-                    for (int j = 0; j < N; ++j) ts += exp2f((to_f32(r[k].v[j]) - bm) * scale);
+                    for (int j = 0; j < N; ++j) ts += ex2_ftz((to_f32(r[k].v[j]) - bm) * scale);
                 }
             }
         }

@@ -9,6 +9,7 @@
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
+//! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only.
 //! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
 //! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
 
@@ -23,8 +24,13 @@ use fl_kernels::{f16, DeviceTensor, Gpu};
 const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
 const ROTATE_BYTES: usize = 256 << 20;
 
+/// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only (kernel A/B sweeps in one GPU call).
+fn quick() -> bool {
+    std::env::var("FL_GEMV_BENCH_QUICK").is_ok_and(|v| v == "1")
+}
+
 fn formats() -> Vec<QuantFormat> {
-    vec![
+    let mut v = vec![
         QuantFormat::Int8,
         QuantFormat::Int4 {
             group: 128,
@@ -36,7 +42,11 @@ fn formats() -> Vec<QuantFormat> {
         },
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
-    ]
+    ];
+    if quick() {
+        v.retain(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0));
+    }
+    v
 }
 
 /// How many copies of `bytes` make up >= ROTATE_BYTES.
@@ -133,7 +143,7 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
 
     // The two kernels forced (tensor cores vs CUDA-core FMAs) on the decode shapes, for the
     // lead's A/B of the automatic choice.
-    if [(4096, 4096), (11008, 4096)].contains(&(n, k)) {
+    if !quick() && [(4096, 4096), (11008, 4096)].contains(&(n, k)) {
         let fmts = [
             QuantFormat::Int8,
             QuantFormat::Int4 {
@@ -179,6 +189,9 @@ fn benches(c: &mut Criterion) {
     let mut blas = Blas::new(&gpu).unwrap();
     for &(n, k) in SHAPES {
         for m in [1, 16] {
+            if m > 1 && quick() {
+                continue;
+            }
             shape_group(c, &gpu, &mut blas, n, k, m);
         }
     }

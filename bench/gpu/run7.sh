@@ -35,9 +35,10 @@
 #   s10      session 10: the int8/int4 one-token GEMV (gemv_t1_kernel): the GEMV and engine
 #            quantised tests; s10m memcheck on it; s10p the gemv bench's m = 1 lines under each
 #            FL_GEMV_T1 configuration and llama-2-7b --quant int4 / int8 with it on and off
-#   s11      session 11: the one-token GEMV kernels with cp.async staging and the persistent
-#            gemv_t1p_kernel: tests (each FL_GEMV_T1 lab configuration), s11m memcheck, s11p
-#            the gemv bench's m = 1 lines per configuration, s11e llama-2-7b int4 / int8 decode
+#   s11      session 11: the one-token GEMV kernel with cp.async staging: tests (lab
+#            configurations in FL_T1_TEST_CONFIGS), s11m memcheck, s11p the gemv bench's m = 1
+#            lines per configuration, s11e llama-2-7b int4 / int8 decode; s11s softmax tests and
+#            optable's softmax rows
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -152,7 +153,7 @@ s11)
   timeout 250 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11-gemv.log" 2>&1
   echo "fl-kernels__gemv rc=$? $(grep -E '^test result' "$OUT/s11-gemv.log" | tail -1)"
   grep -E "panicked|FAILED|failed" "$OUT/s11-gemv.log" | cut -c1-300 | head -8
-  for v in 2 3 4 5; do
+  for v in ${FL_T1_TEST_CONFIGS:-}; do
     FL_GEMV_T1=$v timeout 120 "$B/tests/fl-kernels__gemv" one_token --test-threads=2 > "$OUT/s11-t1$v.log" 2>&1
     echo "one_token tests FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11-t1$v.log" | tail -1)"
     grep -E "panicked|FAILED|failed" "$OUT/s11-t1$v.log" | cut -c1-300 | head -4
@@ -162,13 +163,24 @@ s11)
   grep -E "panicked|FAILED|failed" "$OUT/s11-quant.log" | cut -c1-300 | head -8 ;;
 s11m)
   # memcheck of the one-token kernels' tests (default configuration, then FL_GEMV_T1=3)
-  for v in 1 3; do
+  for v in ${FL_T1_MEMCHECK:-1}; do
     FL_GEMV_T1=$v timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/T1=$v /"
   done ;;
 s11p)
   # the gemv bench's one-token int8 / int4 lines under each FL_GEMV_T1 configuration
-  for v in ${FL_T1_CONFIGS:-2 3 4 5 0}; do echo "FL_GEMV_T1=$v"
-    FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | tee "$OUT/qbench-t1$v.log"
+  for v in ${FL_T1_CONFIGS:-1 2 3 4 5 6 0}; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' > "$OUT/qbench-t1$v.log"
+    cat "$OUT/qbench-t1$v.log"
+  done ;;
+s11s)
+  # softmax with ex2.approx.ftz in every path: the softmax tests, then optable's softmax rows
+  # (FL_SOFTMAX_REPS runs)
+  timeout 150 "$B/tests/fl-kernels__softmax" --test-threads=2 > "$OUT/s11-softmax.log" 2>&1
+  echo "fl-kernels__softmax rc=$? $(grep -E '^test result' "$OUT/s11-softmax.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s11-softmax.log" | cut -c1-300 | head -4
+  for rep in $(seq 1 ${FL_SOFTMAX_REPS:-2}); do
+    timeout 60 "$B/bin/optable" softmax > "$OUT/optable-softmax-$rep.log" 2>&1
+    grep -E '"key"' "$OUT/optable-softmax-$rep.log" | sed -E 's/.*"key":"([^"]*)".*"us":([0-9.]+).*"pct_copy":([0-9.]+).*/\1 \2us \3%;/; s/.*"key":"copy".*"gbps":([0-9.]+).*/copy \1GB\/s;/' | tr '\n' ' ' | sed "s/^/rep$rep: /" | cut -c1-2500; echo
   done ;;
 s11e)
   # llama-2-7b --quant int4 / int8 decode, FL_GEMV_T1 configurations alternated

@@ -64,9 +64,9 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
  *   FMA   the CUDA-core kernel (f32 FMAs, one warp per output row);
  *   MMA   the tensor-core side (mma.sync m16n8k16 on exact 16-bit integers (q - z), the
  *         scales applied in f32 outside the mma). At m = 1 it runs a kernel of its own for
- *         int8 (every size) and int4 (from 2^25 weights): whole 16-byte pieces per lane and a
- *         cp.async ring of loads per warp; the environment's FL_GEMV_T1=0 turns that off
- *         (int8 at m = 1 then takes the CUDA-core kernel under AUTO). */
+ *         int8 and int4: whole 16-byte pieces per lane and a cp.async ring of loads per warp;
+ *         the environment's FL_GEMV_T1=0 turns that off (int8 at m = 1 then takes the
+ *         CUDA-core kernel under AUTO). */
 #define FL_GEMV_PATH_AUTO 0
 #define FL_GEMV_PATH_FMA 1
 #define FL_GEMV_PATH_MMA 2

@@ -11,19 +11,20 @@
 //!
 //! How it runs: rows of up to 32768 (f16/bf16) or 16384 (f32) elements whose length is a
 //! multiple of the 16-byte vector width are read once into registers, one block per row,
-//! and written once. Many longer such rows (at least one per SM, short enough that one row
-//! per SM fits ~60% of L2, e.g. 2048 x 128256 bf16) run one block per row and SM: a pass
-//! reading the row (its first 32 KB kept in registers) for the row's (max, sum), then a
-//! pass re-reading the rest from L2 and writing; DRAM sees one read and one write. On
-//! Hopper (sm_90+), other such rows of up to 262144 (f16/bf16) or
-//! 131072 (f32) elements are spread over a thread-block cluster of 8 blocks per row, each
-//! holding its eighth of the row in registers; the blocks exchange their (max, sum) through
-//! distributed shared memory, so the row is read once and written once whatever the number
-//! of rows. Otherwise, long rows, when there are fewer than 128 of them, are split over
-//! several blocks (chunks sized to give ~4 blocks per SM): a first kernel writes each
-//! chunk's (max, sum) to the workspace, a second merges them and writes the chunk,
-//! re-reading `x` from L2. Everything else takes one block per row with an online
-//! (max, sum) pass then a write pass.
+//! and written once. On Hopper (sm_90+), longer such rows of up to 262144 (f16/bf16) or
+//! 131072 (f32) elements (e.g. 2048 x 128256 bf16 logits) are spread over a thread-block
+//! cluster of 8 blocks per row, each holding its eighth of the row in registers; the blocks
+//! exchange their (max, sum) through distributed shared memory, so the row is read once and
+//! written once whatever the number of rows. Otherwise, long rows, when there are fewer than
+//! 128 of them, are split over several blocks (chunks sized to give ~4 blocks per SM): a
+//! first kernel writes each chunk's (max, sum) to the workspace, a second merges them and
+//! writes the chunk, re-reading `x` from L2. Everything else takes one block per row with an
+//! online (max, sum) pass then a write pass. (A two-pass kernel, one block per row and SM
+//! re-reading each row from L2, is selectable with `FL_SOFTMAX_LONG=twopass`; it was slower
+//! than the cluster path on the H100.)
+//!
+//! Exponentials use the GPU's `ex2.approx.ftz` (relative error <= 2^-22, as `exp2f`):
+//! probabilities below 2^-126 (1.2e-38) come out as 0 rather than as f32/bf16 denormals.
 //!
 //! CPU reference: [`crate::reference::softmax`](mod@crate::reference::softmax).
 

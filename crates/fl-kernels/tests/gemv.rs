@@ -107,9 +107,8 @@ fn gemv_each_path_matches_reference_every_format() {
     // bf16, token counts on both sides of 8 (the second token-row half of the mma), odd n
     // (partial 8-row tiles; n = 2113 gives the 2-tile CTAs), k not a power of two (k = 352
     // puts GGUF blocks at both 4-byte parities within a row; 4224 = 33 * 128 leaves a
-    // partial batch of chunks; at m = 1 int8 runs the one-token kernel, and 96 and 352 leave
-    // it a partial superchunk of 64 values; int4 takes that kernel only from 2^25 weights, see
-    // gemv_one_token_kernel_on_large_int4_and_int8).
+    // partial batch of chunks; at m = 1 int8 and int4 run the one-token kernel, and 96 and 352
+    // leave it a partial superchunk).
     let Some(gpu) = gpu_or_skip("gemv_each_path_matches_reference_every_format") else {
         return;
     };
@@ -143,11 +142,10 @@ fn gemv_each_path_matches_reference_every_format() {
 
 #[test]
 fn gemv_one_token_kernel_on_large_int4_and_int8() {
-    // At one token int4 takes the one-token kernel (gemv_t1_kernel) only from 2^25 weights up
-    // (int8 at every size, which the other tests cover): odd n (a partial last tile), k with a
-    // whole number of 128-value superchunks (4224) and without (4192 = 131 pieces of 32), every
-    // group and zero-point option, both activation types, and the CUDA-core kernel forced for
-    // comparison on the same weights.
+    // The one-token kernel (gemv_t1_kernel, int8 and int4 at m = 1) at large sizes: odd n (a
+    // partial last tile), k with a whole number of 128-value superchunks (4224) and without
+    // (4192 = 131 pieces of 32), every group and zero-point option, both activation types, and
+    // the CUDA-core kernel forced for comparison on the same weights.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_on_large_int4_and_int8") else {
         return;
     };
@@ -168,16 +166,15 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 }
 
 #[test]
-fn gemv_one_token_kernels_many_tiles_per_cta() {
-    // 33001 x 1056 (2^25 weights and up, so int4 takes a one-token kernel too): 2063 tiles of
-    // 16 rows, several per CTA of the persistent kernel (gemv_t1p_kernel, one wave of CTAs),
-    // each warp's cp.async ring running across its CTA's tiles; k = 1056 is 8.25 superchunks
-    // of int4 (8 warps: one warp with two units per tile, seven with an empty second unit) and
-    // 16.5 of int8; a partial last tile (33001 = 2062 * 16 + 9).
-    let Some(gpu) = gpu_or_skip("gemv_one_token_kernels_many_tiles_per_cta") else {
+fn gemv_one_token_kernel_many_ctas() {
+    // 33001 x 1056: 2063 CTAs of 16 rows (several waves), k = 1056 is 8.25 superchunks of
+    // int4 (8 warps: one warp with two, seven with one) and 16.5 of int8; a partial last tile
+    // (33001 = 2062 * 16 + 9), whose scales run ends inside a 16-byte word (9 rows of 33
+    // groups), staged by element loads.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_many_ctas") else {
         return;
     };
-    let mut r = rng("gemv_t1p_tiles");
+    let mut r = rng("gemv_t1_ctas");
     let (n, k) = (33001usize, 1056usize);
     let formats = [
         QuantFormat::Int8,
@@ -194,10 +191,9 @@ fn gemv_one_token_kernels_many_tiles_per_cta() {
 
 #[test]
 fn gemv_one_token_kernel_with_unaligned_scales() {
-    // The C ABI takes int4 scales 2-byte and zeros 1-byte aligned; the persistent one-token
-    // kernel loads them 16 bytes at a time, so such a call takes the other one-token kernel
-    // (element loads). Scales at +2 bytes and zeros at +1 byte of their buffers, against the
-    // reference, at a size where int4 takes a one-token kernel.
+    // The C ABI takes int4 scales 2-byte and zeros 1-byte aligned; the one-token kernel stages
+    // them 16 bytes at a time by cp.async when they are 16-byte aligned, else by element loads.
+    // Scales at +2 bytes and zeros at +1 byte of their buffers, against the reference.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_with_unaligned_scales") else {
         return;
     };
