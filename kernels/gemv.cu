@@ -72,8 +72,6 @@
 #include <cstring>
 #include <type_traits>
 
-#include <cooperative_groups.h>
-
 #include "common/common.cuh"
 
 namespace fl {
@@ -961,7 +959,7 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
     }
 }
 
-template <int F, typename T, int NT, int S, bool ASYNC, int KS = 1>
+template <int F, typename T, int NT, int S, bool ASYNC>
 __global__ void __launch_bounds__(kT1Warps * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
@@ -970,20 +968,14 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     constexpr int XV = PV / 8;                 // uint4s of staged x per piece
     static_assert(S >= 2, "a ring of at least two superchunks");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    static_assert(KS == 1 || KS == 2, "k split over 1 or 2 CTAs (a cluster)");
     __shared__ float red[kT1Warps][NT * 8];
-    __shared__ float kpart[KS == 2 ? NT * 8 : 1];  // KS = 2: the other CTA's sums (DSMEM)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nsc = t1_superchunks<F>(k);
     const int pieces = (int)(k / PV);
     const int groups = I4S ? (int)(k / group) : 0;
     const int gshift = I4S ? __ffs(group / PV) - 1 : 0;  // log2(pieces per group)
-    const int rank = KS == 2 ? (int)(blockIdx.x & 1) : 0;  // KS = 2: the CTA's rank in its cluster
-    const int64_t base = (int64_t)(blockIdx.x / KS) * (8 * NT);
-    // This warp's superchunks: first, first + stride, ... (KS = 2: the two CTAs of a cluster
-    // take alternate runs of W superchunks).
-    const int first = warp + kT1Warps * rank, stride = kT1Warps * KS;
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
 
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
     const int xwords = t1_x_bytes<F>(k) / 16;
@@ -999,7 +991,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         const int64_t r = base + 8 * j + g;
         wp[j] = w + (r < n ? r : n - 1) * (PV == 16 ? k : k >> 1) + 16 * t;
     }
-    const int mine = nsc > first ? (nsc - first + stride - 1) / stride : 0;  // this warp's superchunks
+    const int mine = nsc > warp ? (nsc - warp + kT1Warps - 1) / kT1Warps : 0;  // this warp's superchunks
     // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
     // commit group (empty past the warp's share, zero-filled past k): `issue` below.
     // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
@@ -1025,7 +1017,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_commit();
     }
     auto issue = [&](int i) {
-        const int sci = first + i * stride;
+        const int sci = warp + i * kT1Warps;
         const bool win = i < mine && 4 * sci + t < pieces;
         uint4 *slot = ring + (i % S) * (NT * 32) + lane;
 #pragma unroll
@@ -1080,7 +1072,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     for (int i = 0; i < mine; ++i) {
         issue(i + S - 1);    // into slot (i - 1) % S, which this lane read in step i - 1
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
-        const int sci = first + i * stride;
+        const int sci = warp + i * kT1Warps;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
         t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3), pieces,
                           gshift, g, t, acc);
@@ -1105,27 +1097,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         }
     }
     __syncthreads();
-    float v = 0.f;
-    if (threadIdx.x < NT * 8) {
-#pragma unroll
-        for (int u = 0; u < kT1Warps; ++u) v += red[u][threadIdx.x];  // warp order
-    }
-    if constexpr (KS == 2) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        // Rank 1 hands its sums to rank 0 through distributed shared memory.
-        namespace cg = cooperative_groups;
-        cg::cluster_group cluster = cg::this_cluster();
-        if (rank == 1 && threadIdx.x < NT * 8) *cluster.map_shared_rank(&kpart[threadIdx.x], 0) = v;
-        cluster.sync();
-        if (rank == 1) return;
-        if (threadIdx.x < NT * 8) v += kpart[threadIdx.x];
-#else
-        __trap();  // launched only with clusters (sm_90+)
-#endif
-    }
     if (threadIdx.x < NT * 8) {
         const int64_t col = base + threadIdx.x;
         if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < kT1Warps; ++u) v += red[u][threadIdx.x];  // warp order
             if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
             y[col] = from_f32<T>(v);
         }
@@ -1135,8 +1112,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
 // m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
 // of 4 superchunks, staging by cp.async except for int8 with k <= 4096 (register staging);
-// lab configurations: 2: register staging everywhere (session 10); 3: cp.async everywhere;
-// 4: cp.async, each tile's k split over a cluster of 2 CTAs (sums joined through DSMEM).
+// lab configurations: 2: register staging everywhere (session 10); 3: cp.async everywhere.
 // Measured on the H100 (bench/RESULTS.md, session 11, three runs): cp.async staging took int4
 // g128 from 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x
 // 11008 and 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at
@@ -1144,7 +1120,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // L1 or not; not understood), and tied at 4096 x 4096 and 32000 x 4096. 1 tile (rings of 4 or
 // 6), 4 tiles (ring 4) and 2 tiles with a ring of 5 were slower at most shapes.
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
@@ -1173,37 +1149,18 @@ template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
 // Launches the one-token kernel and returns true with its status in `st`; returns false, with
 // no error left behind, when the device refuses the shared memory it needs: the caller then
 // takes the general kernels.
-template <int F, typename T, int NT, int S, bool ASYNC, int KS = 1>
+template <int F, typename T, int NT, int S, bool ASYNC>
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, KS>;
+    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC>;
     const int64_t smem = t1_smem<F, NT, S>(k, group);
     if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT) * KS;
+    const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
         st = FL_ERR_INVALID_ARGUMENT;
         return true;
     }
-    if constexpr (KS == 1) {
-        kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
-    } else {
-        cudaLaunchConfig_t cfg = {};
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = KS;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = 1;
-        cfg.gridDim = dim3((unsigned)ctas, 1, 1);
-        cfg.blockDim = dim3(32 * kT1Warps, 1, 1);
-        cfg.dynamicSmemBytes = (size_t)smem;
-        cfg.stream = s;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        if (cudaLaunchKernelEx(&cfg, kernel, x, w, scales, zeros, y, n, k, group) != cudaSuccess) {
-            (void)cudaGetLastError();  // no clusters (before sm_90): the caller takes another kernel
-            return false;
-        }
-    }
+    kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
     st = launch_status();
     return true;
 }
@@ -1211,8 +1168,6 @@ template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
     const int c = t1_config();
-    if (c == 4 && launch_t1<F, T, kT1Tiles, kT1Ring, true, 2>(x, w, scales, zeros, y, n, k, group, s, st))
-        return true;
     if (c == 2 || (c == 1 && F == I8 && k <= 4096))
         return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
     return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
