@@ -161,6 +161,16 @@ s11)
   timeout 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 > "$OUT/s11-quant.log" 2>&1
   echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s11-quant.log" | tail -1)"
   grep -E "panicked|FAILED|failed" "$OUT/s11-quant.log" | cut -c1-300 | head -8 ;;
+s11k)
+  # lab (session 11, commit 4c3ddfb; reverted, FL_GEMV_T1=4 no longer exists): each tile's k
+  # split over a cluster of 2 CTAs: the GEMV tests whole under it, then the quick bench
+  # alternated with the default
+  FL_GEMV_T1=4 timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11k-gemv.log" 2>&1
+  echo "fl-kernels__gemv FL_GEMV_T1=4 rc=$? $(grep -E '^test result' "$OUT/s11k-gemv.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s11k-gemv.log" | cut -c1-300 | head -6
+  for v in 1 4 1 4; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+  done ;;
 s11m)
   # memcheck of the one-token kernels' tests (default configuration, then FL_GEMV_T1=3)
   for v in ${FL_T1_MEMCHECK:-1}; do
