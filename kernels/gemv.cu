@@ -1127,7 +1127,8 @@ inline int t1_config() {
 constexpr int kT1Tiles = 2, kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
 // Whether a call takes it: m = 1, int8 / int4, its shared memory (x, scales, rings) <= 160 KB
-// (int4 k up to ~70k values at group 32), and the 32-bit piece indices hold.
+// (k up to ~64k values for int8, ~58k for int4 g128, ~43k for int4 g32, ~37k for int4zp g32),
+// and the 32-bit piece indices hold.
 template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) {
     const int c = t1_config();
     if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || c == 0) return false;

@@ -119,9 +119,10 @@ fn gemv_each_path_matches_reference_every_format() {
         (37, 4224, &[1, 2, 5, 9, 16]),
         (1, 128, &[1, 16]),
         (2113, 384, &[1, 9, 16]),
-        // Past what the one-token kernel stages for int8 (x in shared memory): int8 at m = 1
-        // takes the CUDA-core kernel there (the general tensor-core one when forced).
-        (5, 49_280, &[1, 2]),
+        // Past what the one-token kernel stages (x, and int4's scales, in shared memory:
+        // 160 KB at most): at m = 1 int8 takes the CUDA-core kernel there (the general
+        // tensor-core one when forced), int4 the general tensor-core kernel.
+        (5, 67_584, &[1, 2]),
     ];
     for f in all_formats() {
         for &(n, k, ms) in shapes {
