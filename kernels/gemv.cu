@@ -864,7 +864,8 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   mma's f32 accumulation, as in the kernel above.
 // The warps of a CTA take superchunks w, w + W, ... of its NT tiles (adjacent 64-byte pieces
 // of each row at a time) and are summed in warp order at the end (deterministic).
-// grid.x = ceil(n / (8 * NT)), block = 32 * kT1Warps, dynamic shared memory t1_smem().
+// grid.x = ceil(n / (8 * NT)), block = 32 * W (W warps: 8, or 4 for int4, see t1_config),
+// dynamic shared memory t1_smem().
 constexpr int kT1Warps = 8;
 template <int F> __host__ __device__ constexpr int t1_piece_values() { return F == I8 ? 16 : 32; }
 template <int F> __host__ __device__ inline int t1_superchunks(int64_t k) {
@@ -881,11 +882,11 @@ template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int group
 template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) {
     return F == I4Z ? round16(8 * NT * groups) : 0;
 }
-template <int NT, int S> __host__ __device__ constexpr int t1_ring_bytes() { return kT1Warps * S * NT * 512; }
-template <int F, int NT, int S> inline int64_t t1_smem(int64_t k, int group) {
+template <int NT, int S, int W = kT1Warps> __host__ __device__ constexpr int t1_ring_bytes() { return W * S * NT * 512; }
+template <int F, int NT, int S, int W = kT1Warps> inline int64_t t1_smem(int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
     return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
-           t1_ring_bytes<NT, S>();
+           t1_ring_bytes<NT, S, W>();
 }
 
 // Copies `valid` elements of E (2 or 1 bytes) from src to the shared run dst of `slots`
@@ -959,8 +960,8 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
     }
 }
 
-template <int F, typename T, int NT, int S, bool ASYNC>
-__global__ void __launch_bounds__(kT1Warps * 32)
+template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
+__global__ void __launch_bounds__(W * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
     constexpr bool I4S = F == I4 || F == I4Z;  // group scales (int4) or one per row (int8)
@@ -968,7 +969,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     constexpr int XV = PV / 8;                 // uint4s of staged x per piece
     static_assert(S >= 2, "a ring of at least two superchunks");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[kT1Warps][NT * 8];
+    __shared__ float red[W][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int nsc = t1_superchunks<F>(k);
@@ -991,7 +992,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         const int64_t r = base + 8 * j + g;
         wp[j] = w + (r < n ? r : n - 1) * (PV == 16 ? k : k >> 1) + 16 * t;
     }
-    const int mine = nsc > warp ? (nsc - warp + kT1Warps - 1) / kT1Warps : 0;  // this warp's superchunks
+    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
     // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
     // commit group (empty past the warp's share, zero-filled past k): `issue` below.
     // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
@@ -1017,7 +1018,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_commit();
     }
     auto issue = [&](int i) {
-        const int sci = warp + i * kT1Warps;
+        const int sci = warp + i * W;
         const bool win = i < mine && 4 * sci + t < pieces;
         uint4 *slot = ring + (i % S) * (NT * 32) + lane;
 #pragma unroll
@@ -1072,7 +1073,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     for (int i = 0; i < mine; ++i) {
         issue(i + S - 1);    // into slot (i - 1) % S, which this lane read in step i - 1
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
-        const int sci = warp + i * kT1Warps;
+        const int sci = warp + i * W;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
         t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3), pieces,
                           gshift, g, t, acc);
@@ -1102,7 +1103,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         if (col < n) {
             float v = 0.f;
 #pragma unroll
-            for (int u = 0; u < kT1Warps; ++u) v += red[u][threadIdx.x];  // warp order
+            for (int u = 0; u < W; ++u) v += red[u][threadIdx.x];  // warp order
             if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
             y[col] = from_f32<T>(v);
         }
@@ -1111,16 +1112,21 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
 // m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
-// of 4 superchunks, staging by cp.async except for int8 with k <= 4096 (register staging);
-// lab configurations: 2: register staging everywhere (session 10); 3: cp.async everywhere.
-// Measured on the H100 (bench/RESULTS.md, session 11, three runs): cp.async staging took int4
-// g128 from 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x
-// 11008 and 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at
-// 11008 x 4096 ran 20.6 us with register staging against 22.0-22.3 with cp.async (x through
-// L1 or not; not understood), and tied at 4096 x 4096 and 32000 x 4096. 1 tile (rings of 4 or
-// 6), 4 tiles (ring 4) and 2 tiles with a ring of 5 were slower at most shapes.
+// of 4 superchunks; int4: CTAs of 4 warps, staging by cp.async; int8: CTAs of 8 warps, staging
+// by cp.async except with k <= 4096 (register staging). Lab configurations, 8-warp CTAs: 2:
+// register staging everywhere (session 10); 3: cp.async everywhere; 4: 4-warp CTAs with
+// cp.async everywhere.
+// Measured on the H100 (bench/RESULTS.md, session 11): cp.async staging took int4 g128 from
+// 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x 11008 and
+// 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at 11008 x 4096
+// ran 20.6 us with register staging against 22.0-22.3 with cp.async (x through L1 or not; not
+// understood), and tied at 4096 x 4096 and 32000 x 4096. CTAs of 4 warps (each warp twice the
+// superchunks, 8 CTAs per SM) then took int4 to 15.1-15.4 us at 11008 x 4096 and 31.1 at
+// 32000 x 4096 (int4zp 32.5 against 35.8), tied elsewhere, and were slower for int8 (52.8
+// against 50.4 us at 32000 x 4096). 1 tile (rings of 4 or 6), 4 tiles (ring 4), 2 tiles with a
+// ring of 5, a persistent grid and a k split over 2-CTA clusters were all slower.
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
@@ -1150,18 +1156,18 @@ template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
 // Launches the one-token kernel and returns true with its status in `st`; returns false, with
 // no error left behind, when the device refuses the shared memory it needs: the caller then
 // takes the general kernels.
-template <int F, typename T, int NT, int S, bool ASYNC>
+template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC>;
-    const int64_t smem = t1_smem<F, NT, S>(k, group);
+    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, W>;
+    const int64_t smem = t1_smem<F, NT, S, W>(k, group);
     if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
         st = FL_ERR_INVALID_ARGUMENT;
         return true;
     }
-    kernel<<<(unsigned)ctas, 32 * kT1Warps, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
+    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
     st = launch_status();
     return true;
 }
@@ -1169,7 +1175,9 @@ template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
     const int c = t1_config();
-    if (c == 2 || (c == 1 && F == I8 && k <= 4096))
+    if (c == 4 || (c == 1 && F != I8))
+        return launch_t1<F, T, kT1Tiles, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    if (c == 2 || (c == 1 && k <= 4096))
         return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
     return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
 }

@@ -171,6 +171,17 @@ s11k)
   for v in 1 4 1 4; do echo "FL_GEMV_T1=$v"
     FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
   done ;;
+s11w)
+  # lab: CTAs of 4 warps (FL_GEMV_T1=4: cp.async staging, 5: register staging): the GEMV tests
+  # whole under each, the quick bench alternated with the default, then llama-2-7b decode
+  for v in 4 5; do
+    FL_GEMV_T1=$v timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11w-gemv$v.log" 2>&1
+    echo "fl-kernels__gemv FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11w-gemv$v.log" | tail -1)"
+    grep -E "panicked|FAILED|failed" "$OUT/s11w-gemv$v.log" | cut -c1-300 | head -6
+  done
+  for v in 1 4 5 1 4 5; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+  done ;;
 s11m)
   # memcheck of the one-token kernels' tests (default configuration, then FL_GEMV_T1=3)
   for v in ${FL_T1_MEMCHECK:-1}; do
