@@ -172,8 +172,9 @@ s11k)
     FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
   done ;;
 s11w)
-  # lab: CTAs of 4 warps (FL_GEMV_T1=4: cp.async staging, 5: register staging): the GEMV tests
-  # whole under each, the quick bench alternated with the default, then llama-2-7b decode
+  # lab (session 11): CTAs of 4 warps (FL_GEMV_T1=4: cp.async staging; 5, register staging,
+  # was removed after this run): the GEMV tests whole under each, the quick bench alternated
+  # with the default
   for v in 4 5; do
     FL_GEMV_T1=$v timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11w-gemv$v.log" 2>&1
     echo "fl-kernels__gemv FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11w-gemv$v.log" | tail -1)"
