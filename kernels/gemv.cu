@@ -907,7 +907,14 @@ template <typename E> __device__ __forceinline__ void stage_run(E *dst, const E 
     }
 }
 
-// One unit of the one-token kernels: the superchunk in this lane's ring slot `slot` (NT tiles)
+// Eight x values (16 bytes) in the k order of nib_pairs' weight pairs: (v0, v4), (v1, v5),
+// (v2, v6), (v3, v7).
+__device__ __forceinline__ uint4 nib_pair_order(uint4 v) {
+    return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
+                      __byte_perm(v.y, v.w, 0x7632));
+}
+
+// One unit of the one-token kernel: the superchunk in this lane's ring slot `slot` (NT tiles)
 // against its staged x words `xp`; pb / pd: the B-side (this lane's) and D-side (row g's)
 // piece indices, for the int4 zero and scale groups.
 template <int F, typename T, int NT>
@@ -995,9 +1002,10 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
     // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
     // commit group (empty past the warp's share, zero-filled past k): `issue` below.
-    // Stage x (8 values = 16 bytes at a time; int4 as the pairs (v0,v4),(v1,v5),(v2,v6),
-    // (v3,v7)); zero past k up to the last superchunk, then 64 zero bytes. int4: the scales and
-    // zeros of rows base .. base + 8 NT - 1 (rows past n: 0; their outputs are dropped).
+    // Stage x (8 values = 16 bytes at a time; int4 in nib_pair_order); zero past k up to the
+    // last superchunk, then 64 zero bytes. int4: the scales and zeros of rows base .. base +
+    // 8 NT - 1 (rows past n: 0 with cp.async, row n - 1's with registers; their outputs are
+    // dropped).
     // ASYNC: one batch of cp.async for all of it, committed as one group before the ring's
     // first copies (so one round trip, not one per loop step), then int4's pair order applied
     // in place; else register loads and stores in a loop (session 10; see t1_config).
@@ -1031,25 +1039,13 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     if constexpr (ASYNC) {
         cp_async_wait<S - 1>();  // the staging group (the S - 1 ring groups after it may be in flight)
         if constexpr (I4S) {  // each thread reorders the words it copied: no barrier needed
-            for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
-                const uint4 v = xs[i];
-                xs[i] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
-                                   __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
-            }
+            for (int i = threadIdx.x; i < xwords; i += blockDim.x) xs[i] = nib_pair_order(xs[i]);
         }
     } else {
         for (int i = threadIdx.x; i < xwords; i += blockDim.x) {
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if ((int64_t)i * 8 < k) v = __ldg(reinterpret_cast<const uint4 *>(x) + i);
-            if constexpr (I4S) {
-                uint4 o;
-                o.x = __byte_perm(v.x, v.z, 0x5410);
-                o.y = __byte_perm(v.x, v.z, 0x7632);
-                o.z = __byte_perm(v.y, v.w, 0x5410);
-                o.w = __byte_perm(v.y, v.w, 0x7632);
-                v = o;
-            }
-            xs[i] = v;
+            xs[i] = I4S ? nib_pair_order(v) : v;
         }
         if constexpr (I4S) {
             const unsigned short *sc16 = static_cast<const unsigned short *>(scales);
@@ -1177,7 +1173,7 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
     const int c = t1_config();
     if (c == 4 || (c == 1 && F != I8))
         return launch_t1<F, T, kT1Tiles, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-    if (c == 2 || (c == 1 && k <= 4096))
+    if (c == 2 || (c == 1 && F == I8 && k <= 4096))
         return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
     return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
 }

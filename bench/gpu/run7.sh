@@ -162,9 +162,9 @@ s11)
   echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s11-quant.log" | tail -1)"
   grep -E "panicked|FAILED|failed" "$OUT/s11-quant.log" | cut -c1-300 | head -8 ;;
 s11k)
-  # lab (session 11, commit 4c3ddfb; reverted, FL_GEMV_T1=4 no longer exists): each tile's k
-  # split over a cluster of 2 CTAs: the GEMV tests whole under it, then the quick bench
-  # alternated with the default
+  # lab (session 11, commit 4c3ddfb; reverted: FL_GEMV_T1=4 now selects the 4-warp CTAs of
+  # s11w, not this): each tile's k split over a cluster of 2 CTAs: the GEMV tests whole under
+  # it, then the quick bench alternated with the default
   FL_GEMV_T1=4 timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11k-gemv.log" 2>&1
   echo "fl-kernels__gemv FL_GEMV_T1=4 rc=$? $(grep -E '^test result' "$OUT/s11k-gemv.log" | tail -1)"
   grep -E "panicked|FAILED|failed" "$OUT/s11k-gemv.log" | cut -c1-300 | head -6

@@ -169,7 +169,8 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 #[test]
 fn gemv_one_token_kernel_many_ctas() {
     // 33001 x 1056: 2063 CTAs of 16 rows (several waves), k = 1056 is 8.25 superchunks of
-    // int4 (8 warps: one warp with two, seven with one) and 16.5 of int8; a partial last tile
+    // int4 (4 warps: one warp with three, three with two) and 16.5 of int8 (8 warps: one with
+    // three, seven with two); a partial last tile
     // (33001 = 2062 * 16 + 9), whose scales run ends inside a 16-byte word (9 rows of 33
     // groups), staged by element loads.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_many_ctas") else {
