@@ -65,10 +65,11 @@
 //   Automatic choice (FL_GEMV_PATH_AUTO): tensor cores at m >= 2 and for int4 at m = 1 (see
 //   use_mma for the measurements); FL_GEMV_PATH=fma|mma (read once) or fl_gemv_quant_path
 //   force a kernel.
-// - At one token, int8 and int4 take a kernel of their own on
-//   the tensor-core side (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of
-//   loads per warp, and the A rows that padding wasted at m = 1 used to keep each piece's
-//   products apart for its group scale); FL_GEMV_T1=0 turns it off.
+// - At one token, int8 and int4 take a kernel of their own on the tensor-core side
+//   (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of loads per warp, the
+//   weights on the mma's A side and the B columns that padding wasted at m = 1 used to keep
+//   each piece's products apart for its group scale); FL_GEMV_T1=0 turns it off. Q8_0 / Q4_0
+//   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off).
 #include <cstring>
 #include <type_traits>
 
@@ -843,14 +844,18 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   needed: S - 1 superchunks (NT x 16 bytes per lane each) are always in flight, and no
 //   registers hold them. (A first version kept the ring in registers; ptxas, at 128
 //   registers, moved the loads down to their uses and int4 ran at 38-58% of copy.)
-// - The mma is m16n8k16 with B = the weights (k x 8 rows, as above: lane (g, t) supplies
-//   weight row g at the k-slots {2t, 2t+1, 2t+8, 2t+9}, which here all come from its own
-//   piece slot t) and A = x split by piece slot: A row r holds x only at the k-slots of piece
-//   slot r (lane (g, t) holds x where g == t, else 0; rows 4..15 are 0). So D row r is the dot
-//   product of piece slot r alone, for each of the 8 weight rows: with int4 each D row gets
-//   its own group's scale (groups of 32, 64 or 128 all work) before the slots are summed;
-//   int8's per-row scale multiplies the final sum. The A rows this costs were zero padding
-//   at one token anyway.
+// - The mma is m16n8k16 with A = the weights and B = x split by piece slot. Tiles 2j and
+//   2j + 1 are the A rows g and g + 8 of a 16-row mma tile: lane (g, t) supplies rows g and
+//   g + 8 at the k-slots {2t, 2t+1, 2t+8, 2t+9}, all from its own piece slot t of each. B
+//   column c holds x only at the k-slots of piece slot c (lane (g, t) holds x where g == t,
+//   else 0; columns 4..7 are 0). So D column c is the dot product of piece slot c alone, for
+//   each of the 16 weight rows: with int4 each column gets its own group's scale (groups of
+//   32, 64 or 128 all work) before the slots are summed; int8's per-row scale multiplies the
+//   final sum. The B columns this costs were zero padding at one token anyway.
+//   (Sessions 10-11 had it the other way round, weights on B and x on A's rows 0..3: A's zero
+//   rows 8..15 then cost four register moves per mma, and each mma covered 8 rows instead of
+//   16; turning it round took int4 g128 at 4096 x 11008 from 13.5 to 12.6-12.8 us and at
+//   11008 x 4096 from 15.1 to 13.8-14.5, bench/RESULTS.md, session 12.)
 // - Staged once per CTA in shared memory by one batch of cp.async (one commit group ahead of
 //   the ring's, so one round trip while the first weight copies are in flight): x, then put in
 //   place in the k order of the weight pairs
@@ -864,8 +869,8 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   mma's f32 accumulation, as in the kernel above.
 // The warps of a CTA take superchunks w, w + W, ... of its NT tiles (adjacent 64-byte pieces
 // of each row at a time) and are summed in warp order at the end (deterministic).
-// grid.x = ceil(n / (8 * NT)), block = 32 * W (W warps: 8, or 4 for int4, see t1_config),
-// dynamic shared memory t1_smem().
+// grid.x = ceil(n / (8 * NT)) (NT even), block = 32 * W (W warps: 8, or 4 for int4, see
+// t1_config), dynamic shared memory t1_smem().
 constexpr int kT1Warps = 8;
 template <int F> __host__ __device__ constexpr int t1_piece_values() { return F == I8 ? 16 : 32; }
 template <int F> __host__ __device__ inline int t1_superchunks(int64_t k) {
@@ -914,55 +919,61 @@ __device__ __forceinline__ uint4 nib_pair_order(uint4 v) {
                       __byte_perm(v.y, v.w, 0x7632));
 }
 
-// One unit of the one-token kernel: the superchunk in this lane's ring slot `slot` (NT tiles)
-// against its staged x words `xp`; pb / pd: the B-side (this lane's) and D-side (row g's)
-// piece indices, for the int4 zero and scale groups.
+// One unit of the one-token kernel: the superchunk in this lane's ring slot `slot` (NT tiles
+// of 8 rows, taken in pairs: tiles 2j and 2j + 1 are the A rows g and g + 8 of 16-row tile j)
+// against its staged x words `xp` (the B side); p4: the superchunk's first piece index (the
+// int4 zero and scale groups of this lane's piece 4 sci + t and of the D columns' pieces).
 template <int F, typename T, int NT>
 __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, const unsigned short *ss,
-                                        const uint8_t *zs, NibZ zsym, int groups, int pb, int pd,
-                                        int pieces, int gshift, int g, int t, float (&acc)[NT][2]) {
+                                        const uint8_t *zs, NibZ zsym, int groups, int p4, int pieces,
+                                        int gshift, int g, int t, float (&acc)[NT / 2][4]) {
     constexpr bool I4S = F == I4 || F == I4Z;
     constexpr int XV = t1_piece_values<F>() / 8;
     uint4 xw[XV];
 #pragma unroll
     for (int c = 0; c < XV; ++c) xw[c] = xp[c];
-    const int gb = I4S ? (pb < pieces ? pb : pieces - 1) >> gshift : 0;
-    const int gd = I4S ? (pd < pieces ? pd : pieces - 1) >> gshift : 0;
+    auto group_of = [&](int p) { return I4S ? (p < pieces ? p : pieces - 1) >> gshift : 0; };
+    const int gb = group_of(p4 + t);                                          // this lane's piece
+    const int g0 = group_of(p4 + ((2 * t) & 3)), g1 = group_of(p4 + ((2 * t + 1) & 3));  // D columns
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const uint4 wv = slot[32 * j];
-        const uint32_t q[4] = {wv.x, wv.y, wv.z, wv.w};
+    for (int j = 0; j < NT / 2; ++j) {
+        const uint4 w0 = slot[32 * (2 * j)], w1 = slot[32 * (2 * j + 1)];  // rows g, g + 8
+        const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
+        const int r0 = 16 * j + g, r1 = r0 + 8;
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (I4S) {
-            NibZ z = zsym;
-            if constexpr (F == I4Z) z = nib_z<T>((uint32_t)zs[(8 * j + g) * groups + gb]);
+            NibZ z0 = zsym, z1 = zsym;
+            if constexpr (F == I4Z) {
+                z0 = nib_z<T>((uint32_t)zs[r0 * groups + gb]);
+                z1 = nib_z<T>((uint32_t)zs[r1 * groups + gb]);
+            }
 #pragma unroll
             for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
-                uint32_t b[4];
-                nib_pairs<T>(q[c], z, b);
-                const uint32_t a1[4] = {xw[c].x, 0u, xw[c].y, 0u};
-                const uint32_t a2[4] = {xw[c].z, 0u, xw[c].w, 0u};
-                mma<T>(d, a1, b[0], b[1]);
-                mma<T>(d, a2, b[2], b[3]);
+                uint32_t p0[4], p1[4];
+                nib_pairs<T>(q0[c], z0, p0);
+                nib_pairs<T>(q1[c], z1, p1);
+                const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+                const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+                mma<T>(d, a1, xw[c].x, xw[c].y);
+                mma<T>(d, a2, xw[c].z, xw[c].w);
             }
-            // d[0], d[1]: D row g (piece slot g), weight rows 2t, 2t + 1 (d[2], d[3]:
-            // rows g + 8, always 0).
-            const float s0 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t) * groups + gd]));
-            const float s1 = __half2float(__ushort_as_half(ss[(8 * j + 2 * t + 1) * groups + gd]));
-            acc[j][0] = fmaf(d[0], s0, acc[j][0]);
-            acc[j][1] = fmaf(d[1], s1, acc[j][1]);
+            // d[0], d[1]: row g, piece slots 2t, 2t + 1 (0 for t >= 2); d[2], d[3]: row g + 8.
+            auto sc = [&](int r, int gi) { return __half2float(__ushort_as_half(ss[r * groups + gi])); };
+            acc[j][0] = fmaf(d[0], sc(r0, g0), acc[j][0]);
+            acc[j][1] = fmaf(d[1], sc(r0, g1), acc[j][1]);
+            acc[j][2] = fmaf(d[2], sc(r1, g0), acc[j][2]);
+            acc[j][3] = fmaf(d[3], sc(r1, g1), acc[j][3]);
         } else {
 #pragma unroll
             for (int c = 0; c < 4; ++c) {  // word c: values 4c..4c+3 of the piece
-                uint32_t b0, b1;
-                byte_pairs<T>(q[c], b0, b1);
-                const uint32_t xa = c & 1 ? xw[c >> 1].z : xw[c >> 1].x;
-                const uint32_t xb = c & 1 ? xw[c >> 1].w : xw[c >> 1].y;
-                const uint32_t a[4] = {xa, 0u, xb, 0u};
-                mma<T>(d, a, b0, b1);
+                uint32_t p0a, p0b, p1a, p1b;
+                byte_pairs<T>(q0[c], p0a, p0b);
+                byte_pairs<T>(q1[c], p1a, p1b);
+                const uint32_t a[4] = {p0a, p1a, p0b, p1b};
+                mma<T>(d, a, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
             }
-            acc[j][0] += d[0];
-            acc[j][1] += d[1];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[j][c] += d[c];
         }
     }
 }
@@ -1063,36 +1074,30 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const int xstep = g == t ? 4 * XV : 0;  // uint4s per superchunk
     const NibZ zsym = nib_z<T>(8u);
 
-    float acc[NT][2];
+    static_assert(NT % 2 == 0, "16-row tiles");
+    float acc[NT / 2][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = 0.f;
+    for (int j = 0; j < NT / 2; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
         issue(i + S - 1);    // into slot (i - 1) % S, which this lane read in step i - 1
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
         const int sci = warp + i * W;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-        t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci + t, 4 * sci + (g & 3), pieces,
-                          gshift, g, t, acc);
+        t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, acc);
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
-    // Sum the 4 piece slots (lanes g = 0..3 of each t; g >= 4 hold 0): xor 4, 8.
+    // Rows g and g + 8 of each 16-row tile: sum the lane's two piece columns, then the 4
+    // lanes t (xor 1, 2).
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT / 2; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            float v = acc[j][c];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            acc[j][c] = v;
+            float v = acc[j][2 * c] + acc[j][2 * c + 1];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) red[warp][16 * j + 8 * c + g] = v;
         }
-    if (g == 0) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            red[warp][8 * j + 2 * t] = acc[j][0];
-            red[warp][8 * j + 2 * t + 1] = acc[j][1];
-        }
-    }
     __syncthreads();
     if (threadIdx.x < NT * 8) {
         const int64_t col = base + threadIdx.x;
@@ -1107,11 +1112,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 }
 
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
-// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): 2 tiles per CTA, a ring
-// of 4 superchunks; int4: CTAs of 4 warps, staging by cp.async; int8: CTAs of 8 warps, staging
-// by cp.async except with k <= 4096 (register staging). Lab configurations, 8-warp CTAs: 2:
-// register staging everywhere (session 10); 3: cp.async everywhere; 4: 4-warp CTAs with
-// cp.async everywhere.
+// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): a ring of 4
+// superchunks; int4: CTAs of 4 warps, staging by cp.async, 4 tiles (32 rows) per CTA when that
+// still gives 2 CTAs per SM (n >= 64 * SMs), else 2; int8: 2 tiles, CTAs of 8 warps, staging
+// by cp.async except with k <= 4096 (register staging). Lab configurations: 2: register
+// staging everywhere (session 10); 3: cp.async everywhere (both 8-warp CTAs of 2 tiles); 4:
+// 4-warp CTAs of 2 tiles, cp.async everywhere; 5: the same with 4 tiles.
 // Measured on the H100 (bench/RESULTS.md, session 11): cp.async staging took int4 g128 from
 // 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x 11008 and
 // 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at 11008 x 4096
@@ -1119,22 +1125,43 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // understood), and tied at 4096 x 4096 and 32000 x 4096. CTAs of 4 warps (each warp twice the
 // superchunks, 8 CTAs per SM) then took int4 to 15.1-15.4 us at 11008 x 4096 and 31.1 at
 // 32000 x 4096 (int4zp 32.5 against 35.8), tied elsewhere, and were slower for int8 (52.8
-// against 50.4 us at 32000 x 4096). 1 tile (rings of 4 or 6), 4 tiles (ring 4), 2 tiles with a
-// ring of 5, a persistent grid and a k split over 2-CTA clusters were all slower.
+// against 50.4 us at 32000 x 4096). 1 tile (rings of 4 or 6), 2 tiles with a ring of 5, a
+// persistent grid and a k split over 2-CTA clusters were all slower. Session 12 (weights on
+// the mma's A side): 4 tiles took int4 g128 at 11008 x 4096 from 13.8-14.5 to 13.2-13.3 us
+// and tied at 4096 x 11008 and 32000 x 4096, but were slower at 4096 x 4096 (7.4 against
+// 7.1 us: 128 CTAs for 132 SMs), hence the n rule; int8 was slower with them (53.0 against
+// 49.7 us at 32000 x 4096).
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
-constexpr int kT1Tiles = 2, kT1Ring = 4;
+constexpr int kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
+// The kernel a call takes: 0: 2 tiles, 8 warps, register staging; 1: 2 tiles, 8 warps,
+// cp.async; 2: 2 tiles, 4 warps, cp.async; 3: 4 tiles, 4 warps, cp.async.
+template <int F> inline int t1_variant(int64_t n, int64_t k) {
+    switch (t1_config()) {
+    case 2: return 0;
+    case 3: return 1;
+    case 4: return 2;
+    case 5: return 3;
+    default:
+        if (F == I8) return k <= 4096 ? 0 : 1;
+        return ceil_div(n, 32) >= 2 * (int64_t)sm_count() ? 3 : 2;
+    }
+}
+template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {
+    return v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group)
+         : v == 2 ? t1_smem<F, 2, kT1Ring, 4>(k, group)
+                  : t1_smem<F, 2, kT1Ring, 8>(k, group);
+}
 // Whether a call takes it: m = 1, int8 / int4, its shared memory (x, scales, rings) <= 160 KB
-// (k up to ~64k values for int8, ~58k for int4 g128, ~43k for int4 g32, ~37k for int4zp g32),
-// and the 32-bit piece indices hold.
+// (k up to ~64k values for int8, ~58k for int4 g128 with 2 tiles, ~43k for int4 g32, ~37k for
+// int4zp g32; less with 4 tiles), and the 32-bit piece indices hold.
 template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) {
-    const int c = t1_config();
-    if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || c == 0) return false;
-    return k / 16 < 0x7fffffffLL / 4 && t1_smem<F, kT1Tiles, kT1Ring>(k, group) <= kT1MaxSmem;
+    if (!(F == I8 || F == I4 || F == I4Z) || m != 1 || t1_config() == 0) return false;
+    return k / 16 < 0x7fffffffLL / 4 && t1_variant_smem<F>(t1_variant<F>(n, k), k, group) <= kT1MaxSmem;
 }
 
 // Opts `kernel` into `smem` bytes of dynamic shared memory when above the 48 KB default;
@@ -1170,12 +1197,254 @@ bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *
 template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const int c = t1_config();
-    if (c == 4 || (c == 1 && F != I8))
-        return launch_t1<F, T, kT1Tiles, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-    if (c == 2 || (c == 1 && F == I8 && k <= 4096))
-        return launch_t1<F, T, kT1Tiles, kT1Ring, false>(x, w, scales, zeros, y, n, k, group, s, st);
-    return launch_t1<F, T, kT1Tiles, kT1Ring, true>(x, w, scales, zeros, y, n, k, group, s, st);
+    switch (t1_variant<F>(n, k)) {
+    case 0: return launch_t1<F, T, 2, kT1Ring, false, 8>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 1: return launch_t1<F, T, 2, kT1Ring, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 2: return launch_t1<F, T, 2, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    default: return launch_t1<F, T, 4, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    }
+}
+
+// ---------------------------------------------------------------- one token, GGUF (t1g)
+// The one-token kernel above for llama.cpp's Q8_0 and Q4_0 blocks (34 and 18 bytes: an f16
+// scale d and 32 quants), which at m = 1 took the CUDA-core kernel at 47-78% of copy bandwidth
+// (bench/RESULTS.md, session 11). The blocks are only 2-byte aligned, so a lane cannot copy
+// "its" block with 16-byte cp.async; instead:
+// - A superchunk is 8 blocks of each row (144 / 272 bytes: a whole number of 16-byte words
+//   when k % 256 == 0, which the kernel requires, so that every row starts on a 16-byte
+//   boundary) of the CTA's 8 NT rows. The warp copies it as one contiguous run of words per
+//   row (lane l copies words l, l + 32, ... of the slot: fully coalesced) into a ring of S
+//   slots; a __syncwarp after cp.async.wait_group makes the other lanes' words visible (and
+//   one before each copy keeps a slot from being overwritten while a lane still reads it).
+// - The weights are the mma's A side (16 rows x 16 k) and x its B side (16 k x 8 columns),
+//   the other way round from the kernel above: A needs no zero registers then (there, rows
+//   8..15 of A were zero and cost four register moves per mma) and each mma covers 16 weight
+//   rows instead of 8. Lane (g, t) supplies weight rows g and g + 8 of each 16-row tile at the
+//   k-slots {2t, 2t+1, 2t+8, 2t+9}, all from its own block (t in the first half of the
+//   superchunk, 4 + t in the second); B column c holds x of block slot c alone (lanes with
+//   g == t supply it, the others the zero tail), so D column c is block slot c's dot product
+//   for each of the 16 rows (columns 4..7 are 0) and gets that block's d, read from the slot,
+//   before the slots are summed.
+// - Quants are read through aligned 32-bit shared loads and funnel shifts (block b's quants
+//   start at 2 mod 4 for even b), dequantised by nib_pairs (Q4_0, zero 8) or byte_pairs
+//   (Q8_0), exact as above.
+// - x is staged once per CTA by cp.async; Q4_0 (value j in the low nibble of byte j, value
+//   16 + j in the high one) in the k order of nib_pairs' pairs per quant word c: (4c, 4c+2),
+//   (16+4c, 18+4c), (4c+1, 4c+3), (17+4c, 19+4c) (a_frags<Q40>), each thread reordering the
+//   blocks it copied; Q8_0 as stored.
+// grid.x = ceil(n / (8 * NT)) (NT even), block = 32 * W, dynamic shared memory t1g_smem().
+template <int F> __host__ __device__ constexpr int t1g_row_bytes() { return 8 * block_bytes<F>(); }
+template <int F, int NT> __host__ __device__ constexpr int t1g_slot_words() { return NT * 8 * t1g_row_bytes<F>() / 16; }
+// Staged x (k values and 64 zero bytes), the warps' rings, 16 bytes that the last block's
+// shared loads may read past its slot.
+template <int F, int NT, int S, int W> inline int64_t t1g_smem(int64_t k) {
+    return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT>() * 16 + 16;
+}
+
+template <int F, typename T, int NT, int S, int W>
+__global__ void __launch_bounds__(W * 32)
+gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
+                int64_t k) {
+    constexpr int BB = block_bytes<F>(), RB = t1g_row_bytes<F>(), RW = RB / 16;
+    constexpr int SW = t1g_slot_words<F, NT>();  // uint4s per slot: row r's at r * RW
+    constexpr int CP = (SW + 31) / 32;           // copies per lane per superchunk
+    constexpr int QW = F == Q80 ? 8 : 4;         // quant words per block
+    constexpr int NP = NT / 2;                   // 16-row tiles
+    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0, "a ring of at least two superchunks of whole words, 16-row tiles");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[W][NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsc = (int)(k >> 8);              // superchunks per row
+    const int64_t rowb = (k >> 5) * BB;         // bytes per row
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
+    const int xdata = (int)(k >> 3);            // uint4s of x
+    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
+    uint4 *ring = xs + xdata + 4 + warp * (S * SW);
+
+    // This lane's copies: word c = lane + 32 e of a slot is word c % RW of row c / RW; rows
+    // past n copy row n - 1 (valid memory; their outputs are dropped).
+    const uint8_t *src[CP];
+#pragma unroll
+    for (int e = 0; e < CP; ++e) {
+        const int c = lane + 32 * e;
+        const int64_t r = base + c / RW;
+        src[e] = w + (r < n ? r : n - 1) * rowb + 16 * (c % RW);
+    }
+    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+
+    // Stage x, one commit group ahead of the ring's (Q4_0: each thread copies whole blocks,
+    // 4 uint4s, and reorders them below).
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
+    if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    cp_async_commit();
+    auto issue = [&](int i) {
+        if (i < mine) {
+            const int64_t off = (int64_t)(warp + i * W) * RB;
+            uint4 *slot = ring + (i % S) * SW + lane;
+#pragma unroll
+            for (int e = 0; e < CP; ++e)
+                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, src[e] + off, 16);
+        }
+        cp_async_commit();  // (an empty group past the warp's share)
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    cp_async_wait<S - 1>();  // the staging group
+    if constexpr (F == Q40) {
+        for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
+            uint4 *p = xs + 4 * b;
+            const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
+            // Quant word c: x[4c..4c+3] (half of v[c / 2]) and x[16+4c..19+4c] (of v[2 + c / 2]).
+            const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
+                uint32_t f[4];
+                a_frags<Q40>(v, f);
+                p[c] = make_uint4(f[0], f[1], f[2], f[3]);
+            }
+        }
+    }
+    __syncthreads();
+    const NibZ zsym = nib_z<T>(8u);
+    // The block slots of this lane's D columns 2t, 2t + 1 (t >= 2: columns 4..7, always 0; any
+    // valid slot's d is read for them).
+    const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;
+
+    float acc[NP][4];
+#pragma unroll
+    for (int j = 0; j < NP; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int i = 0; i < mine; ++i) {
+        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        issue(i + S - 1);        // into that slot
+        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
+        __syncwarp();            // ... and every lane's are visible
+        const int sci = warp + i * W;
+        const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SW);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int b = 4 * h + t;  // this lane's block
+            const uint4 *xv = g == t ? xs + 4 * (8 * sci + b) : xs + xdata;
+            const uint4 xw[4] = {xv[0], xv[1], xv[2], xv[3]};
+            const int a = b * BB + 2;  // its quants' first byte in the row
+            const unsigned sh = (a & 2) ? 16u : 0u;
+#pragma unroll
+            for (int j = 0; j < NP; ++j) {
+                const unsigned char *r0 = slot + (16 * j + g) * RB;  // rows g and g + 8 of tile j
+                const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
+                const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RB + (a & ~3));
+                uint32_t raw0[QW + 1], raw1[QW + 1];
+#pragma unroll
+                for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int c = 0; c < QW; ++c) {
+                    const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
+                    const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
+                    if constexpr (F == Q40) {  // word c: values 4c..4c+3 and 16+4c..19+4c
+                        uint32_t p0[4], p1[4];
+                        nib_pairs<T>(q0, zsym, p0);
+                        nib_pairs<T>(q1, zsym, p1);
+                        const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+                        const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+                        mma<T>(d, a1, xw[c].x, xw[c].y);
+                        mma<T>(d, a2, xw[c].z, xw[c].w);
+                    } else {  // word c: values 4c..4c+3
+                        uint32_t p0a, p0b, p1a, p1b;
+                        byte_pairs<T>(q0, p0a, p0b);
+                        byte_pairs<T>(q1, p1a, p1b);
+                        const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
+                        mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
+                    }
+                }
+                // d[0], d[1]: row g, block slots c0, c1; d[2], d[3]: row g + 8: times the d
+                // of blocks 4h + c0 / c1 of those rows.
+                const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
+                acc[j][0] = fmaf(d[0], __half2float(*reinterpret_cast<const __half *>(s0)), acc[j][0]);
+                acc[j][1] = fmaf(d[1], __half2float(*reinterpret_cast<const __half *>(s1)), acc[j][1]);
+                acc[j][2] = fmaf(d[2], __half2float(*reinterpret_cast<const __half *>(s0 + 8 * RB)), acc[j][2]);
+                acc[j][3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RB)), acc[j][3]);
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
+
+    // Rows g and g + 8 of each tile: sum the lane's two columns, then the 4 lanes t (xor 1,
+    // 2); then the warps in warp order (deterministic).
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = acc[j][2 * c] + acc[j][2 * c + 1];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) red[warp][16 * j + 8 * c + g] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < NT * 8) {
+        const int64_t col = base + threadIdx.x;
+        if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < W; ++u) v += red[u][threadIdx.x];
+            y[col] = from_f32<T>(v);
+        }
+    }
+}
+
+// Its configuration: FL_GEMV_T1G (read once; A/B runs) = 0: off (Q8_0 and Q4_0 at m = 1 take
+// the CUDA-core kernel, as before session 12); 1 (default): 4 tiles of 8 rows per CTA, a ring
+// of 2 superchunks, 4 warps; lab: 2: ring 3; 3: 2 tiles, ring 3.
+// Measured on the H100 (bench/RESULTS.md, session 12): 4 tiles against 2 (ring 3): Q4_0 at
+// 4096 x 4096 8.6 against 9.7-9.9 us, 11008 x 4096 18.1-18.3 against 19.7-19.9, 32000 x 4096
+// 39.4-39.8 against 45.4-45.7; Q8_0 11.5 against 12.5-12.8 at 4096 x 4096, 60.2 against
+// 64.0-64.4 at 32000 x 4096. Ring 2 against 3 with 4 tiles: Q4_0 17.4-17.5 against 18.1-18.3
+// us at 11008 x 4096, the rest tied. 2 tiles with a ring of 4, 1 tile (rings 3 and 4, 4 or
+// 8 warps) and CTAs of 2 warps were slower.
+inline int t1g_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+    static const int v = env_choice("FL_GEMV_T1G", choices, 1);
+    return v;
+}
+template <int F> inline int64_t t1g_config_smem(int64_t k) {
+    switch (t1g_config()) {
+    case 2: return t1g_smem<F, 4, 3, 4>(k);
+    case 3: return t1g_smem<F, 2, 3, 4>(k);
+    default: return t1g_smem<F, 4, 2, 4>(k);
+    }
+}
+// Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
+// shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 by default).
+template <int F> inline bool t1g_applies(int m, int64_t k) {
+    if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0 || t1g_config() == 0) return false;
+    return t1g_config_smem<F>(k) <= kT1MaxSmem;
+}
+template <int F, typename T, int NT, int S, int W>
+bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W>;
+    const int64_t smem = t1g_smem<F, NT, S, W>(k);
+    if (!t1_opt_in(kernel, smem)) return false;
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k);
+    st = launch_status();
+    return true;
+}
+template <int F, typename T>
+bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    switch (t1g_config()) {
+    case 2: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
+    case 3: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
+    default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
+    }
 }
 
 // Warps per CTA: pick_gemv_warps (common.cuh), as the dense GEMV picks them.
@@ -1221,6 +1490,9 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
         fl_status st = FL_OK;
         if (t1_applies<F>(m, n, k, group) && launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s, st))
             return st;
+    } else {
+        fl_status st = FL_OK;
+        if (t1g_applies<F>(m, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
     }
     if (m > 8) {
         if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
@@ -1453,7 +1725,9 @@ inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64
     if (path == FL_GEMV_PATH_MMA) return true;
     if (path == FL_GEMV_PATH_FMA) return false;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
-           (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32));
+           (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32)) ||
+           (format == FL_GEMV_Q8_0 && tc::t1g_applies<Q80>((int)m, k)) ||
+           (format == FL_GEMV_Q4_0 && tc::t1g_applies<Q40>((int)m, k));
 }
 
 }  // namespace gemv

@@ -9,7 +9,8 @@
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
-//! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only.
+//! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only; `FL_GEMV_BENCH_QUICK=gguf`: m = 1 and
+//! Q8_0 / Q4_0 only.
 //! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
 //! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
 
@@ -24,9 +25,13 @@ use fl_kernels::{f16, DeviceTensor, Gpu};
 const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
 const ROTATE_BYTES: usize = 256 << 20;
 
-/// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only (kernel A/B sweeps in one GPU call).
+/// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only; `=gguf`: one token and Q8_0 /
+/// Q4_0 only (kernel A/B sweeps in one GPU call).
+fn quick_mode() -> Option<String> {
+    std::env::var("FL_GEMV_BENCH_QUICK").ok().filter(|v| v == "1" || v == "gguf")
+}
 fn quick() -> bool {
-    std::env::var("FL_GEMV_BENCH_QUICK").is_ok_and(|v| v == "1")
+    quick_mode().is_some()
 }
 
 fn formats() -> Vec<QuantFormat> {
@@ -43,8 +48,10 @@ fn formats() -> Vec<QuantFormat> {
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
     ];
-    if quick() {
-        v.retain(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0));
+    match quick_mode().as_deref() {
+        Some("1") => v.retain(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)),
+        Some(_) => v.retain(|f| matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)),
+        None => {}
     }
     v
 }

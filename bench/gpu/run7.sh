@@ -39,6 +39,10 @@
 #            configurations in FL_T1_TEST_CONFIGS), s11m memcheck, s11p the gemv bench's m = 1
 #            lines per configuration, s11e llama-2-7b int4 / int8 decode; s11s softmax tests and
 #            optable's softmax rows
+#   s12      session 12: the GGUF one-token GEMV (gemv_t1g_kernel): tests (lab configurations
+#            in FL_T1G_TEST_CONFIGS), s12m memcheck, s12p the gemv bench's m = 1 Q8_0 / Q4_0
+#            lines per FL_GEMV_T1G configuration, s12e llama-2-7b q4_0 / q8_0 decode, s12n ncu
+#            of one launch of each one-token kernel, s12f everything on the final code
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -210,6 +214,70 @@ s11e)
     read -r q v <<< "${qv//_/ }"
     r=$(FL_GEMV_T1=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
     echo "$q FL_GEMV_T1=$v $r"
+  done ;;
+s12)
+  # session 12: the GGUF one-token GEMV (gemv_t1g_kernel): the GEMV tests whole (default
+  # configuration), the GGUF tests under each lab configuration (FL_T1G_TEST_CONFIGS), the
+  # engine's quantised tests
+  timeout 250 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s12-gemv.log" 2>&1
+  echo "fl-kernels__gemv rc=$? $(grep -E '^test result' "$OUT/s12-gemv.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s12-gemv.log" | cut -c1-300 | head -8
+  for v in ${FL_T1G_TEST_CONFIGS:-2 3}; do
+    FL_GEMV_T1G=$v timeout 120 "$B/tests/fl-kernels__gemv" gguf --test-threads=2 > "$OUT/s12-t1g$v.log" 2>&1
+    echo "gguf tests FL_GEMV_T1G=$v rc=$? $(grep -E '^test result' "$OUT/s12-t1g$v.log" | tail -1)"
+    grep -E "panicked|FAILED|failed" "$OUT/s12-t1g$v.log" | cut -c1-300 | head -4
+  done
+  timeout 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 > "$OUT/s12-quant.log" 2>&1
+  echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s12-quant.log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$OUT/s12-quant.log" | cut -c1-300 | head -8 ;;
+s12m)
+  # memcheck of the GGUF tests (FL_T1G_MEMCHECK configurations, default 1)
+  for v in ${FL_T1G_MEMCHECK:-1}; do
+    FL_GEMV_T1G=$v timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/T1G=$v /"
+  done ;;
+s12p)
+  # the gemv bench's one-token Q8_0 / Q4_0 lines under each FL_GEMV_T1G configuration
+  for v in ${FL_T1G_CONFIGS:-1 2 3 0}; do echo "FL_GEMV_T1G=$v"
+    FL_GEMV_BENCH_QUICK=gguf FL_GEMV_T1G=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(q8_0|q4_0)" | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' > "$OUT/qbench-t1g$v.log"
+    cat "$OUT/qbench-t1g$v.log"
+  done ;;
+s12e)
+  # llama-2-7b --quant q4_0 / q8_0 decode, FL_GEMV_T1G configurations alternated
+  for qv in ${FL_T1G_ENGINE:-"q4_0 1" "q4_0 0" "q8_0 1" "q8_0 0"}; do
+    read -r q v <<< "${qv//:/ }"
+    r=$(FL_GEMV_T1G=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "$q FL_GEMV_T1G=$v $r"
+  done ;;
+s12n)
+  # ncu of one launch each: the GGUF one-token kernel (Q8_0, Q4_0 at 8195 x 4096, f16; the
+  # gguf test's launches 4 and 6 of gemv_t1g_kernel) and the int4 g128 one (8195 x 4224, f16;
+  # launch 10 of gemv_t1_kernel in the large int4/int8 test)
+  for spec in "gemv_one_token_gguf_kernel gemv_t1g_kernel 4" "gemv_one_token_gguf_kernel gemv_t1g_kernel 6" \
+              "gemv_one_token_kernel_on_large gemv_t1_kernel 10"; do
+    read -r test kern skip <<< "$spec"
+    timeout 200 ncu --kernel-name regex:$kern --launch-skip $skip --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis "$B/tests/fl-kernels__gemv" $test --test-threads=1 > "$OUT/ncu-$kern-$skip.log" 2>&1
+    echo "--- $kern launch $skip rc=$?"
+    grep -E "gemv_t1|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Shared Memory Config|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|L1/TEX Hit|Stall|Grid Size" "$OUT/ncu-$kern-$skip.log" | sed -E 's/ +/ /g' | head -40
+  done ;;
+s12f)
+  # session 12, the final code: the GEMV tests whole, the GGUF tests under the lab
+  # configurations, the engine's quantised tests, memcheck of the one-token tests (both
+  # kernels), the quick benches (int8 / int4 twice, GGUF on and off), the whole gemv bench's
+  # summary lines, llama-2-7b decode with each weight-only format
+  FL_T1G_TEST_CONFIGS="${FL_T1G_TEST_CONFIGS:-2 3}" bash "$0" "$B" "$OUT" s12
+  for f in one_token gguf; do
+    timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /"
+  done
+  for v in 1 1; do echo "quick int8/int4 (FL_GEMV_T1=$v)"
+    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+  done
+  FL_T1G_CONFIGS="1 0" bash "$0" "$B" "$OUT" s12p
+  timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=" | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' | tee "$OUT/qbench.log"
+  for q in int4 int8 q4_0 q8_0; do
+    r=$(timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
+    echo "$q $r"
   done ;;
 qbench)
   # the gemv bench's own timing lines (criterion's runs filtered out; each line is timed after

@@ -59,14 +59,16 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
 /* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 summation order):
  *   AUTO  the environment's FL_GEMV_PATH if set (fma, mma; read once per process), else the
  *         tensor-core side for m >= 2, or with m = 1 and FL_GEMV_INT8 / FL_GEMV_INT4 /
- *         FL_GEMV_INT4_ZP (f16 and bf16 x); otherwise (m = 1 Q8_0 / Q4_0) the CUDA-core
- *         kernel;
+ *         FL_GEMV_INT4_ZP, or FL_GEMV_Q8_0 / FL_GEMV_Q4_0 with k % 256 == 0 (f16 and bf16 x);
+ *         otherwise (m = 1 Q8_0 / Q4_0 with k % 256 != 0) the CUDA-core kernel;
  *   FMA   the CUDA-core kernel (f32 FMAs, one warp per output row);
  *   MMA   the tensor-core side (mma.sync m16n8k16 on exact 16-bit integers (q - z), the
  *         scales applied in f32 outside the mma). At m = 1 it runs a kernel of its own for
  *         int8 and int4: whole 16-byte pieces per lane and a cp.async ring of loads per warp;
  *         the environment's FL_GEMV_T1=0 turns that off (int8 at m = 1 then takes the
- *         CUDA-core kernel under AUTO). */
+ *         CUDA-core kernel under AUTO). Likewise for Q8_0 / Q4_0 with k % 256 == 0 (a warp
+ *         copies 8 blocks of each of 8 or 16 rows at a time, rows 16-byte aligned); the
+ *         environment's FL_GEMV_T1G=0 turns that off (the CUDA-core kernel under AUTO). */
 #define FL_GEMV_PATH_AUTO 0
 #define FL_GEMV_PATH_FMA 1
 #define FL_GEMV_PATH_MMA 2

@@ -593,8 +593,10 @@ pub fn gemv<T: HalfDType>(
 /// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
 /// the tensor-core side for `m >= 2` and for int8 / int4 at `m = 1` (where a one-token kernel
 /// of its own runs: whole 16-byte pieces per lane, loads several pieces ahead; `FL_GEMV_T1=0`
-/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel), otherwise (Q8_0 / Q4_0
-/// at `m = 1`) the CUDA-core kernel (see `fl_gemv.h`); f16 and bf16 activations alike.
+/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel), and for Q8_0 / Q4_0 at
+/// `m = 1` when `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows
+/// on 16-byte boundaries; `FL_GEMV_T1G=0` turns it off), otherwise the CUDA-core kernel (see
+/// `fl_gemv.h`); f16 and bf16 activations alike.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvPath {

@@ -167,12 +167,36 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 }
 
 #[test]
+fn gemv_one_token_gguf_kernel() {
+    // The GGUF one-token kernel (gemv_t1g_kernel, Q8_0 / Q4_0 at m = 1 with k % 256 == 0)
+    // against the reference and against the CUDA-core kernel on the same weights: 37 x 256
+    // (one 8-block superchunk per row: three of the four warps idle, a partial 16-row tile),
+    // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 17 x 2816 (11: one warp
+    // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512; both
+    // activation types.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_kernel") else {
+        return;
+    };
+    let mut r = rng("gemv_t1g");
+    for &(n, k) in &[(37usize, 256usize), (8195, 4096), (17, 2816), (4099, 11008), (1, 512)] {
+        for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for path in [GemvPath::Auto, GemvPath::Fma] {
+                check_path::<f16>(&gpu, &q, &dw, 1, &mut r, path);
+                check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, path);
+            }
+        }
+    }
+}
+
+#[test]
 fn gemv_one_token_kernel_many_ctas() {
-    // 33001 x 1056: 2063 CTAs of 16 rows (several waves), k = 1056 is 8.25 superchunks of
-    // int4 (4 warps: one warp with three, three with two) and 16.5 of int8 (8 warps: one with
-    // three, seven with two); a partial last tile
-    // (33001 = 2062 * 16 + 9), whose scales run ends inside a 16-byte word (9 rows of 33
-    // groups), staged by element loads.
+    // 33001 x 1056: several waves of CTAs (int8: 2063 CTAs of 16 rows; int4: 1032 of 32, the
+    // 4-tile CTAs that n >= 64 x SMs takes), k = 1056 is 8.25 superchunks of int4 (4 warps:
+    // one warp with three, three with two) and 16.5 of int8 (8 warps: one with three, seven
+    // with two); a partial last tile (33001 = 2062 * 16 + 9 = 1031 * 32 + 9), whose scale run
+    // ends inside a 16-byte word (9 rows of 33 groups), staged by element loads.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_many_ctas") else {
         return;
     };
@@ -467,7 +491,31 @@ fn gemv_on_hand_made_gguf_blocks() {
     let mut b = vec![0x00u8, 0x40];
     b.extend((-16i8..16).map(|v| v as u8));
     let q8 = QuantizedHost::new(QuantFormat::Q8_0, 1, 32, b, Scales::None, vec![]).unwrap();
-    for (q, want) in [(q4, vec![96.0f32, 96.0]), (q8, vec![-32.0])] {
+    // The same blocks in rows of k = 256 (8 blocks: what the one-token GGUF kernel takes),
+    // block b's d scaled by 2^(b - 3) (exact in f16; the 2^(b - 3) sum to 31.875): Q4_0 row
+    // sums 32 * 3 * 0.5 * 31.875 = 1530 and 32 * (-6) * (-0.25) * 31.875 = 1530; Q8_0
+    // -16 * 2 * 31.875 = -1020.
+    let pow = |b: i32| 2f32.powi(b - 3);
+    let mut b = Vec::new();
+    for (d, nib) in [(0.5f32, 0xBBu8), (-0.25, 0x22)] {
+        for blk in 0..8 {
+            b.extend_from_slice(&f16::from_f32(d * pow(blk)).to_le_bytes());
+            b.extend_from_slice(&[nib; 16]);
+        }
+    }
+    let q4k = QuantizedHost::new(QuantFormat::Q4_0, 2, 256, b, Scales::None, vec![]).unwrap();
+    let mut b = Vec::new();
+    for blk in 0..8 {
+        b.extend_from_slice(&f16::from_f32(2.0 * pow(blk)).to_le_bytes());
+        b.extend((-16i8..16).map(|v| v as u8));
+    }
+    let q8k = QuantizedHost::new(QuantFormat::Q8_0, 1, 256, b, Scales::None, vec![]).unwrap();
+    for (q, want) in [
+        (q4, vec![96.0f32, 96.0]),
+        (q8, vec![-32.0]),
+        (q4k, vec![1530.0, 1530.0]),
+        (q8k, vec![-1020.0]),
+    ] {
         let dw = QuantWeight::upload(s, &q).unwrap();
         let x = DeviceTensor::filled(s, &[1, q.k()], f16::ONE).unwrap();
         for path in [GemvPath::Auto, GemvPath::Fma, GemvPath::Mma] {
