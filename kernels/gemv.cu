@@ -1002,8 +1002,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
     uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * NT * 32);
 
-    // This lane's weight row (B side) in each tile; rows past n read row n - 1 (valid memory),
-    // the epilogue drops them.
+    // This lane's weight row in each tile (tiles 2j and 2j + 1: A rows g and g + 8); rows
+    // past n read row n - 1 (valid memory), the epilogue drops them.
     const uint8_t *wp[NT];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
