@@ -1115,7 +1115,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): a ring of 4
 // superchunks; int4: CTAs of 4 warps, staging by cp.async, 4 tiles (32 rows) per CTA when that
 // still gives 2 CTAs per SM (n >= 64 * SMs), else 2; int8: 2 tiles, CTAs of 8 warps, staging
-// by cp.async except with k <= 4096 (register staging). Lab configurations: 2: register
+// by cp.async except with k <= 4096 (register staging), but CTAs of 4 warps (cp.async) when
+// the grid has fewer than 2 CTAs per SM (n < 32 * SMs). Lab configurations: 2: register
 // staging everywhere (session 10); 3: cp.async everywhere (both 8-warp CTAs of 2 tiles); 4:
 // 4-warp CTAs of 2 tiles, cp.async everywhere; 5: the same with 4 tiles.
 // Measured on the H100 (bench/RESULTS.md, session 11): cp.async staging took int4 g128 from
@@ -1130,7 +1131,9 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // the mma's A side): 4 tiles took int4 g128 at 11008 x 4096 from 13.8-14.5 to 13.2-13.3 us
 // and tied at 4096 x 11008 and 32000 x 4096, but were slower at 4096 x 4096 (7.4 against
 // 7.1 us: 128 CTAs for 132 SMs), hence the n rule; int8 was slower with them (53.0 against
-// 49.7 us at 32000 x 4096).
+// 49.7 us at 32000 x 4096). int8 in 4-warp CTAs of 2 tiles: 9.94-9.99 against 10.12-10.13 us
+// at 4096 x 4096 (256 CTAs), slower at the other three shapes (21.1 against 20.5 us at
+// 11008 x 4096, 51.8 against 49.7 at 32000 x 4096; call 6), hence the int8 n rule.
 inline int t1_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
@@ -1147,7 +1150,7 @@ template <int F> inline int t1_variant(int64_t n, int64_t k) {
     case 4: return 2;
     case 5: return 3;
     default:
-        if (F == I8) return k <= 4096 ? 0 : 1;
+        if (F == I8) return ceil_div(n, 16) < 2 * (int64_t)sm_count() ? 2 : k <= 4096 ? 0 : 1;
         return ceil_div(n, 32) >= 2 * (int64_t)sm_count() ? 3 : 2;
     }
 }
@@ -1405,7 +1408,10 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // 39.4-39.8 against 45.4-45.7; Q8_0 11.5 against 12.5-12.8 at 4096 x 4096, 60.2 against
 // 64.0-64.4 at 32000 x 4096. Ring 2 against 3 with 4 tiles: Q4_0 17.4-17.5 against 18.1-18.3
 // us at 11008 x 4096, the rest tied. 2 tiles with a ring of 4, 1 tile (rings 3 and 4, 4 or
-// 8 warps) and CTAs of 2 warps were slower.
+// 8 warps) and CTAs of 2 warps were slower; so was 4 tiles with 2 warps and a ring of 3
+// (call 6: Q4_0 18.4-18.5 against 17.4-17.6 us at 11008 x 4096). 4 tiles of 8 warps (ring
+// 2) were mixed: Q4_0 at 32000 x 4096 38.0 against 40.3 us and Q8_0 at 11008 x 4096 25.5
+// against 26.1, but both 4096 x 4096 rows 3-5% slower and Q8_0 at 32000 x 4096 1.5%.
 inline int t1g_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
