@@ -1236,20 +1236,21 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
 //   (16+4c, 18+4c), (4c+1, 4c+3), (17+4c, 19+4c) (a_frags<Q40>), each thread reordering the
 //   blocks it copied; Q8_0 as stored.
 // grid.x = ceil(n / (8 * NT)) (NT even), block = 32 * W, dynamic shared memory t1g_smem().
-template <int F> __host__ __device__ constexpr int t1g_row_bytes() { return 8 * block_bytes<F>(); }
-template <int F, int NT> __host__ __device__ constexpr int t1g_slot_words() { return NT * 8 * t1g_row_bytes<F>() / 16; }
+// BPS: blocks per row per superchunk (8; lab: 16).
+template <int F, int BPS = 8> __host__ __device__ constexpr int t1g_row_bytes() { return BPS * block_bytes<F>(); }
+template <int F, int NT, int BPS = 8> __host__ __device__ constexpr int t1g_slot_words() { return NT * 8 * t1g_row_bytes<F, BPS>() / 16; }
 // Staged x (k values and 64 zero bytes), the warps' rings, 16 bytes that the last block's
 // shared loads may read past its slot.
-template <int F, int NT, int S, int W> inline int64_t t1g_smem(int64_t k) {
-    return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT>() * 16 + 16;
+template <int F, int NT, int S, int W, int BPS = 8> inline int64_t t1g_smem(int64_t k) {
+    return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
 }
 
-template <int F, typename T, int NT, int S, int W>
+template <int F, typename T, int NT, int S, int W, int BPS = 8>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
                 int64_t k) {
-    constexpr int BB = block_bytes<F>(), RB = t1g_row_bytes<F>(), RW = RB / 16;
-    constexpr int SW = t1g_slot_words<F, NT>();  // uint4s per slot: row r's at r * RW
+    constexpr int BB = block_bytes<F>(), RB = t1g_row_bytes<F, BPS>(), RW = RB / 16;
+    constexpr int SW = t1g_slot_words<F, NT, BPS>();  // uint4s per slot: row r's at r * RW
     constexpr int CP = (SW + 31) / 32;           // copies per lane per superchunk
     constexpr int QW = F == Q80 ? 8 : 4;         // quant words per block
     constexpr int NP = NT / 2;                   // 16-row tiles
@@ -1258,21 +1259,23 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     __shared__ float red[W][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int nsc = (int)(k >> 8);              // superchunks per row
+    const int nsc = (int)(k / (32 * BPS));      // superchunks per row
     const int64_t rowb = (k >> 5) * BB;         // bytes per row
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
     uint4 *ring = xs + xdata + 4 + warp * (S * SW);
 
-    // This lane's copies: word c = lane + 32 e of a slot is word c % RW of row c / RW; rows
-    // past n copy row n - 1 (valid memory; their outputs are dropped).
-    const uint8_t *src[CP];
+    // This lane's copies: word c = lane + 32 e of a slot is word c % RW of row c / RW, at
+    // byte src[e] from the CTA's first row (32-bit: 8 NT rows); rows past n copy row n - 1
+    // (valid memory; their outputs are dropped).
+    const uint8_t *wcta = w + base * rowb;
+    uint32_t src[CP];
 #pragma unroll
     for (int e = 0; e < CP; ++e) {
         const int c = lane + 32 * e;
-        const int64_t r = base + c / RW;
-        src[e] = w + (r < n ? r : n - 1) * rowb + 16 * (c % RW);
+        const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
+        src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
     }
     const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
 
@@ -1286,11 +1289,11 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     cp_async_commit();
     auto issue = [&](int i) {
         if (i < mine) {
-            const int64_t off = (int64_t)(warp + i * W) * RB;
+            const uint8_t *wsc = wcta + (int64_t)(warp + i * W) * RB;
             uint4 *slot = ring + (i % S) * SW + lane;
 #pragma unroll
             for (int e = 0; e < CP; ++e)
-                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, src[e] + off, 16);
+                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, wsc + src[e], 16);
         }
         cp_async_commit();  // (an empty group past the warp's share)
     };
@@ -1330,9 +1333,9 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         const int sci = warp + i * W;
         const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SW);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < BPS / 4; ++h) {
             const int b = 4 * h + t;  // this lane's block
-            const uint4 *xv = g == t ? xs + 4 * (8 * sci + b) : xs + xdata;
+            const uint4 *xv = g == t ? xs + 4 * (BPS * sci + b) : xs + xdata;
             const uint4 xw[4] = {xv[0], xv[1], xv[2], xv[3]};
             const int a = b * BB + 2;  // its quants' first byte in the row
             const unsigned sh = (a & 2) ? 16u : 0u;
@@ -1402,7 +1405,9 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 
 // Its configuration: FL_GEMV_T1G (read once; A/B runs) = 0: off (Q8_0 and Q4_0 at m = 1 take
 // the CUDA-core kernel, as before session 12); 1 (default): 4 tiles of 8 rows per CTA, a ring
-// of 2 superchunks, 4 warps; lab: 2: ring 3; 3: 2 tiles, ring 3.
+// of 2 superchunks, 4 warps; superchunks of 16 blocks per row when k % 512 == 0 and n >= 64 x
+// SMs (Q4_0) / 128 x SMs (Q8_0), else 8; lab: 2: ring 3; 3: 2 tiles, ring 3; 4: 16 blocks
+// whenever k % 512 == 0.
 // Measured on the H100 (bench/RESULTS.md, session 12): 4 tiles against 2 (ring 3): Q4_0 at
 // 4096 x 4096 8.6 against 9.7-9.9 us, 11008 x 4096 18.1-18.3 against 19.7-19.9, 32000 x 4096
 // 39.4-39.8 against 45.4-45.7; Q8_0 11.5 against 12.5-12.8 at 4096 x 4096, 60.2 against
@@ -1412,28 +1417,44 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // (call 6: Q4_0 18.4-18.5 against 17.4-17.6 us at 11008 x 4096). 4 tiles of 8 warps (ring
 // 2) were mixed: Q4_0 at 32000 x 4096 38.0 against 40.3 us and Q8_0 at 11008 x 4096 25.5
 // against 26.1, but both 4096 x 4096 rows 3-5% slower and Q8_0 at 32000 x 4096 1.5%.
+// Superchunks of 16 blocks (288 / 544 bytes: whole 32-byte sectors, where 8 blocks straddle
+// sectors that the next warp's superchunk shares) at k = 4096 (call 8): Q4_0 32000 x 4096
+// 32.7-32.8 against 40.1-40.4 us, 11008 x 4096 15.6-15.7 against 17.3; Q8_0 32000 x 4096
+// 56.3-56.6 against 60.0-60.1, 11008 x 4096 26.1 against 25.8; both 4096 x 4096 rows slower
+// (Q4_0 8.5-8.8 against 8.2-8.3, Q8_0 12.9-13.0 against 11.3: half the pipeline steps per
+// warp), hence the n rules. 16 blocks with 2 warps were slower than with 4.
 inline int t1g_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
-template <int F> inline int64_t t1g_config_smem(int64_t k) {
-    switch (t1g_config()) {
-    case 2: return t1g_smem<F, 4, 3, 4>(k);
-    case 3: return t1g_smem<F, 2, 3, 4>(k);
-    default: return t1g_smem<F, 4, 2, 4>(k);
-    }
+// The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
+// 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks.
+template <int F> inline int t1g_variant(int64_t n, int64_t k) {
+    const int c = t1g_config();
+    if (c == 2) return 1;
+    if (c == 3) return 2;
+    // (16 blocks only where their larger ring fits: see t1g_applies.)
+    if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
+        t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
+        return 3;
+    return 0;
+}
+template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
+    return v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
+         : v == 3 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
-// shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 by default).
-template <int F> inline bool t1g_applies(int m, int64_t k) {
+// shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 with 8 blocks; 16
+// blocks fit up to ~44k / ~12k, past that the call takes 8).
+template <int F> inline bool t1g_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0 || t1g_config() == 0) return false;
-    return t1g_config_smem<F>(k) <= kT1MaxSmem;
+    return t1g_variant_smem<F>(t1g_variant<F>(n, k), k) <= kT1MaxSmem;
 }
-template <int F, typename T, int NT, int S, int W>
+template <int F, typename T, int NT, int S, int W, int BPS = 8>
 bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W>;
-    const int64_t smem = t1g_smem<F, NT, S, W>(k);
+    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS>;
+    const int64_t smem = t1g_smem<F, NT, S, W, BPS>(k);
     if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
@@ -1446,9 +1467,10 @@ bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaSt
 }
 template <int F, typename T>
 bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    switch (t1g_config()) {
-    case 2: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
-    case 3: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
+    switch (t1g_variant<F>(n, k)) {
+    case 1: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
+    case 2: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
+    case 3: return launch_t1g<F, T, 4, 2, 4, 16>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }
@@ -1498,7 +1520,7 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
             return st;
     } else {
         fl_status st = FL_OK;
-        if (t1g_applies<F>(m, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
+        if (t1g_applies<F>(m, n, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
     }
     if (m > 8) {
         if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);
@@ -1732,8 +1754,8 @@ inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64
     if (path == FL_GEMV_PATH_FMA) return false;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
            (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32)) ||
-           (format == FL_GEMV_Q8_0 && tc::t1g_applies<Q80>((int)m, k)) ||
-           (format == FL_GEMV_Q4_0 && tc::t1g_applies<Q40>((int)m, k));
+           (format == FL_GEMV_Q8_0 && tc::t1g_applies<Q80>((int)m, n, k)) ||
+           (format == FL_GEMV_Q4_0 && tc::t1g_applies<Q40>((int)m, n, k));
 }
 
 }  // namespace gemv

@@ -172,13 +172,21 @@ fn gemv_one_token_gguf_kernel() {
     // against the reference and against the CUDA-core kernel on the same weights: 37 x 256
     // (one 8-block superchunk per row: three of the four warps idle, a partial 16-row tile),
     // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 17 x 2816 (11: one warp
-    // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512; both
-    // activation types.
+    // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
+    // 16901 x 1536 (n >= 128 x 132 SMs with k % 512 == 0: superchunks of 16 blocks, 3 per row
+    // over 4 warps; partial last tile); both activation types.
     let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_kernel") else {
         return;
     };
     let mut r = rng("gemv_t1g");
-    for &(n, k) in &[(37usize, 256usize), (8195, 4096), (17, 2816), (4099, 11008), (1, 512)] {
+    for &(n, k) in &[
+        (37usize, 256usize),
+        (8195, 4096),
+        (17, 2816),
+        (4099, 11008),
+        (1, 512),
+        (16901, 1536),
+    ] {
         for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
             let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
             let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
