@@ -1213,9 +1213,10 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
 // scale d and 32 quants), which at m = 1 took the CUDA-core kernel at 47-78% of copy bandwidth
 // (bench/RESULTS.md, session 11). The blocks are only 2-byte aligned, so a lane cannot copy
 // "its" block with 16-byte cp.async; instead:
-// - A superchunk is 8 blocks of each row (144 / 272 bytes: a whole number of 16-byte words
-//   when k % 256 == 0, which the kernel requires, so that every row starts on a 16-byte
-//   boundary) of the CTA's 8 NT rows. The warp copies it as one contiguous run of words per
+// - A superchunk is BPS = 8 blocks of each row (144 / 272 bytes: a whole number of 16-byte
+//   words when k % 256 == 0, which the kernel requires, so that every row starts on a 16-byte
+//   boundary; or 16 blocks, whole 32-byte sectors, when k % 512 == 0, see t1g_config) of the
+//   CTA's 8 NT rows. The warp copies it as one contiguous run of words per
 //   row (lane l copies words l, l + 32, ... of the slot: fully coalesced) into a ring of S
 //   slots; a __syncwarp after cp.async.wait_group makes the other lanes' words visible (and
 //   one before each copy keeps a slot from being overwritten while a lane still reads it).
@@ -1223,8 +1224,8 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
 //   the other way round from the kernel above: A needs no zero registers then (there, rows
 //   8..15 of A were zero and cost four register moves per mma) and each mma covers 16 weight
 //   rows instead of 8. Lane (g, t) supplies weight rows g and g + 8 of each 16-row tile at the
-//   k-slots {2t, 2t+1, 2t+8, 2t+9}, all from its own block (t in the first half of the
-//   superchunk, 4 + t in the second); B column c holds x of block slot c alone (lanes with
+//   k-slots {2t, 2t+1, 2t+8, 2t+9}, all from its own block (4h + t in pass h of the
+//   superchunk's BPS / 4); B column c holds x of block slot c alone (lanes with
 //   g == t supply it, the others the zero tail), so D column c is block slot c's dot product
 //   for each of the 16 rows (columns 4..7 are 0) and gets that block's d, read from the slot,
 //   before the slots are summed.

@@ -67,8 +67,9 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
  *         int8 and int4: whole 16-byte pieces per lane and a cp.async ring of loads per warp;
  *         the environment's FL_GEMV_T1=0 turns that off (int8 at m = 1 then takes the
  *         CUDA-core kernel under AUTO). Likewise for Q8_0 / Q4_0 with k % 256 == 0 (a warp
- *         copies 8 blocks of each of the CTA's 32 rows at a time, rows 16-byte aligned); the
- *         environment's FL_GEMV_T1G=0 turns that off (the CUDA-core kernel under AUTO). */
+ *         copies 8 or 16 blocks of each of the CTA's 32 rows at a time, rows 16-byte
+ *         aligned); the environment's FL_GEMV_T1G=0 turns that off (the CUDA-core kernel
+ *         under AUTO). */
 #define FL_GEMV_PATH_AUTO 0
 #define FL_GEMV_PATH_FMA 1
 #define FL_GEMV_PATH_MMA 2
