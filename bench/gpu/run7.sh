@@ -52,6 +52,26 @@
 B="$1"; OUT="$2"; shift 2; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} FL_REQUIRE_GPU=1
 T0=$(date +%s)
+# Shared by the sections below (the caller's environment assignments reach the commands):
+# run_tests LABEL LOG SECONDS CMD...: CMD into $OUT/LOG.log; LABEL, its exit status, its test
+# result line and its first failure lines.
+run_tests() {
+  local label=$1 log="$OUT/$2.log" t=$3; shift 3
+  timeout "$t" "$@" > "$log" 2>&1; local rc=$?
+  echo "$label rc=$rc $(grep -E '^test result' "$log" | tail -1)"
+  grep -E "panicked|FAILED|failed" "$log" | cut -c1-300 | head -8
+}
+# shorten: the gemv bench's summary lines, shortened.
+shorten() { sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'; }
+# quick_bench MODE FORMATS: the gemv bench's one-token lines (FL_GEMV_BENCH_QUICK=MODE) of the
+# formats matching the regex FORMATS.
+quick_bench() {
+  FL_GEMV_BENCH_QUICK=$1 timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +($2)" | grep -v fma | shorten
+}
+# decode_line QUANT: llama-2-7b batch-1 decode with --quant QUANT, on one line.
+decode_line() {
+  timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant "$1" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}'
+}
 for sec in "$@"; do echo "== $sec (t=$(( $(date +%s) - T0 )) s)"; case "$sec" in
 mmadiag)
   # both paths, so the margins can be compared (the test prints every mode's rel L2)
@@ -154,38 +174,28 @@ s11)
   # session 11: the one-token GEMV kernels (cp.async staging, persistent gemv_t1p_kernel): the
   # GEMV tests whole (default configuration), the one-token tests under each lab
   # configuration, the engine's quantised tests
-  timeout 250 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11-gemv.log" 2>&1
-  echo "fl-kernels__gemv rc=$? $(grep -E '^test result' "$OUT/s11-gemv.log" | tail -1)"
-  grep -E "panicked|FAILED|failed" "$OUT/s11-gemv.log" | cut -c1-300 | head -8
+  run_tests fl-kernels__gemv s11-gemv 250 "$B/tests/fl-kernels__gemv" --test-threads=2
   for v in ${FL_T1_TEST_CONFIGS:-}; do
-    FL_GEMV_T1=$v timeout 120 "$B/tests/fl-kernels__gemv" one_token --test-threads=2 > "$OUT/s11-t1$v.log" 2>&1
-    echo "one_token tests FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11-t1$v.log" | tail -1)"
-    grep -E "panicked|FAILED|failed" "$OUT/s11-t1$v.log" | cut -c1-300 | head -4
+    FL_GEMV_T1=$v run_tests "one_token tests FL_GEMV_T1=$v" s11-t1$v 120 "$B/tests/fl-kernels__gemv" one_token --test-threads=2
   done
-  timeout 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 > "$OUT/s11-quant.log" 2>&1
-  echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s11-quant.log" | tail -1)"
-  grep -E "panicked|FAILED|failed" "$OUT/s11-quant.log" | cut -c1-300 | head -8 ;;
+  run_tests fl-engine__quant_gpu s11-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 ;;
 s11k)
   # lab (session 11, commit 4c3ddfb; reverted: FL_GEMV_T1=4 now selects the 4-warp CTAs of
   # s11w, not this): each tile's k split over a cluster of 2 CTAs: the GEMV tests whole under
   # it, then the quick bench alternated with the default
-  FL_GEMV_T1=4 timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11k-gemv.log" 2>&1
-  echo "fl-kernels__gemv FL_GEMV_T1=4 rc=$? $(grep -E '^test result' "$OUT/s11k-gemv.log" | tail -1)"
-  grep -E "panicked|FAILED|failed" "$OUT/s11k-gemv.log" | cut -c1-300 | head -6
+  FL_GEMV_T1=4 run_tests "fl-kernels__gemv FL_GEMV_T1=4" s11k-gemv 200 "$B/tests/fl-kernels__gemv" --test-threads=2
   for v in 1 4 1 4; do echo "FL_GEMV_T1=$v"
-    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+    FL_GEMV_T1=$v quick_bench 1 "int8|int4"
   done ;;
 s11w)
   # lab (session 11): CTAs of 4 warps (FL_GEMV_T1=4: cp.async staging; 5, register staging,
   # was removed after this run): the GEMV tests whole under each, the quick bench alternated
   # with the default
   for v in 4 5; do
-    FL_GEMV_T1=$v timeout 200 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s11w-gemv$v.log" 2>&1
-    echo "fl-kernels__gemv FL_GEMV_T1=$v rc=$? $(grep -E '^test result' "$OUT/s11w-gemv$v.log" | tail -1)"
-    grep -E "panicked|FAILED|failed" "$OUT/s11w-gemv$v.log" | cut -c1-300 | head -6
+    FL_GEMV_T1=$v run_tests "fl-kernels__gemv FL_GEMV_T1=$v" s11w-gemv$v 200 "$B/tests/fl-kernels__gemv" --test-threads=2
   done
   for v in 1 4 5 1 4 5; do echo "FL_GEMV_T1=$v"
-    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+    FL_GEMV_T1=$v quick_bench 1 "int8|int4"
   done ;;
 s11m)
   # memcheck of the one-token kernels' tests (default configuration, then FL_GEMV_T1=3)
@@ -195,7 +205,7 @@ s11m)
 s11p)
   # the gemv bench's one-token int8 / int4 lines under each FL_GEMV_T1 configuration
   for v in ${FL_T1_CONFIGS:-1 2 3 4 5 6 0}; do echo "FL_GEMV_T1=$v"
-    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' > "$OUT/qbench-t1$v.log"
+    FL_GEMV_T1=$v quick_bench 1 "int8|int4" > "$OUT/qbench-t1$v.log"
     cat "$OUT/qbench-t1$v.log"
   done ;;
 s11s)
@@ -212,24 +222,17 @@ s11e)
   # llama-2-7b --quant int4 / int8 decode, FL_GEMV_T1 configurations alternated
   for qv in ${FL_T1_ENGINE:-"int4 1" "int4 0" "int8 1" "int8 0"}; do
     read -r q v <<< "${qv//_/ }"
-    r=$(FL_GEMV_T1=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
-    echo "$q FL_GEMV_T1=$v $r"
+    echo "$q FL_GEMV_T1=$v $(FL_GEMV_T1=$v decode_line $q)"
   done ;;
 s12)
   # session 12: the GGUF one-token GEMV (gemv_t1g_kernel): the GEMV tests whole (default
   # configuration), the GGUF tests under each lab configuration (FL_T1G_TEST_CONFIGS), the
   # engine's quantised tests
-  timeout 250 "$B/tests/fl-kernels__gemv" --test-threads=2 > "$OUT/s12-gemv.log" 2>&1
-  echo "fl-kernels__gemv rc=$? $(grep -E '^test result' "$OUT/s12-gemv.log" | tail -1)"
-  grep -E "panicked|FAILED|failed" "$OUT/s12-gemv.log" | cut -c1-300 | head -8
+  run_tests fl-kernels__gemv s12-gemv 250 "$B/tests/fl-kernels__gemv" --test-threads=2
   for v in ${FL_T1G_TEST_CONFIGS:-2 3}; do
-    FL_GEMV_T1G=$v timeout 120 "$B/tests/fl-kernels__gemv" gguf --test-threads=2 > "$OUT/s12-t1g$v.log" 2>&1
-    echo "gguf tests FL_GEMV_T1G=$v rc=$? $(grep -E '^test result' "$OUT/s12-t1g$v.log" | tail -1)"
-    grep -E "panicked|FAILED|failed" "$OUT/s12-t1g$v.log" | cut -c1-300 | head -4
+    FL_GEMV_T1G=$v run_tests "gguf tests FL_GEMV_T1G=$v" s12-t1g$v 120 "$B/tests/fl-kernels__gemv" gguf --test-threads=2
   done
-  timeout 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 > "$OUT/s12-quant.log" 2>&1
-  echo "fl-engine__quant_gpu rc=$? $(grep -E '^test result' "$OUT/s12-quant.log" | tail -1)"
-  grep -E "panicked|FAILED|failed" "$OUT/s12-quant.log" | cut -c1-300 | head -8 ;;
+  run_tests fl-engine__quant_gpu s12-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 ;;
 s12m)
   # memcheck of the GGUF tests (FL_T1G_MEMCHECK configurations, default 1)
   for v in ${FL_T1G_MEMCHECK:-1}; do
@@ -238,15 +241,14 @@ s12m)
 s12p)
   # the gemv bench's one-token Q8_0 / Q4_0 lines under each FL_GEMV_T1G configuration
   for v in ${FL_T1G_CONFIGS:-1 2 3 0}; do echo "FL_GEMV_T1G=$v"
-    FL_GEMV_BENCH_QUICK=gguf FL_GEMV_T1G=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(q8_0|q4_0)" | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' > "$OUT/qbench-t1g$v.log"
+    FL_GEMV_T1G=$v quick_bench gguf "q8_0|q4_0" > "$OUT/qbench-t1g$v.log"
     cat "$OUT/qbench-t1g$v.log"
   done ;;
 s12e)
   # llama-2-7b --quant q4_0 / q8_0 decode, FL_GEMV_T1G configurations alternated
   for qv in ${FL_T1G_ENGINE:-"q4_0 1" "q4_0 0" "q8_0 1" "q8_0 0"}; do
     read -r q v <<< "${qv//:/ }"
-    r=$(FL_GEMV_T1G=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
-    echo "$q FL_GEMV_T1G=$v $r"
+    echo "$q FL_GEMV_T1G=$v $(FL_GEMV_T1G=$v decode_line $q)"
   done ;;
 s12n)
   # ncu of one launch each: the GGUF one-token kernel (Q8_0, Q4_0 at 8195 x 4096, f16; the
@@ -271,14 +273,11 @@ s12f)
     timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /"
   done
   for v in 1 1; do echo "quick int8/int4 (FL_GEMV_T1=$v)"
-    FL_GEMV_BENCH_QUICK=1 FL_GEMV_T1=$v timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +(int8|int4)" | grep -v fma | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/'
+    FL_GEMV_T1=$v quick_bench 1 "int8|int4"
   done
   FL_T1G_CONFIGS="1 0" bash "$0" "$B" "$OUT" s12p
-  timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=" | sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/s\)/ (copy \1)/' | tee "$OUT/qbench.log"
-  for q in int4 int8 q4_0 q8_0; do
-    r=$(timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant $q --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')
-    echo "$q $r"
-  done ;;
+  timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=" | shorten | tee "$OUT/qbench.log"
+  for q in int4 int8 q4_0 q8_0; do echo "$q $(decode_line $q)"; done ;;
 qbench)
   # the gemv bench's own timing lines (criterion's runs filtered out; each line is timed after
   # untimed warm-up launches), about 40 s
