@@ -1476,6 +1476,536 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     }
 }
 
+// ---------------------------------------------------------------- 2..16 tokens, GGUF (tmg)
+// At m = 2..16 the GGUF formats took the general kernel above, whose per-lane loads of
+// 2-byte-aligned blocks (two or three 32-bit loads, a 16-bit one, the scale's 16-bit load, one
+// batch in flight per warp) held Q8_0 at 25-31% and Q4_0 at 21-29% of copy bandwidth, 0.5-0.85x
+// cuBLAS f16 on the same matrix (bench/RESULTS.md, session 11). This kernel keeps t1g's copy
+// scheme and changes the product:
+// - Superchunks (BPS blocks of each of the CTA's 8 NT rows) are copied into a per-warp ring of
+//   S slots exactly as in t1g (k % 256 == 0). Each slot also holds x of the same BPS blocks
+//   for every token (cp.async from global, where x stays in L2: m k 2 bytes, read once per CTA);
+//   tokens m..MT-1 are zero-filled once (plain stores before the first copy) and never copied.
+//   A token's x run is padded (64 bytes for Q8_0, 32 for Q4_0) so that the 8 tokens g a
+//   quarter / half warp reads fall on distinct banks.
+// - The weights are again the mma's A side (rows g and g + 8 of each 16-row tile) but the quad
+//   t = 0..3 now splits one block: lane t supplies quants 8t..8t+7 (Q8_0: two words; k-slots
+//   {2t, 2t+1, 2t+8, 2t+9} of mma 0 are values 8t..8t+3, of mma 1 values 8t+4..8t+7) or quant
+//   bytes 4t..4t+3 (Q4_0, reordered by one byte_perm so that mma 0 gets values 4t..4t+3 and
+//   mma 1 values 16+4t..19+4t). B column c is token c (+ 8 in the second group of 8 tokens)
+//   with its x as stored (two 16-byte or four 8-byte shared loads per block). So D is (row,
+//   token) for one block, scaled by the block's d of each row, then accumulated.
+// - Warps take superchunks w, w + W, ... of the CTA's rows and are summed in warp order.
+// grid.x = ceil(n / (8 * NT)), block = 32 * W, dynamic shared memory tmg_smem() (independent of
+// k: x is not staged whole). MT = 8 (m <= 8) or 16.
+template <int F, int BPS> __host__ __device__ constexpr int tmg_tok_bytes() { return BPS * 64 + (F == Q80 ? 64 : 32); }
+template <int F, int NT, int MT, int BPS> __host__ __device__ constexpr int tmg_slot_words() {
+    return t1g_slot_words<F, NT, BPS>() + MT * tmg_tok_bytes<F, BPS>() / 16;
+}
+// The warps' rings and 16 bytes that the last block's shared loads may read past its slot.
+template <int F, int NT, int MT, int S, int W, int BPS> constexpr int64_t tmg_smem() {
+    return (int64_t)W * S * tmg_slot_words<F, NT, MT, BPS>() * 16 + 16;
+}
+
+template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS>
+__global__ void __launch_bounds__(W * 32)
+gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
+                int64_t k) {
+    constexpr int BB = block_bytes<F>(), RB = t1g_row_bytes<F, BPS>(), RW = RB / 16;
+    constexpr int SW = t1g_slot_words<F, NT, BPS>();  // weight uint4s per slot: row r's at r * RW
+    constexpr int TB = tmg_tok_bytes<F, BPS>();       // bytes per token of a slot's x part
+    constexpr int SLOT = tmg_slot_words<F, NT, MT, BPS>();
+    constexpr int CP = (SW + 31) / 32;    // weight copies per lane per superchunk
+    constexpr int XC = BPS * 4 / 32;      // x copies per lane per token per superchunk
+    constexpr int QW = F == Q80 ? 2 : 1;  // quant words per lane per block
+    constexpr int NP = NT / 2, NG = MT / 8;
+    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && (MT == 8 || MT == 16) && BPS % 8 == 0,
+                  "a ring of at least two superchunks of whole words, 16-row tiles, 8 or 16 tokens");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[W][MT * NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsc = (int)(k / (32 * BPS));  // superchunks per row
+    const int64_t rowb = (k >> 5) * BB;     // bytes per row
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
+    uint4 *ring = reinterpret_cast<uint4 *>(t1_raw) + warp * (S * SLOT);
+
+    // Weight copies as in t1g: word c = lane + 32 e of a slot is word c % RW of row c / RW,
+    // at byte src[e] from the CTA's first row; rows past n copy row n - 1.
+    const uint8_t *wcta = w + base * rowb;
+    uint32_t src[CP];
+#pragma unroll
+    for (int e = 0; e < CP; ++e) {
+        const int c = lane + 32 * e;
+        const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
+        src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
+    }
+    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+
+    // Tokens m.. of every slot: zero, once (the copies below never touch them).
+    for (int sl = 0; sl < S; ++sl)
+        for (int e = m; e < MT; ++e)
+#pragma unroll
+            for (int c = 0; c < XC; ++c)
+                ring[sl * SLOT + SW + e * (TB / 16) + lane + 32 * c] = make_uint4(0u, 0u, 0u, 0u);
+    // x copies: token e's uint4 lane + 32 c of superchunk s is x[e][256 BPS/8 s + 8 (lane + 32 c)].
+    const T *xl = x + 8 * lane;
+    auto issue = [&](int i) {
+        if (i < mine) {
+            const int sci = warp + i * W;
+            const uint8_t *wsc = wcta + (int64_t)sci * RB;
+            uint4 *slot = ring + (i % S) * SLOT + lane;
+#pragma unroll
+            for (int e = 0; e < CP; ++e)
+                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, wsc + src[e], 16);
+            const T *xs = xl + (int64_t)sci * (BPS * 32);
+#pragma unroll
+            for (int e = 0; e < MT; ++e)
+                if (e < m)
+#pragma unroll
+                    for (int c = 0; c < XC; ++c)
+                        cp_async16(slot + SW + e * (TB / 16) + 32 * c, xs + (int64_t)e * k + 256 * c, 16);
+        }
+        cp_async_commit();  // (an empty group past the warp's share)
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    const NibZ zsym = nib_z<T>(8u);
+
+    float acc[NP][NG][4];
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+#pragma unroll
+        for (int q = 0; q < NG; ++q) acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.f;
+    for (int i = 0; i < mine; ++i) {
+        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        issue(i + S - 1);        // into that slot
+        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
+        __syncwarp();            // ... and every lane's are visible
+        const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SLOT);
+        const unsigned char *xsl = slot + SW * 16;
+#pragma unroll UB
+        for (int b = 0; b < BPS; ++b) {
+            // B fragments: tokens g (+ 8 q), quants 8t..8t+7 (Q8_0) / 4t..4t+3 and 16+4t..19+4t
+            // (Q4_0) of block b.
+            uint32_t xb[NG][4];
+#pragma unroll
+            for (int q = 0; q < NG; ++q) {
+                const unsigned char *xp = xsl + (8 * q + g) * TB + 64 * b;
+                if constexpr (F == Q80) {
+                    const uint4 v = *reinterpret_cast<const uint4 *>(xp + 16 * t);
+                    xb[q][0] = v.x, xb[q][1] = v.y, xb[q][2] = v.z, xb[q][3] = v.w;
+                } else {
+                    const uint2 lo = *reinterpret_cast<const uint2 *>(xp + 8 * t);
+                    const uint2 hi = *reinterpret_cast<const uint2 *>(xp + 32 + 8 * t);
+                    xb[q][0] = lo.x, xb[q][1] = lo.y, xb[q][2] = hi.x, xb[q][3] = hi.y;
+                }
+            }
+            const int a = b * BB + 2 + 4 * QW * t;  // this lane's first quant byte in the row
+            const unsigned sh = (a & 2) ? 16u : 0u;
+#pragma unroll
+            for (int j = 0; j < NP; ++j) {
+                const unsigned char *r0 = slot + (16 * j + g) * RB;  // rows g and g + 8 of tile j
+                const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
+                const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RB + (a & ~3));
+                uint32_t raw0[QW + 1], raw1[QW + 1];
+#pragma unroll
+                for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
+                uint32_t a0[4], a1[4];  // the A fragments of mma 0 and mma 1
+                if constexpr (F == Q80) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        uint32_t p0a, p0b, p1a, p1b;
+                        byte_pairs<T>(__funnelshift_r(raw0[c], raw0[c + 1], sh), p0a, p0b);
+                        byte_pairs<T>(__funnelshift_r(raw1[c], raw1[c + 1], sh), p1a, p1b);
+                        uint32_t(&f)[4] = c ? a1 : a0;
+                        f[0] = p0a, f[1] = p1a, f[2] = p0b, f[3] = p1b;
+                    }
+                } else {
+                    // Quant bytes B0..B3 (= the funnel shift's) as B0 B2 B1 B3, so that
+                    // nib_pairs' pairs are (4t, 4t+1), (16+4t, 17+4t), (4t+2, 4t+3), (18+4t,
+                    // 19+4t): x's own order, no permutation of the B side.
+                    const uint32_t sel = sh ? 0x5342u : 0x3120u;
+                    uint32_t p0[4], p1[4];
+                    nib_pairs<T>(__byte_perm(raw0[0], raw0[1], sel), zsym, p0);
+                    nib_pairs<T>(__byte_perm(raw1[0], raw1[1], sel), zsym, p1);
+                    a0[0] = p0[0], a0[1] = p1[0], a0[2] = p0[2], a0[3] = p1[2];
+                    a1[0] = p0[1], a1[1] = p1[1], a1[2] = p0[3], a1[3] = p1[3];
+                }
+                const float s0 = __half2float(*reinterpret_cast<const __half *>(r0 + b * BB));
+                const float s1 = __half2float(*reinterpret_cast<const __half *>(r0 + 8 * RB + b * BB));
+#pragma unroll
+                for (int q = 0; q < NG; ++q) {
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma<T>(d, a0, xb[q][0], xb[q][1]);
+                    mma<T>(d, a1, xb[q][2], xb[q][3]);
+                    // d: (row g, tokens 2t, 2t + 1), (row g + 8, the same tokens), + 8 q.
+                    acc[j][q][0] = fmaf(d[0], s0, acc[j][q][0]);
+                    acc[j][q][1] = fmaf(d[1], s0, acc[j][q][1]);
+                    acc[j][q][2] = fmaf(d[2], s1, acc[j][q][2]);
+                    acc[j][q][3] = fmaf(d[3], s1, acc[j][q][3]);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
+
+    // red[warp][token * 8 NT + row]; summed over the warps in warp order (deterministic).
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+#pragma unroll
+        for (int q = 0; q < NG; ++q)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
+                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
+            }
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
+        const int tok = e / (NT * 8);
+        const int64_t col = base + e % (NT * 8);
+        if (tok >= m || col >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int u = 0; u < W; ++u) v += red[u][e];
+        y[(int64_t)tok * n + col] = from_f32<T>(v);
+    }
+}
+
+// Its configuration: FL_GEMV_TMG (read once; A/B runs) = 0: off (the general kernel above, as
+// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 4 warps, a ring of 2
+// superchunks of 8 blocks; for 9..16 tokens and n >= 64 x SMs (Q4_0) / 128 x SMs (Q8_0) 8
+// tiles and 2 warps instead; lab: 2: 4 tiles, ring 3; 3: 8 tiles, 2 warps whenever m > 8; 4:
+// 16 blocks (k % 512 == 0); 5: the block loop unrolled by 2 instead of 8.
+// Measured on the H100 (bench/RESULTS.md, session 13; us at m = 4 / m = 16, 4 tiles and 4
+// warps unless said): the general kernel took 25.1 / 28.8 (Q8_0) and 17.8 / 21.6 (Q4_0) at
+// 4096 x 4096, 64.5 / 75.6 and 44.7 / 55.7 at 11008 x 4096; this one 10.7 / 11.5 and 8.1 /
+// 10.0, 25.2 / 26.6 and 15.7 / 23.0. The full unroll against 2: Q4_0 m = 16 at 11008 x 4096
+// 23.0 against 24.6, Q8_0 26.6 against 27.7, the rest tied or better. 8 tiles with 2 warps
+// (half the x copies per weight byte): Q4_0 m = 16 at 11008 x 4096 21.9-22.2 against 23.0, at
+// 32000 x 4096 43.2 against 48.4, Q8_0 at 32000 x 4096 63.5-64.0 against 66.1, but Q8_0 at
+// 11008 x 4096 28.3-28.5 against 26.6, every n = 4096 row twice as slow (64 CTAs), and every
+// m = 4 row slower; hence the n rules. Ring 3 was mixed (Q8_0 m = 4 at 11008 x 4096 24.4-24.6
+// against 25.2, Q4_0 18.8-19.6 against 15.7); 16 blocks, and 2 tiles with a ring of 3, slower.
+inline int tmg_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const int v = env_choice("FL_GEMV_TMG", choices, 1);
+    return v;
+}
+// The kernel a call takes: 0: 4 tiles, 4 warps, ring 2, 8 blocks; 1: 8 tiles, 2 warps; 2: 4
+// tiles, ring 3; 3: 16 blocks; 4: unrolled by 2.
+template <int F> inline int tmg_variant(int m, int64_t n, int64_t k) {
+    switch (tmg_config()) {
+    case 2: return 2;
+    case 3: return m > 8 ? 1 : 0;
+    case 4: return k % 512 == 0 ? 3 : 0;
+    case 5: return 4;
+    default: return m > 8 && n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count() ? 1 : 0;
+    }
+}
+template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS>
+bool launch_tmg(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_tmg_kernel<F, T, NT, MT, S, W, BPS, UB>;
+    constexpr int64_t smem = tmg_smem<F, NT, MT, S, W, BPS>();
+    if (!t1_opt_in(kernel, smem)) return false;
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, m, n, k);
+    st = launch_status();
+    return true;
+}
+template <int F, typename T, int MT>
+bool launch_tmg_mt(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    switch (tmg_variant<F>(m, n, k)) {
+    case 1: return launch_tmg<F, T, 8, MT, 2, 2, 8>(x, w, y, m, n, k, s, st);
+    case 2: return launch_tmg<F, T, 4, MT, 3, 4, 8>(x, w, y, m, n, k, s, st);
+    case 3: return launch_tmg<F, T, 4, MT, 2, 4, 16, 8>(x, w, y, m, n, k, s, st);
+    case 4: return launch_tmg<F, T, 4, MT, 2, 4, 8, 2>(x, w, y, m, n, k, s, st);
+    default: return launch_tmg<F, T, 4, MT, 2, 4, 8>(x, w, y, m, n, k, s, st);
+    }
+}
+// Whether a call takes it: Q8_0 / Q4_0, m = 2..16, k % 256 == 0 (rows on 16-byte boundaries;
+// its shared memory does not depend on k, and a device that refuses it, or a lab variant whose
+// ring does not fit, sends the call to the general kernel).
+inline bool tmg_applies(int m, int64_t k) { return m >= 2 && m <= 16 && k % 256 == 0 && tmg_config() != 0; }
+template <int F, typename T>
+bool launch_tmg_config(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    if (m <= 8) return launch_tmg_mt<F, T, 8>(x, w, y, m, n, k, s, st);
+    return launch_tmg_mt<F, T, 16>(x, w, y, m, n, k, s, st);
+}
+
+// ---------------------------------------------------------------- 2..16 tokens, int8 / int4 (tmi)
+// The multi-token kernel above for int8 (per-row f32 scale) and int4 (f16 scale, and u8 zero,
+// per group of 32, 64 or 128 along k), where the general kernel held int4 g128 at 41-53% and
+// int8 at 61-81% of copy bandwidth at 16 tokens (bench/RESULTS.md, session 11). The same
+// scheme with 16-byte units in place of blocks:
+// - A superchunk is 256 values of each of the CTA's 8 NT rows (256 / 128 bytes: k % 256 ==
+//   0, which the kernel requires), copied as one run of words per row into a ring slot whose
+//   rows are padded by one word (lane (g, t) reads word t of a unit of rows g and g + 8: with
+//   row strides of 17 / 9 words the 32 lanes hit 32 banks), followed by every token's x of the
+//   same 256 values (tokens m.. zero-filled once).
+// - A unit is 16 bytes of a row (16 int8 or 32 int4 values); the quad t = 0..3 splits it, lane
+//   t taking word t: int8 values 4t..4t+3 (one mma, x as stored), int4 values 8t..8t+7
+//   (nib_pairs' pairs (v0, v4), (v1, v5) in mma 0 and (v2, v6), (v3, v7) in mma 1, x put in
+//   that order by a_frags<I4>). A unit lies inside one int4 group, so its D gets the group's
+//   scale of each row (staged once per CTA, with the zeros, as in the one-token kernel); int8's
+//   row scale multiplies the final sum.
+// grid.x = ceil(n / (8 * NT)), block = 32 * W, dynamic shared memory tmi_smem(). UB: units of
+// a superchunk unrolled.
+template <int F> __host__ __device__ constexpr int tmi_row_bytes() { return F == I8 ? 256 : 128; }
+template <int F> __host__ __device__ constexpr int tmi_tok_bytes() { return 512 + (F == I8 ? 32 : 64); }
+template <int F, int NT> __host__ __device__ constexpr int tmi_wslot_words() { return NT * 8 * (tmi_row_bytes<F>() / 16 + 1); }
+template <int F, int NT, int MT> __host__ __device__ constexpr int tmi_slot_words() {
+    return tmi_wslot_words<F, NT>() + MT * tmi_tok_bytes<F>() / 16;
+}
+// int4's staged scales and zeros, then the warps' rings.
+template <int F, int NT, int MT, int S, int W> inline int64_t tmi_smem(int64_t k, int group) {
+    const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
+    return (int64_t)t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
+           (int64_t)W * S * tmi_slot_words<F, NT, MT>() * 16;
+}
+
+template <int F, typename T, int NT, int MT, int S, int W, int UB>
+__global__ void __launch_bounds__(W * 32)
+gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
+                const uint8_t *__restrict__ zeros, T *__restrict__ y, int m, int64_t n, int64_t k, int group) {
+    constexpr bool I4S = F == I4 || F == I4Z;
+    constexpr int RB = tmi_row_bytes<F>(), RW = RB / 16, RWP = RW + 1;  // words per row, padded
+    constexpr int SW = tmi_wslot_words<F, NT>();     // weight uint4s per slot: row r's at r * RWP
+    constexpr int CP = NT * 8 * RW / 32;             // weight copies per lane per superchunk
+    constexpr int TB = tmi_tok_bytes<F>();           // bytes per token of a slot's x part
+    constexpr int SLOT = tmi_slot_words<F, NT, MT>();
+    constexpr int UPS = RW;                          // units per superchunk (16 / 8)
+    constexpr int NP = NT / 2, NG = MT / 8;
+    static_assert(S >= 2 && NT % 2 == 0 && (MT == 8 || MT == 16) && (NT * 8 * RW) % 32 == 0,
+                  "a ring of at least two superchunks, 16-row tiles, 8 or 16 tokens");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[W][MT * NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nsc = (int)(k >> 8);                   // superchunks per row
+    const int groups = I4S ? (int)(k / group) : 0;
+    const int gshift = I4S ? __ffs(group) - 1 : 0;   // log2(group)
+    const int64_t rowb = F == I8 ? k : k >> 1;       // bytes per row
+    const int64_t base = (int64_t)blockIdx.x * (8 * NT);
+    unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw);
+    uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * SLOT);
+
+    // Weight copies: word c = lane + 32 e of a superchunk is word c % RW of row c / RW, at byte
+    // src[e] from the CTA's first row (rows past n copy row n - 1), into slot word
+    // (c / RW) * RWP + c % RW.
+    const uint8_t *wcta = w + base * rowb;
+    uint32_t src[CP];
+#pragma unroll
+    for (int e = 0; e < CP; ++e) {
+        const int c = lane + 32 * e;
+        const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
+        src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
+    }
+    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+
+    // int4: the scales (and zeros) of the CTA's rows, one commit group ahead of the ring's.
+    if constexpr (I4S) {
+        const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
+        stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
+                  t1_scale_bytes<F, NT>(groups) / 2);
+        if constexpr (F == I4Z) stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
+    }
+    cp_async_commit();
+    // Tokens m.. of every slot: zero, once.
+    for (int sl = 0; sl < S; ++sl)
+        for (int e = m; e < MT; ++e) ring[sl * SLOT + SW + e * (TB / 16) + lane] = make_uint4(0u, 0u, 0u, 0u);
+    const T *xl = x + 8 * lane;
+    auto issue = [&](int i) {
+        if (i < mine) {
+            const int sci = warp + i * W;
+            const uint8_t *wsc = wcta + (int64_t)sci * RB;
+            uint4 *slot = ring + (i % S) * SLOT;
+#pragma unroll
+            for (int e = 0; e < CP; ++e) {
+                const int c = lane + 32 * e;
+                cp_async16(slot + (c / RW) * RWP + c % RW, wsc + src[e], 16);
+            }
+            const T *xs = xl + (int64_t)sci * 256;
+#pragma unroll
+            for (int e = 0; e < MT; ++e)
+                if (e < m) cp_async16(slot + SW + e * (TB / 16) + lane, xs + (int64_t)e * k, 16);
+        }
+        cp_async_commit();  // (an empty group past the warp's share)
+    };
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) issue(i);
+    cp_async_wait<S - 1>();  // the scale group
+    __syncthreads();
+    const NibZ zsym = nib_z<T>(8u);
+
+    float acc[NP][NG][4];
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+#pragma unroll
+        for (int q = 0; q < NG; ++q) acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.f;
+    for (int i = 0; i < mine; ++i) {
+        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        issue(i + S - 1);        // into that slot
+        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
+        __syncwarp();            // ... and every lane's are visible
+        const int sci = warp + i * W;
+        const uint32_t *sw = reinterpret_cast<const uint32_t *>(ring + (i % S) * SLOT);
+        const unsigned char *xsl = reinterpret_cast<const unsigned char *>(ring + (i % S) * SLOT + SW);
+#pragma unroll UB
+        for (int u = 0; u < UPS; ++u) {
+            uint32_t xb[NG][4];
+#pragma unroll
+            for (int q = 0; q < NG; ++q) {
+                const unsigned char *xp = xsl + (8 * q + g) * TB;
+                if constexpr (F == I8) {  // values 4t..4t+3 of unit u
+                    const uint2 v = *reinterpret_cast<const uint2 *>(xp + 32 * u + 8 * t);
+                    xb[q][0] = v.x, xb[q][1] = v.y;
+                } else {                  // values 8t..8t+7 of unit u, in nib_pairs' order
+                    const uint4 v = *reinterpret_cast<const uint4 *>(xp + 64 * u + 16 * t);
+                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+                    a_frags<I4>(vv, xb[q]);
+                }
+            }
+            const int gi = I4S ? (sci * 256 + (F == I8 ? 16 : 32) * u) >> gshift : 0;  // this unit's group
+#pragma unroll
+            for (int j = 0; j < NP; ++j) {
+                const int r0 = 16 * j + g, r1 = r0 + 8;
+                const uint32_t q0 = sw[(r0 * RWP + u) * 4 + t], q1 = sw[(r1 * RWP + u) * 4 + t];
+                if constexpr (F == I8) {
+                    uint32_t p0a, p0b, p1a, p1b;
+                    byte_pairs<T>(q0, p0a, p0b);
+                    byte_pairs<T>(q1, p1a, p1b);
+                    const uint32_t a[4] = {p0a, p1a, p0b, p1b};
+#pragma unroll
+                    for (int q = 0; q < NG; ++q) mma<T>(acc[j][q], a, xb[q][0], xb[q][1]);
+                } else {
+                    NibZ z0 = zsym, z1 = zsym;
+                    if constexpr (F == I4Z) {
+                        z0 = nib_z<T>((uint32_t)zs[r0 * groups + gi]);
+                        z1 = nib_z<T>((uint32_t)zs[r1 * groups + gi]);
+                    }
+                    uint32_t p0[4], p1[4];
+                    nib_pairs<T>(q0, z0, p0);
+                    nib_pairs<T>(q1, z1, p1);
+                    const uint32_t a0[4] = {p0[0], p1[0], p0[1], p1[1]};
+                    const uint32_t a1[4] = {p0[2], p1[2], p0[3], p1[3]};
+                    const float s0 = __half2float(__ushort_as_half(ss[r0 * groups + gi]));
+                    const float s1 = __half2float(__ushort_as_half(ss[r1 * groups + gi]));
+#pragma unroll
+                    for (int q = 0; q < NG; ++q) {
+                        float d[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma<T>(d, a0, xb[q][0], xb[q][1]);
+                        mma<T>(d, a1, xb[q][2], xb[q][3]);
+                        acc[j][q][0] = fmaf(d[0], s0, acc[j][q][0]);
+                        acc[j][q][1] = fmaf(d[1], s0, acc[j][q][1]);
+                        acc[j][q][2] = fmaf(d[2], s1, acc[j][q][2]);
+                        acc[j][q][3] = fmaf(d[3], s1, acc[j][q][3]);
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
+
+    // red[warp][token * 8 NT + row]; summed over the warps in warp order (deterministic).
+#pragma unroll
+    for (int j = 0; j < NP; ++j)
+#pragma unroll
+        for (int q = 0; q < NG; ++q)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
+                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
+            }
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
+        const int tok = e / (NT * 8);
+        const int64_t col = base + e % (NT * 8);
+        if (tok >= m || col >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int u = 0; u < W; ++u) v += red[u][e];
+        if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
+        y[(int64_t)tok * n + col] = from_f32<T>(v);
+    }
+}
+
+// Its configuration: FL_GEMV_TMI (read once; A/B runs) = 0: off (the general kernel above, as
+// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 4 warps, a ring of 2
+// superchunks; for 9..16 tokens and n >= 64 x SMs 8 tiles and 2 warps instead (half the x
+// copies per weight byte); lab: 2: ring 3; 3: 8 tiles and 2 warps whenever m > 8; 4: units
+// unrolled by 2 instead of 8.
+// Measured on the H100 (bench/RESULTS.md, session 13; us, general kernel -> this one with 4
+// tiles): int4 g128 at m = 4: 8.9 -> 7.8 (4096 x 4096), 20.4 -> 16.7 (11008 x 4096), 20.4 ->
+// 13.7 (4096 x 11008), 45.3 -> 33.6 (32000 x 4096); at m = 16: 10.9 -> 8.8, 25.7 -> 20.1,
+// 25.2 -> 17.6, 54.5 -> 48.8; int8 at m = 16: 13.8 -> 11.8, 25.0 -> 27.8, 29.6 -> 24.3, 67.9
+// -> 67.3. 8 tiles and 2 warps at m = 16: int4 g128 11008 x 4096 19.7, 32000 x 4096 38.5;
+// int8 25.3 and 57.9; both n = 4096 rows 1.5-2x slower (64 CTAs), hence the n rule. Ring 3
+// was slower or tied; units unrolled by 2 slower except int4 at m = 16, 11008 x 4096.
+inline int tmi_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const int v = env_choice("FL_GEMV_TMI", choices, 1);
+    return v;
+}
+// The kernel a call takes: 0: 4 tiles, 4 warps, ring 2; 1: 8 tiles, 2 warps; 2: ring 3; 3:
+// unrolled by 2.
+template <int F> inline int tmi_variant(int m, int64_t n) {
+    switch (tmi_config()) {
+    case 2: return 2;
+    case 3: return m > 8 ? 1 : 0;
+    case 4: return 3;
+    default: return m > 8 && n >= 64 * (int64_t)sm_count() ? 1 : 0;
+    }
+}
+template <int F, int MT> inline int64_t tmi_variant_smem(int v, int64_t k, int group) {
+    return v == 1 ? tmi_smem<F, 8, MT, 2, 2>(k, group) : v == 2 ? tmi_smem<F, 4, MT, 3, 4>(k, group)
+                                                             : tmi_smem<F, 4, MT, 2, 4>(k, group);
+}
+// Whether a call takes it: int8 / int4, m = 2..16, k % 256 == 0 (whole superchunks), its
+// shared memory (int4's staged scales and zeros grow with k / group) <= 160 KB.
+template <int F> inline bool tmi_applies(int m, int64_t n, int64_t k, int group) {
+    if (!(F == I8 || F == I4 || F == I4Z) || m < 2 || m > 16 || k % 256 != 0 || tmi_config() == 0) return false;
+    const int v = tmi_variant<F>(m, n);
+    return (m <= 8 ? tmi_variant_smem<F, 8>(v, k, group) : tmi_variant_smem<F, 16>(v, k, group)) <= kT1MaxSmem;
+}
+template <int F, typename T, int NT, int MT, int S, int W, int UB>
+bool launch_tmi(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int m, int64_t n,
+                int64_t k, int group, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_tmi_kernel<F, T, NT, MT, S, W, UB>;
+    const int64_t smem = tmi_smem<F, NT, MT, S, W>(k, group);
+    if (!t1_opt_in(kernel, smem)) return false;
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, scales, zeros, y, m, n, k, group);
+    st = launch_status();
+    return true;
+}
+template <int F, typename T, int MT>
+bool launch_tmi_mt(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int m, int64_t n,
+                   int64_t k, int group, cudaStream_t s, fl_status &st) {
+    constexpr int U = 8;  // units unrolled (of 16 for int8, 8 for int4)
+    switch (tmi_variant<F>(m, n)) {
+    case 1: return launch_tmi<F, T, 8, MT, 2, 2, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    case 2: return launch_tmi<F, T, 4, MT, 3, 4, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    case 3: return launch_tmi<F, T, 4, MT, 2, 4, 2>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    default: return launch_tmi<F, T, 4, MT, 2, 4, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    }
+}
+template <int F, typename T>
+bool launch_tmi_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int m,
+                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
+    if (m <= 8) return launch_tmi_mt<F, T, 8>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    return launch_tmi_mt<F, T, 16>(x, w, scales, zeros, y, m, n, k, group, s, st);
+}
+
 // Warps per CTA: pick_gemv_warps (common.cuh), as the dense GEMV picks them.
 template <int F, typename T, int NT, bool M16, int R>
 int pick_warps(int64_t ctas, int64_t batches, int sms) {
@@ -1519,9 +2049,12 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
         fl_status st = FL_OK;
         if (t1_applies<F>(m, n, k, group) && launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s, st))
             return st;
+        if (tmi_applies<F>(m, n, k, group) && launch_tmi_config<F, T>(xt, wt, scales, zt, yt, m, n, k, group, s, st))
+            return st;
     } else {
         fl_status st = FL_OK;
         if (t1g_applies<F>(m, n, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
+        if (tmg_applies(m, k) && launch_tmg_config<F, T>(xt, wt, yt, m, n, k, s, st)) return st;
     }
     if (m > 8) {
         if (nt2) return launch_nt<F, T, 2, true>(xt, wt, scales, zt, yt, m, n, k, group, sms, s);

@@ -10,7 +10,8 @@
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
 //! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only; `FL_GEMV_BENCH_QUICK=gguf`: m = 1 and
-//! Q8_0 / Q4_0 only.
+//! Q8_0 / Q4_0 only. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
+//! instead (quick or not).
 //! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
 //! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
 
@@ -32,6 +33,25 @@ fn quick_mode() -> Option<String> {
 }
 fn quick() -> bool {
     quick_mode().is_some()
+}
+
+/// The token counts to run: `FL_GEMV_BENCH_M` (entries outside 1..=16 or not numbers are
+/// dropped with a notice), else 1 and 16 (1 in quick mode).
+fn token_counts() -> Vec<usize> {
+    match std::env::var("FL_GEMV_BENCH_M") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|e| match e.trim().parse::<usize>() {
+                Ok(m) if (1..=16).contains(&m) => Some(m),
+                _ => {
+                    eprintln!("FL_GEMV_BENCH_M: ignoring {e:?} (token counts are 1..=16)");
+                    None
+                }
+            })
+            .collect(),
+        Err(_) if quick() => vec![1],
+        Err(_) => vec![1, 16],
+    }
 }
 
 fn formats() -> Vec<QuantFormat> {
@@ -195,10 +215,7 @@ fn benches(c: &mut Criterion) {
     };
     let mut blas = Blas::new(&gpu).unwrap();
     for &(n, k) in SHAPES {
-        for m in [1, 16] {
-            if m > 1 && quick() {
-                continue;
-            }
+        for m in token_counts() {
             shape_group(c, &gpu, &mut blas, n, k, m);
         }
     }

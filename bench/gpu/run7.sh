@@ -43,6 +43,11 @@
 #            in FL_T1G_TEST_CONFIGS), s12m memcheck, s12p the gemv bench's m = 1 Q8_0 / Q4_0
 #            lines per FL_GEMV_T1G configuration, s12e llama-2-7b q4_0 / q8_0 decode, s12n ncu
 #            of one launch of each one-token kernel, s12f everything on the final code
+#   s13      session 13: the GGUF GEMV for 2..16 tokens (gemv_tmg_kernel): tests (lab
+#            configurations in FL_TMG_TEST_CONFIGS), s13m memcheck, s13p the gemv bench's Q8_0 /
+#            Q4_0 lines at FL_TMG_M tokens per FL_GEMV_TMG configuration, s13e llama-2-7b q4_0 /
+#            q8_0 decode at batch 16 with it on and off; s13i the int8 / int4 lines per
+#            FL_GEMV_TMI configuration (gemv_tmi_kernel)
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -71,6 +76,14 @@ quick_bench() {
 # decode_line QUANT: llama-2-7b batch-1 decode with --quant QUANT, on one line.
 decode_line() {
   timeout 100 "$B/bin/fl" bench --model llama-2-7b --quant "$1" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}'
+}
+# m_bench MODE FORMATS MS: the gemv bench's lines at the token counts MS (comma-separated).
+m_bench() {
+  FL_GEMV_BENCH_QUICK=$1 FL_GEMV_BENCH_M=$3 timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=[0-9]+ +($2)" | grep -v fma | shorten
+}
+# decode16_line QUANT: llama-2-7b decode at batch 16 (16 x 512 tokens, 32 steps), one line.
+decode16_line() {
+  timeout 150 "$B/bin/fl" bench --model llama-2-7b --quant "$1" --runs 16:512:32 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}'
 }
 for sec in "$@"; do echo "== $sec (t=$(( $(date +%s) - T0 )) s)"; case "$sec" in
 mmadiag)
@@ -262,6 +275,43 @@ s12n)
       --section MemoryWorkloadAnalysis "$B/tests/fl-kernels__gemv" $test --test-threads=1 > "$OUT/ncu-$kern-$skip.log" 2>&1
     echo "--- $kern launch $skip rc=$?"
     grep -E "gemv_t1|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Shared Memory Config|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|L1/TEX Hit|Stall|Grid Size" "$OUT/ncu-$kern-$skip.log" | sed -E 's/ +/ /g' | head -40
+  done ;;
+s13)
+  # session 13: the GGUF GEMV for 2..16 tokens: the GEMV tests whole (default configuration),
+  # the multi-token GGUF test under each lab configuration, the engine's quantised tests
+  run_tests fl-kernels__gemv s13-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  for v in ${FL_TMG_TEST_CONFIGS:-2 3 4 5}; do
+    FL_GEMV_TMG=$v run_tests "multi-token gguf FL_GEMV_TMG=$v" s13-tmg$v 120 "$B/tests/fl-kernels__gemv" multi_token_gguf --test-threads=2
+  done
+  for v in ${FL_TMI_TEST_CONFIGS:-2 3 4}; do
+    FL_GEMV_TMI=$v run_tests "multi-token int FL_GEMV_TMI=$v" s13-tmi$v 150 "$B/tests/fl-kernels__gemv" multi_token_int --test-threads=2
+  done
+  run_tests fl-engine__quant_gpu s13-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 ;;
+s13m)
+  for f in ${FL_TMG_MEMCHECK:-multi_token_gguf multi_token_int}; do
+    timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /"
+  done ;;
+s13i)
+  # the gemv bench's int8 / int4 lines at FL_TMG_M tokens under each FL_GEMV_TMI configuration
+  for v in ${FL_TMI_CONFIGS:-1 0 2 3 4}; do echo "FL_GEMV_TMI=$v"
+    FL_GEMV_TMI=$v m_bench 1 "int8|int4" "${FL_TMG_M:-4,16}" > "$OUT/mbench-tmi$v.log"
+    cat "$OUT/mbench-tmi$v.log"
+  done ;;
+s13p)
+  # the gemv bench's Q8_0 / Q4_0 lines at FL_TMG_M tokens under each FL_GEMV_TMG configuration
+  for v in ${FL_TMG_CONFIGS:-1 2 3 4 5 0}; do echo "FL_GEMV_TMG=$v"
+    FL_GEMV_TMG=$v m_bench gguf "q8_0|q4_0" "${FL_TMG_M:-4,16}" > "$OUT/mbench-tmg$v.log"
+    cat "$OUT/mbench-tmg$v.log"
+  done ;;
+s13e)
+  # llama-2-7b --quant q4_0 / q8_0 decode at batch 16, FL_GEMV_TMG configurations alternated
+  for qv in ${FL_TMG_ENGINE:-"q4_0 1" "q4_0 0" "q8_0 1" "q8_0 0"}; do
+    read -r q v <<< "${qv//:/ }"
+    echo "$q FL_GEMV_TMG=$v $(FL_GEMV_TMG=$v decode16_line $q)"
+  done
+  for qv in ${FL_TMI_ENGINE:-}; do
+    read -r q v <<< "${qv//:/ }"
+    echo "$q FL_GEMV_TMI=$v $(FL_GEMV_TMI=$v decode16_line $q)"
   done ;;
 s12f)
   # session 12, the final code: the GEMV tests whole, the GGUF tests under the lab

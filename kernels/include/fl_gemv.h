@@ -69,7 +69,11 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
  *         CUDA-core kernel under AUTO). Likewise for Q8_0 / Q4_0 with k % 256 == 0 (a warp
  *         copies 8 or 16 blocks of each of the CTA's 32 rows at a time, rows 16-byte
  *         aligned); the environment's FL_GEMV_T1G=0 turns that off (the CUDA-core kernel
- *         under AUTO). */
+ *         under AUTO). At m = 2..16, Q8_0 / Q4_0 with k % 256 == 0 take a kernel that copies
+ *         the blocks the same way, with every token's x beside them, and splits each block
+ *         over 4 lanes (FL_GEMV_TMG=0 turns it off: the general tensor-core kernel); int8 /
+ *         int4 at m = 2..16 with k % 256 == 0 likewise, 16-byte units in place of blocks
+ *         (FL_GEMV_TMI=0 turns it off). */
 #define FL_GEMV_PATH_AUTO 0
 #define FL_GEMV_PATH_FMA 1
 #define FL_GEMV_PATH_MMA 2

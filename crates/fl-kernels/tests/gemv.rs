@@ -199,6 +199,88 @@ fn gemv_one_token_gguf_kernel() {
 }
 
 #[test]
+fn gemv_multi_token_gguf_kernel() {
+    // The GGUF kernel for 2..16 tokens (gemv_tmg_kernel, Q8_0 / Q4_0 with k % 256 == 0)
+    // against the reference, every token's row of outputs on its own (a wrong token column
+    // would be diluted in one rel L2 over all of them): m = 2, 5, 8 (8-token mma groups), 9, 16
+    // (two groups; 9 leaves 7 zero-filled columns), on 37 x 256 (one superchunk per row, three
+    // of the four warps idle, a partial 16-row tile), 8195 x 4096 (4 superchunks per warp,
+    // partial last tile), 17 x 2816 (11 superchunks: one warp with three), 4099 x 11008 (the 7B
+    // MLP shape), 1 x 512 and 16901 x 512 (on an H100's 132 SMs n >= 128 x SMs: 8-tile CTAs
+    // of 2 warps at m > 8, one superchunk each); both activation types. The general kernel
+    // (k % 256 != 0) keeps its coverage in gemv_mma_path_every_token_count_and_group.
+    let Some(gpu) = gpu_or_skip("gemv_multi_token_gguf_kernel") else {
+        return;
+    };
+    let mut r = rng("gemv_tmg");
+    for &(n, k) in &[(37usize, 256usize), (8195, 4096), (17, 2816), (4099, 11008), (1, 512), (16901, 512)] {
+        for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for m in [2usize, 5, 8, 9, 16] {
+                check_tokens::<f16>(&gpu, &q, &dw, m, &mut r);
+                check_tokens::<bf16>(&gpu, &q, &dw, m, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_multi_token_int_kernel() {
+    // The int8 / int4 kernel for 2..16 tokens (gemv_tmi_kernel, k % 256 == 0) against the
+    // reference, token by token: m = 2, 5, 8, 9, 16 on 37 x 256 (one superchunk per row), 17
+    // x 2816 (11 superchunks over 4 warps) and 1 x 512 with int8 and int4 of every group with
+    // and without zero points; 8195 x 4096 (partial last tile) and 4099 x 11008 (group 32:
+    // 344 groups of staged scales and zeros) and 8451 x 512 (n >= 64 x 132 SMs: 8-tile CTAs of
+    // 2 warps at m > 8 on an H100) with int8, int4 g128, int4 g64 and int4zp g32; both
+    // activation types.
+    let Some(gpu) = gpu_or_skip("gemv_multi_token_int_kernel") else {
+        return;
+    };
+    let mut r = rng("gemv_tmi");
+    let int_formats: Vec<QuantFormat> =
+        all_formats().into_iter().filter(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)).collect();
+    let large = [
+        QuantFormat::Int8,
+        QuantFormat::Int4 { group: 128, zero_point: false },
+        QuantFormat::Int4 { group: 64, zero_point: false },
+        QuantFormat::Int4 { group: 32, zero_point: true },
+    ];
+    for &(n, k) in &[(37usize, 256usize), (17, 2816), (1, 512), (8195, 4096), (4099, 11008), (8451, 512)] {
+        let fmts: &[QuantFormat] = if n * k > 1 << 20 || n > 8192 { &large } else { &int_formats };
+        for &f in fmts {
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            for m in [2usize, 5, 8, 9, 16] {
+                check_tokens::<f16>(&gpu, &q, &dw, m, &mut r);
+                check_tokens::<bf16>(&gpu, &q, &dw, m, &mut r);
+            }
+        }
+    }
+}
+
+/// `check` with every token's row of `n` outputs held to the bound on its own.
+fn check_tokens<T: HalfDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight, m: usize, r: &mut impl rand::Rng) {
+    let s = gpu.stream();
+    let (n, k) = (q.n(), q.k());
+    let x: Vec<T> = random(r, m * k);
+    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+    let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
+    gemv::gemv(s, &dx, dw, &mut y).unwrap();
+    let got = y.to_host(s).unwrap();
+    let want = reference::gemv::gemv(&x, m, q);
+    for tok in 0..m {
+        let err = rel_l2(&got[tok * n..(tok + 1) * n], &want[tok * n..(tok + 1) * n]);
+        assert!(
+            err < bound::<T>(),
+            "gemv {} <{}> m={m} n={n} k={k} token {tok}: rel L2 {err:e}",
+            q.format().name(),
+            T::NAME
+        );
+    }
+}
+
+#[test]
 fn gemv_one_token_kernel_many_ctas() {
     // 33001 x 1056: several waves of CTAs (int8: 2063 CTAs of 16 rows; int4: 1032 of 32, the
     // 4-tile CTAs that n >= 64 x SMs takes), k = 1056 is 8.25 superchunks of int4 (4 warps:
