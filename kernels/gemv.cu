@@ -1507,6 +1507,35 @@ template <int F, int NT, int MT, int S, int W, int BPS> constexpr int64_t tmg_sm
     return (int64_t)W * S * tmg_slot_words<F, NT, MT, BPS>() * 16 + 16;
 }
 
+// The end of both multi-token kernels: acc[j][q][c] (rows 16 j + g (+ 8 for c >= 2), tokens
+// 8 q + 2 t + (c & 1)) of every warp to red[warp][token * 8 NT + row], summed over the warps
+// in warp order (deterministic), times int8's row scale, rounded once into y.
+template <int F, typename T, int NT, int MT, int W>
+__device__ __forceinline__ void tm_store(const float (&acc)[NT / 2][MT / 8][4], float (&red)[W][MT * NT * 8],
+                                         const void *scales, T *y, int m, int64_t n, int64_t base, int warp,
+                                         int g, int t) {
+#pragma unroll
+    for (int j = 0; j < NT / 2; ++j)
+#pragma unroll
+        for (int q = 0; q < MT / 8; ++q)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
+                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
+            }
+    __syncthreads();
+    for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
+        const int tok = e / (NT * 8);
+        const int64_t col = base + e % (NT * 8);
+        if (tok >= m || col >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int u = 0; u < W; ++u) v += red[u][e];
+        if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
+        y[(int64_t)tok * n + col] = from_f32<T>(v);
+    }
+}
+
 template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS>
 __global__ void __launch_bounds__(W * 32)
 gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
@@ -1649,27 +1678,7 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
-
-    // red[warp][token * 8 NT + row]; summed over the warps in warp order (deterministic).
-#pragma unroll
-    for (int j = 0; j < NP; ++j)
-#pragma unroll
-        for (int q = 0; q < NG; ++q)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
-                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
-            }
-    __syncthreads();
-    for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
-        const int tok = e / (NT * 8);
-        const int64_t col = base + e % (NT * 8);
-        if (tok >= m || col >= n) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int u = 0; u < W; ++u) v += red[u][e];
-        y[(int64_t)tok * n + col] = from_f32<T>(v);
-    }
+    tm_store<F, T, NT, MT, W>(acc, red, nullptr, y, m, n, base, warp, g, t);
 }
 
 // Its configuration: FL_GEMV_TMG (read once; A/B runs) = 0: off (the general kernel above, as
@@ -1911,28 +1920,7 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
-
-    // red[warp][token * 8 NT + row]; summed over the warps in warp order (deterministic).
-#pragma unroll
-    for (int j = 0; j < NP; ++j)
-#pragma unroll
-        for (int q = 0; q < NG; ++q)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
-                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
-            }
-    __syncthreads();
-    for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
-        const int tok = e / (NT * 8);
-        const int64_t col = base + e % (NT * 8);
-        if (tok >= m || col >= n) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int u = 0; u < W; ++u) v += red[u][e];
-        if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
-        y[(int64_t)tok * n + col] = from_f32<T>(v);
-    }
+    tm_store<F, T, NT, MT, W>(acc, red, scales, y, m, n, base, warp, g, t);
 }
 
 // Its configuration: FL_GEMV_TMI (read once; A/B runs) = 0: off (the general kernel above, as
