@@ -9,7 +9,8 @@
 //!
 //! `Q` vs `Dq` checks the kernels and the plumbing tightly: a weight-only model computes
 //! `x·Ŵᵀ` with exactly `Ŵ`, so it differs from `Dq` only by 16-bit rounding (the DESIGN
-//! tolerance, 1e-2; a wrong scale, group, row or missing bias is 0.1 or more); W8A8 differs
+//! tolerance, 1e-2, for f16; 2e-2 for bf16's whole model, see `bf16_model_bound`; a wrong
+//! scale, group, row or missing bias is 0.1 or more); W8A8 differs
 //! by its activation quantisation too (≈ 0.010 on the CPU, bound 3e-2). `Q` vs `D` checks the
 //! quantisation error is what it should be: the bounds are those `tests/quant.rs` derives on
 //! the CPU for random N(0, 0.02²) weights (int8, q8_0 ≈ 0.011 → 3e-2; w8a8 ≈ 0.015 → 5e-2;
@@ -57,6 +58,20 @@ fn bounds(q: &str) -> (f64, f64) {
         "int8" | "q8_0" => (3e-2, 1e-2),
         "w8a8" => (5e-2, 3e-2),
         _ => (0.5, 1e-2),
+    }
+}
+
+/// `Q` vs `Dq` in bf16: at least 2e-2. bf16 keeps 8 significant bits, and two bf16 models that
+/// differ only in the f32 summation order of one kernel (the GEMV against cuBLASLt's GEMM)
+/// round their activations differently at every layer: on the H100 the logits of the "short"
+/// request differed by 6.5e-3 to 1.02e-2 over 8 seeds, with the GEMV path forced either way
+/// (bench/RESULTS.md, session 13), against f16's 1e-2 bound. A wrong scale, group, row or bias
+/// still costs 0.1 or more.
+fn bf16_model_bound<T: fl_kernels::DType>(bound: f64) -> f64 {
+    if T::NAME == "bf16" {
+        bound.max(2e-2)
+    } else {
+        bound
     }
 }
 
@@ -218,6 +233,7 @@ fn quantised_vs_dense<T: RunDType>(cfg: &ModelConfig, modes: &[&str], seed_name:
     for &name in modes {
         let q = Quant::parse(name).expect("mode");
         let (vs_dense, vs_deq) = bounds(name);
+        let vs_deq = bf16_model_bound::<T>(vs_deq);
         let dq_path = write(
             dir.path(),
             &format!("{name}.safetensors"),
