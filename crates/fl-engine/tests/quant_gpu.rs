@@ -291,6 +291,27 @@ fn every_mode_matches_dense_on_its_dequantised_weights_bf16() {
 }
 
 #[test]
+fn weight_only_modes_on_shapes_of_the_ring_kernels() {
+    // Hidden 256, intermediate 512, 4 query heads and 2 kv heads of 64: every projection's k
+    // (256, 512) is a multiple of 256, so the quantised GEMV takes its ring kernels: the
+    // one-token ones in single-sequence decode, the multi-token ones (2..16 tokens) for the
+    // prompts of 2..16 tokens and the "ragged" request's decode batch of 4. The tiny model of
+    // the tests above (k = 128, 384) takes the general kernels only.
+    if gpu_or_skip("weight_only_modes_on_shapes_of_the_ring_kernels").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut c = config(false);
+    c.hidden_size = 256;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 64;
+    c.intermediate_size = 512;
+    quantised_vs_dense::<f16>(&c, &["int8", "int4", "int4-g32", "q8_0", "q4_0"], "quant_gpu_ring_f16");
+    quantised_vs_dense::<bf16>(&c, &["int8", "int4", "q4_0"], "quant_gpu_ring_bf16");
+}
+
+#[test]
 fn biases_are_added_after_the_quantised_product() {
     // qkv, o and mlp biases: GEMV + bias add, dequantise + cuBLASLt's bias epilogue, and for
     // W8A8 the dequantise-with-bias kernel followed by the unfused kernels.
