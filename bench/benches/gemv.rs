@@ -29,7 +29,9 @@ const ROTATE_BYTES: usize = 256 << 20;
 /// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only; `=gguf`: one token and Q8_0 /
 /// Q4_0 only (kernel A/B sweeps in one GPU call).
 fn quick_mode() -> Option<String> {
-    std::env::var("FL_GEMV_BENCH_QUICK").ok().filter(|v| v == "1" || v == "gguf")
+    std::env::var("FL_GEMV_BENCH_QUICK")
+        .ok()
+        .filter(|v| v == "1" || v == "gguf")
 }
 fn quick() -> bool {
     quick_mode().is_some()

@@ -307,7 +307,11 @@ fn weight_only_modes_on_shapes_of_the_ring_kernels() {
     c.num_key_value_heads = 2;
     c.head_dim = 64;
     c.intermediate_size = 512;
-    quantised_vs_dense::<f16>(&c, &["int8", "int4", "int4-g32", "q8_0", "q4_0"], "quant_gpu_ring_f16");
+    quantised_vs_dense::<f16>(
+        &c,
+        &["int8", "int4", "int4-g32", "q8_0", "q4_0"],
+        "quant_gpu_ring_f16",
+    );
     quantised_vs_dense::<bf16>(&c, &["int8", "int4", "q4_0"], "quant_gpu_ring_bf16");
 }
 

@@ -213,7 +213,14 @@ fn gemv_multi_token_gguf_kernel() {
         return;
     };
     let mut r = rng("gemv_tmg");
-    for &(n, k) in &[(37usize, 256usize), (8195, 4096), (17, 2816), (4099, 11008), (1, 512), (16901, 512)] {
+    for &(n, k) in &[
+        (37usize, 256usize),
+        (8195, 4096),
+        (17, 2816),
+        (4099, 11008),
+        (1, 512),
+        (16901, 512),
+    ] {
         for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
             let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
             let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
@@ -238,16 +245,38 @@ fn gemv_multi_token_int_kernel() {
         return;
     };
     let mut r = rng("gemv_tmi");
-    let int_formats: Vec<QuantFormat> =
-        all_formats().into_iter().filter(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)).collect();
+    let int_formats: Vec<QuantFormat> = all_formats()
+        .into_iter()
+        .filter(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0))
+        .collect();
     let large = [
         QuantFormat::Int8,
-        QuantFormat::Int4 { group: 128, zero_point: false },
-        QuantFormat::Int4 { group: 64, zero_point: false },
-        QuantFormat::Int4 { group: 32, zero_point: true },
+        QuantFormat::Int4 {
+            group: 128,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 64,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 32,
+            zero_point: true,
+        },
     ];
-    for &(n, k) in &[(37usize, 256usize), (17, 2816), (1, 512), (8195, 4096), (4099, 11008), (8451, 512)] {
-        let fmts: &[QuantFormat] = if n * k > 1 << 20 || n > 8192 { &large } else { &int_formats };
+    for &(n, k) in &[
+        (37usize, 256usize),
+        (17, 2816),
+        (1, 512),
+        (8195, 4096),
+        (4099, 11008),
+        (8451, 512),
+    ] {
+        let fmts: &[QuantFormat] = if n * k > 1 << 20 || n > 8192 {
+            &large
+        } else {
+            &int_formats
+        };
         for &f in fmts {
             let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
             let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
@@ -260,7 +289,13 @@ fn gemv_multi_token_int_kernel() {
 }
 
 /// `check` with every token's row of `n` outputs held to the bound on its own.
-fn check_tokens<T: HalfDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight, m: usize, r: &mut impl rand::Rng) {
+fn check_tokens<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    m: usize,
+    r: &mut impl rand::Rng,
+) {
     let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
     let x: Vec<T> = random(r, m * k);
@@ -294,8 +329,14 @@ fn gemv_one_token_kernel_many_ctas() {
     let (n, k) = (33001usize, 1056usize);
     let formats = [
         QuantFormat::Int8,
-        QuantFormat::Int4 { group: 32, zero_point: false },
-        QuantFormat::Int4 { group: 32, zero_point: true },
+        QuantFormat::Int4 {
+            group: 32,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 32,
+            zero_point: true,
+        },
     ];
     for f in formats {
         let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
@@ -318,9 +359,14 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
     let s = gpu.stream();
     let mut r = rng("gemv_t1_unaligned");
     let (n, k) = (16411usize, 2048usize);
-    let f = QuantFormat::Int4 { group: 64, zero_point: true };
+    let f = QuantFormat::Int4 {
+        group: 64,
+        zero_point: true,
+    };
     let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-    let Scales::F16(sc) = q.scales() else { unreachable!() };
+    let Scales::F16(sc) = q.scales() else {
+        unreachable!()
+    };
     let mut sc1 = vec![f16::from_f32(0.0)];
     sc1.extend_from_slice(sc);
     let mut z1 = vec![0u8];
