@@ -1507,6 +1507,25 @@ template <int F, int NT, int MT, int S, int W, int BPS> constexpr int64_t tmg_sm
     return (int64_t)W * S * tmg_slot_words<F, NT, MT, BPS>() * 16 + 16;
 }
 
+// One 16-row tile pair of one block (GGUF) or int4 unit in both multi-token kernels: the two
+// mmas of A fragments a0, a1 against each 8-token group q of B fragments xb[q], summed apart in
+// d and scaled by the block's / group's scale of rows g (s0) and g + 8 (s1) into acc[q]:
+// d = (row g, tokens 2t, 2t + 1), (row g + 8, the same tokens), + 8 q.
+template <typename T, int NG>
+__device__ __forceinline__ void tm_scaled_pair(float (&acc)[NG][4], const uint32_t (&a0)[4], const uint32_t (&a1)[4],
+                                               const uint32_t (&xb)[NG][4], float s0, float s1) {
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        mma<T>(d, a0, xb[q][0], xb[q][1]);
+        mma<T>(d, a1, xb[q][2], xb[q][3]);
+        acc[q][0] = fmaf(d[0], s0, acc[q][0]);
+        acc[q][1] = fmaf(d[1], s0, acc[q][1]);
+        acc[q][2] = fmaf(d[2], s1, acc[q][2]);
+        acc[q][3] = fmaf(d[3], s1, acc[q][3]);
+    }
+}
+
 // The end of both multi-token kernels: acc[j][q][c] (rows 16 j + g (+ 8 for c >= 2), tokens
 // 8 q + 2 t + (c & 1)) of every warp to red[warp][token * 8 NT + row], summed over the warps
 // in warp order (deterministic), times int8's row scale, rounded once into y.
@@ -1663,17 +1682,7 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
                 }
                 const float s0 = __half2float(*reinterpret_cast<const __half *>(r0 + b * BB));
                 const float s1 = __half2float(*reinterpret_cast<const __half *>(r0 + 8 * RB + b * BB));
-#pragma unroll
-                for (int q = 0; q < NG; ++q) {
-                    float d[4] = {0.f, 0.f, 0.f, 0.f};
-                    mma<T>(d, a0, xb[q][0], xb[q][1]);
-                    mma<T>(d, a1, xb[q][2], xb[q][3]);
-                    // d: (row g, tokens 2t, 2t + 1), (row g + 8, the same tokens), + 8 q.
-                    acc[j][q][0] = fmaf(d[0], s0, acc[j][q][0]);
-                    acc[j][q][1] = fmaf(d[1], s0, acc[j][q][1]);
-                    acc[j][q][2] = fmaf(d[2], s1, acc[j][q][2]);
-                    acc[j][q][3] = fmaf(d[3], s1, acc[j][q][3]);
-                }
+                tm_scaled_pair<T, NG>(acc[j], a0, a1, xb, s0, s1);
             }
         }
     }
@@ -1905,16 +1914,7 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
                     const uint32_t a1[4] = {p0[2], p1[2], p0[3], p1[3]};
                     const float s0 = __half2float(__ushort_as_half(ss[r0 * groups + gi]));
                     const float s1 = __half2float(__ushort_as_half(ss[r1 * groups + gi]));
-#pragma unroll
-                    for (int q = 0; q < NG; ++q) {
-                        float d[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma<T>(d, a0, xb[q][0], xb[q][1]);
-                        mma<T>(d, a1, xb[q][2], xb[q][3]);
-                        acc[j][q][0] = fmaf(d[0], s0, acc[j][q][0]);
-                        acc[j][q][1] = fmaf(d[1], s0, acc[j][q][1]);
-                        acc[j][q][2] = fmaf(d[2], s1, acc[j][q][2]);
-                        acc[j][q][3] = fmaf(d[3], s1, acc[j][q][3]);
-                    }
+                    tm_scaled_pair<T, NG>(acc[j], a0, a1, xb, s0, s1);
                 }
             }
         }

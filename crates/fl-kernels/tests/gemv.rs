@@ -63,6 +63,38 @@ fn check<T: HalfDType>(
     check_path::<T>(gpu, q, dw, m, r, GemvPath::Auto);
 }
 
+/// Random weights of `n x k` quantised to `f`, on the host and uploaded.
+fn random_quantized(
+    gpu: &Gpu,
+    r: &mut impl rand::Rng,
+    n: usize,
+    k: usize,
+    f: QuantFormat,
+) -> (QuantizedHost, QuantWeight) {
+    let q = gemv::quantize(&random_weights(r, n, k), n, k, f).unwrap();
+    let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+    (q, dw)
+}
+
+/// One launch on random `x [m, k]` into a NaN-poisoned `y [m, n]` with the kernel `path`
+/// chooses: (the outputs, the reference's).
+fn run_gemv<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    m: usize,
+    r: &mut impl rand::Rng,
+    path: GemvPath,
+) -> (Vec<T>, Vec<f64>) {
+    let s = gpu.stream();
+    let (n, k) = (q.n(), q.k());
+    let x: Vec<T> = random(r, m * k);
+    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+    let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
+    gemv::gemv_with_path(s, &dx, dw, &mut y, path).unwrap();
+    (y.to_host(s).unwrap(), reference::gemv::gemv(&x, m, q))
+}
+
 /// `check` with the kernel forced (`GemvPath::Auto`: what `gemv::gemv` does).
 fn check_path<T: HalfDType>(
     gpu: &Gpu,
@@ -72,14 +104,8 @@ fn check_path<T: HalfDType>(
     r: &mut impl rand::Rng,
     path: GemvPath,
 ) {
-    let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
-    let x: Vec<T> = random(r, m * k);
-    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
-    let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
-    gemv::gemv_with_path(s, &dx, dw, &mut y, path).unwrap();
-    let got = y.to_host(s).unwrap();
-    let want = reference::gemv::gemv(&x, m, q);
+    let (got, want) = run_gemv::<T>(gpu, q, dw, m, r, path);
     let err = rel_l2(&got, &want);
     assert!(
         err < bound::<T>(),
@@ -129,8 +155,7 @@ fn gemv_each_path_matches_reference_every_format() {
             if k % f.k_multiple() != 0 {
                 continue;
             }
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for &m in ms {
                 for path in [GemvPath::Mma, GemvPath::Fma] {
                     check_path::<f16>(&gpu, &q, &dw, m, &mut r, path);
@@ -156,8 +181,7 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
             if k % f.k_multiple() != 0 || matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0) {
                 continue;
             }
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for path in [GemvPath::Auto, GemvPath::Fma] {
                 check_path::<f16>(&gpu, &q, &dw, 1, &mut r, path);
                 check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, path);
@@ -188,8 +212,7 @@ fn gemv_one_token_gguf_kernel() {
         (16901, 1536),
     ] {
         for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for path in [GemvPath::Auto, GemvPath::Fma] {
                 check_path::<f16>(&gpu, &q, &dw, 1, &mut r, path);
                 check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, path);
@@ -222,8 +245,7 @@ fn gemv_multi_token_gguf_kernel() {
         (16901, 512),
     ] {
         for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for m in [2usize, 5, 8, 9, 16] {
                 check_tokens::<f16>(&gpu, &q, &dw, m, &mut r);
                 check_tokens::<bf16>(&gpu, &q, &dw, m, &mut r);
@@ -278,8 +300,7 @@ fn gemv_multi_token_int_kernel() {
             &int_formats
         };
         for &f in fmts {
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for m in [2usize, 5, 8, 9, 16] {
                 check_tokens::<f16>(&gpu, &q, &dw, m, &mut r);
                 check_tokens::<bf16>(&gpu, &q, &dw, m, &mut r);
@@ -296,14 +317,8 @@ fn check_tokens<T: HalfDType>(
     m: usize,
     r: &mut impl rand::Rng,
 ) {
-    let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
-    let x: Vec<T> = random(r, m * k);
-    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
-    let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
-    gemv::gemv(s, &dx, dw, &mut y).unwrap();
-    let got = y.to_host(s).unwrap();
-    let want = reference::gemv::gemv(&x, m, q);
+    let (got, want) = run_gemv::<T>(gpu, q, dw, m, r, GemvPath::Auto);
     for tok in 0..m {
         let err = rel_l2(&got[tok * n..(tok + 1) * n], &want[tok * n..(tok + 1) * n]);
         assert!(
@@ -339,8 +354,7 @@ fn gemv_one_token_kernel_many_ctas() {
         },
     ];
     for f in formats {
-        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
         check_path::<f16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
         check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
     }
@@ -420,8 +434,7 @@ fn gemv_mma_path_every_token_count_and_group() {
     let mut r = rng("gemv_mma_m");
     for f in all_formats() {
         let (n, k) = (45, 640);
-        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
         for m in 1..=MAX_M {
             check_path::<f16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
             check_path::<bf16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
@@ -512,8 +525,7 @@ fn gemv_mma_path_gpu_proptest() {
                 let mut r = rand::rngs::StdRng::seed_from_u64(seed);
                 let f = formats[fi];
                 let k = kb * f.k_multiple();
-                let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-                let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+                let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
                 check_path::<f16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
                 check_path::<bf16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
                 Ok(())
@@ -578,8 +590,7 @@ fn gemv_matches_reference_every_format_dtype_and_shape() {
             if k % f.k_multiple() != 0 {
                 continue;
             }
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             for m in [1, 3, 16] {
                 check::<f16>(&gpu, &q, &dw, m, &mut r);
                 check::<bf16>(&gpu, &q, &dw, m, &mut r);
@@ -597,8 +608,7 @@ fn gemv_every_token_count() {
     let mut r = rng("gemv_m");
     for &f in FORMATS {
         let (n, k) = (37, 640);
-        let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-        let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+        let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
         for m in 1..=MAX_M {
             check::<bf16>(&gpu, &q, &dw, m, &mut r);
         }
@@ -697,8 +707,7 @@ fn dequantize_matches_reference_every_format_dtype_and_shape() {
             if k % f.k_multiple() != 0 {
                 continue;
             }
-            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-            let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
             check_dequantize::<f16>(&gpu, &q, &dw);
             check_dequantize::<bf16>(&gpu, &q, &dw);
             check_dequantize::<f32>(&gpu, &q, &dw);
@@ -852,8 +861,7 @@ fn gemv_gpu_proptest() {
                 let mut r = rand::rngs::StdRng::seed_from_u64(seed);
                 let f = FORMATS[fi];
                 let k = kb * 128;
-                let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
-                let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+                let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
                 check::<f16>(&gpu, &q, &dw, m, &mut r);
                 check::<bf16>(&gpu, &q, &dw, m, &mut r);
                 Ok(())
