@@ -1526,21 +1526,22 @@ __device__ __forceinline__ void tm_scaled_pair(float (&acc)[NG][4], const uint32
     }
 }
 
-// The end of both multi-token kernels: acc[j][q][c] (rows 16 j + g (+ 8 for c >= 2), tokens
-// 8 q + 2 t + (c & 1)) of every warp to red[warp][token * 8 NT + row], summed over the warps
-// in warp order (deterministic), times int8's row scale, rounded once into y.
-template <int F, typename T, int NT, int MT, int W>
-__device__ __forceinline__ void tm_store(const float (&acc)[NT / 2][MT / 8][4], float (&red)[W][MT * NT * 8],
-                                         const void *scales, T *y, int m, int64_t n, int64_t base, int warp,
-                                         int g, int t) {
+// The end of both multi-token kernels: acc[j][q][c] (rows 16 (j0 + j) + g (+ 8 for c >= 2),
+// tokens 8 q + 2 t + (c & 1)) of every warp to red[grp][token * 8 NT + row] (the G rings'
+// warps hold disjoint rows), summed over the rings in order (deterministic), times int8's row
+// scale, rounded once into y.
+template <int F, typename T, int NT, int MT, int G, int NJ>
+__device__ __forceinline__ void tm_store(const float (&acc)[NJ][MT / 8][4], float (&red)[G][MT * NT * 8],
+                                         const void *scales, T *y, int m, int64_t n, int64_t base, int grp,
+                                         int j0, int g, int t) {
 #pragma unroll
-    for (int j = 0; j < NT / 2; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int q = 0; q < MT / 8; ++q)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
-                const int row = 16 * j + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
-                red[warp][tok * (NT * 8) + row] = acc[j][q][c];
+                const int row = 16 * (j0 + j) + g + (c >= 2 ? 8 : 0), tok = 8 * q + 2 * t + (c & 1);
+                red[grp][tok * (NT * 8) + row] = acc[j][q][c];
             }
     __syncthreads();
     for (int e = threadIdx.x; e < MT * NT * 8; e += blockDim.x) {
@@ -1549,7 +1550,7 @@ __device__ __forceinline__ void tm_store(const float (&acc)[NT / 2][MT / 8][4], 
         if (tok >= m || col >= n) continue;
         float v = 0.f;
 #pragma unroll
-        for (int u = 0; u < W; ++u) v += red[u][e];
+        for (int u = 0; u < G; ++u) v += red[u][e];
         if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
         y[(int64_t)tok * n + col] = from_f32<T>(v);
     }
@@ -1687,7 +1688,7 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
-    tm_store<F, T, NT, MT, W>(acc, red, nullptr, y, m, n, base, warp, g, t);
+    tm_store<F, T, NT, MT, W, NP>(acc, red, nullptr, y, m, n, base, warp, 0, g, t);
 }
 
 // Its configuration: FL_GEMV_TMG (read once; A/B runs) = 0: off (the general kernel above, as
@@ -1786,24 +1787,29 @@ template <int F, int NT, int MT, int S, int W> inline int64_t tmi_smem(int64_t k
            (int64_t)W * S * tmi_slot_words<F, NT, MT>() * 16;
 }
 
-template <int F, typename T, int NT, int MT, int S, int W, int UB>
+template <int F, typename T, int NT, int MT, int S, int W, int UB, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                 const uint8_t *__restrict__ zeros, T *__restrict__ y, int m, int64_t n, int64_t k, int group) {
     constexpr bool I4S = F == I4 || F == I4Z;
     constexpr int RB = tmi_row_bytes<F>(), RW = RB / 16, RWP = RW + 1;  // words per row, padded
     constexpr int SW = tmi_wslot_words<F, NT>();     // weight uint4s per slot: row r's at r * RWP
-    constexpr int CP = NT * 8 * RW / 32;             // weight copies per lane per superchunk
+    constexpr int G = W / PW, GT = 32 * PW;          // rings, threads per ring
+    constexpr int CP = NT * 8 * RW / GT;             // weight copies per thread per superchunk
     constexpr int TB = tmi_tok_bytes<F>();           // bytes per token of a slot's x part
     constexpr int SLOT = tmi_slot_words<F, NT, MT>();
     constexpr int UPS = RW;                          // units per superchunk (16 / 8)
-    constexpr int NP = NT / 2, NG = MT / 8;
-    static_assert(S >= 2 && NT % 2 == 0 && (MT == 8 || MT == 16) && (NT * 8 * RW) % 32 == 0,
-                  "a ring of at least two superchunks, 16-row tiles, 8 or 16 tokens");
+    constexpr int NP = NT / 2, NG = MT / 8, NJ = NP / PW;  // 16-row tiles: per CTA, per warp
+    static_assert(S >= 2 && NT % 2 == 0 && (MT == 8 || MT == 16) && (NT * 8 * RW) % GT == 0 &&
+                      W % PW == 0 && NP % PW == 0 && MT % PW == 0,
+                  "a ring of at least two superchunks, 16-row tiles, 8 or 16 tokens, whole rings");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[W][MT * NT * 8];
+    __shared__ float red[G][MT * NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // PW warps share a ring (grp): they copy its superchunks together and take NJ of its 16-row
+    // tiles each (h), synced by a named barrier of the ring's threads (a __syncwarp for PW = 1).
+    const int grp = warp / PW, h = warp % PW, tl = threadIdx.x % GT;
     const int nsc = (int)(k >> 8);                   // superchunks per row
     const int groups = I4S ? (int)(k / group) : 0;
     const int gshift = I4S ? __ffs(group) - 1 : 0;   // log2(group)
@@ -1811,7 +1817,7 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
     unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw);
     uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
-    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * SLOT);
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + grp * (S * SLOT);
 
     // Weight copies: word c = lane + 32 e of a superchunk is word c % RW of row c / RW, at byte
     // src[e] from the CTA's first row (rows past n copy row n - 1), into slot word
@@ -1820,11 +1826,11 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     uint32_t src[CP];
 #pragma unroll
     for (int e = 0; e < CP; ++e) {
-        const int c = lane + 32 * e;
+        const int c = tl + GT * e;
         const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
         src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
     }
-    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+    const int mine = nsc > grp ? (nsc - grp + G - 1) / G : 0;  // this ring's superchunks
 
     // int4: the scales (and zeros) of the CTA's rows, one commit group ahead of the ring's.
     if constexpr (I4S) {
@@ -1836,22 +1842,25 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     cp_async_commit();
     // Tokens m.. of every slot: zero, once.
     for (int sl = 0; sl < S; ++sl)
-        for (int e = m; e < MT; ++e) ring[sl * SLOT + SW + e * (TB / 16) + lane] = make_uint4(0u, 0u, 0u, 0u);
+        for (int e = m; e < MT; ++e)
+            if (e % PW == h) ring[sl * SLOT + SW + e * (TB / 16) + lane] = make_uint4(0u, 0u, 0u, 0u);
     const T *xl = x + 8 * lane;
     auto issue = [&](int i) {
         if (i < mine) {
-            const int sci = warp + i * W;
+            const int sci = grp + i * G;
             const uint8_t *wsc = wcta + (int64_t)sci * RB;
             uint4 *slot = ring + (i % S) * SLOT;
 #pragma unroll
             for (int e = 0; e < CP; ++e) {
-                const int c = lane + 32 * e;
+                const int c = tl + GT * e;
                 cp_async16(slot + (c / RW) * RWP + c % RW, wsc + src[e], 16);
             }
             const T *xs = xl + (int64_t)sci * 256;
 #pragma unroll
-            for (int e = 0; e < MT; ++e)
-                if (e < m) cp_async16(slot + SW + e * (TB / 16) + lane, xs + (int64_t)e * k, 16);
+            for (int e = 0; e < MT / PW; ++e) {
+                const int tok = PW * e + h;
+                if (tok < m) cp_async16(slot + SW + tok * (TB / 16) + lane, xs + (int64_t)tok * k, 16);
+            }
         }
         cp_async_commit();  // (an empty group past the warp's share)
     };
@@ -1860,18 +1869,22 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     cp_async_wait<S - 1>();  // the scale group
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
+    auto ring_sync = [&] {
+        if constexpr (PW == 1) __syncwarp();
+        else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(GT) : "memory");
+    };
 
-    float acc[NP][NG][4];
+    float acc[NJ][NG][4];
 #pragma unroll
-    for (int j = 0; j < NP; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int q = 0; q < NG; ++q) acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
-        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        ring_sync();             // every thread is done with slot (i - 1) % S (step i - 1)
         issue(i + S - 1);        // into that slot
-        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
-        __syncwarp();            // ... and every lane's are visible
-        const int sci = warp + i * W;
+        cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
+        ring_sync();             // ... and every thread's are visible
+        const int sci = grp + i * G;
         const uint32_t *sw = reinterpret_cast<const uint32_t *>(ring + (i % S) * SLOT);
         const unsigned char *xsl = reinterpret_cast<const unsigned char *>(ring + (i % S) * SLOT + SW);
 #pragma unroll UB
@@ -1891,8 +1904,8 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
             }
             const int gi = I4S ? (sci * 256 + (F == I8 ? 16 : 32) * u) >> gshift : 0;  // this unit's group
 #pragma unroll
-            for (int j = 0; j < NP; ++j) {
-                const int r0 = 16 * j + g, r1 = r0 + 8;
+            for (int j = 0; j < NJ; ++j) {
+                const int r0 = 16 * (h * NJ + j) + g, r1 = r0 + 8;
                 const uint32_t q0 = sw[(r0 * RWP + u) * 4 + t], q1 = sw[(r1 * RWP + u) * 4 + t];
                 if constexpr (F == I8) {
                     uint32_t p0a, p0b, p1a, p1b;
@@ -1920,7 +1933,7 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
-    tm_store<F, T, NT, MT, W>(acc, red, scales, y, m, n, base, warp, g, t);
+    tm_store<F, T, NT, MT, G, NJ>(acc, red, scales, y, m, n, base, grp, h * NJ, g, t);
 }
 
 // Its configuration: FL_GEMV_TMI (read once; A/B runs) = 0: off (the general kernel above, as
@@ -1936,23 +1949,27 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
 // int8 25.3 and 57.9; both n = 4096 rows 1.5-2x slower (64 CTAs), hence the n rule. Ring 3
 // was slower or tied; units unrolled by 2 slower except int4 at m = 16, 11008 x 4096.
 inline int tmi_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
     static const int v = env_choice("FL_GEMV_TMI", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, 4 warps, ring 2; 1: 8 tiles, 2 warps; 2: ring 3; 3:
-// unrolled by 2.
+// unrolled by 2; 4: 4 tiles, 8 warps in pairs per ring; 5: 8 tiles, 4 warps in pairs.
 template <int F> inline int tmi_variant(int m, int64_t n) {
     switch (tmi_config()) {
     case 2: return 2;
     case 3: return m > 8 ? 1 : 0;
     case 4: return 3;
+    case 5: return 4;
+    case 6: return m > 8 && n >= 64 * (int64_t)sm_count() ? 5 : 4;
     default: return m > 8 && n >= 64 * (int64_t)sm_count() ? 1 : 0;
     }
 }
+// (The last parameter of tmi_smem is the number of rings: warps / warps per ring.)
 template <int F, int MT> inline int64_t tmi_variant_smem(int v, int64_t k, int group) {
-    return v == 1 ? tmi_smem<F, 8, MT, 2, 2>(k, group) : v == 2 ? tmi_smem<F, 4, MT, 3, 4>(k, group)
-                                                             : tmi_smem<F, 4, MT, 2, 4>(k, group);
+    return v == 1 || v == 5 ? tmi_smem<F, 8, MT, 2, 2>(k, group)
+         : v == 2           ? tmi_smem<F, 4, MT, 3, 4>(k, group)
+                            : tmi_smem<F, 4, MT, 2, 4>(k, group);
 }
 // Whether a call takes it: int8 / int4, m = 2..16, k % 256 == 0 (whole superchunks), its
 // shared memory (int4's staged scales and zeros grow with k / group) <= 160 KB.
@@ -1961,11 +1978,11 @@ template <int F> inline bool tmi_applies(int m, int64_t n, int64_t k, int group)
     const int v = tmi_variant<F>(m, n);
     return (m <= 8 ? tmi_variant_smem<F, 8>(v, k, group) : tmi_variant_smem<F, 16>(v, k, group)) <= kT1MaxSmem;
 }
-template <int F, typename T, int NT, int MT, int S, int W, int UB>
+template <int F, typename T, int NT, int MT, int S, int W, int UB, int PW = 1>
 bool launch_tmi(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int m, int64_t n,
                 int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_tmi_kernel<F, T, NT, MT, S, W, UB>;
-    const int64_t smem = tmi_smem<F, NT, MT, S, W>(k, group);
+    const auto kernel = gemv_tmi_kernel<F, T, NT, MT, S, W, UB, PW>;
+    const int64_t smem = tmi_smem<F, NT, MT, S, W / PW>(k, group);
     if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
@@ -1984,6 +2001,8 @@ bool launch_tmi_mt(const T *x, const uint8_t *w, const void *scales, const uint8
     case 1: return launch_tmi<F, T, 8, MT, 2, 2, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
     case 2: return launch_tmi<F, T, 4, MT, 3, 4, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
     case 3: return launch_tmi<F, T, 4, MT, 2, 4, 2>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    case 4: return launch_tmi<F, T, 4, MT, 2, 8, U, 2>(x, w, scales, zeros, y, m, n, k, group, s, st);
+    case 5: return launch_tmi<F, T, 8, MT, 2, 4, U, 2>(x, w, scales, zeros, y, m, n, k, group, s, st);
     default: return launch_tmi<F, T, 4, MT, 2, 4, U>(x, w, scales, zeros, y, m, n, k, group, s, st);
     }
 }
