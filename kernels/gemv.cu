@@ -1135,27 +1135,30 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // at 4096 x 4096 (256 CTAs), slower at the other three shapes (21.1 against 20.5 us at
 // 11008 x 4096, 51.8 against 49.7 at 32000 x 4096; call 6), hence the int8 n rule.
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
 constexpr int kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
 // The kernel a call takes: 0: 2 tiles, 8 warps, register staging; 1: 2 tiles, 8 warps,
-// cp.async; 2: 2 tiles, 4 warps, cp.async; 3: 4 tiles, 4 warps, cp.async.
+// cp.async; 2: 2 tiles, 4 warps, cp.async; 3: 4 tiles, 4 warps, cp.async; 4 (lab): 6 tiles,
+// 4 warps, cp.async.
 template <int F> inline int t1_variant(int64_t n, int64_t k) {
     switch (t1_config()) {
     case 2: return 0;
     case 3: return 1;
     case 4: return 2;
     case 5: return 3;
+    case 6: return 4;
     default:
         if (F == I8) return ceil_div(n, 16) < 2 * (int64_t)sm_count() ? 2 : k <= 4096 ? 0 : 1;
         return ceil_div(n, 32) >= 2 * (int64_t)sm_count() ? 3 : 2;
     }
 }
 template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {
-    return v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group)
+    return v == 4 ? t1_smem<F, 6, kT1Ring, 4>(k, group)
+         : v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group)
          : v == 2 ? t1_smem<F, 2, kT1Ring, 4>(k, group)
                   : t1_smem<F, 2, kT1Ring, 8>(k, group);
 }
@@ -1204,6 +1207,7 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
     case 0: return launch_t1<F, T, 2, kT1Ring, false, 8>(x, w, scales, zeros, y, n, k, group, s, st);
     case 1: return launch_t1<F, T, 2, kT1Ring, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
     case 2: return launch_t1<F, T, 2, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 4: return launch_t1<F, T, 6, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     default: return launch_t1<F, T, 4, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     }
 }
@@ -1425,16 +1429,19 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // (Q4_0 8.5-8.8 against 8.2-8.3, Q8_0 12.9-13.0 against 11.3: half the pipeline steps per
 // warp), hence the n rules. 16 blocks with 2 warps were slower than with 4.
 inline int t1g_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
-// 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks.
+// 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
+// warps, 8 blocks; 5: 8 tiles, the same.
 template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     const int c = t1g_config();
     if (c == 2) return 1;
     if (c == 3) return 2;
+    if (c == 5) return 4;
+    if (c == 6) return 5;
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
         t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
@@ -1442,7 +1449,8 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     return 0;
 }
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
-    return v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
+    return v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
+         : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
          : v == 3 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
@@ -1472,6 +1480,8 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 1: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
     case 2: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
     case 3: return launch_t1g<F, T, 4, 2, 4, 16>(x, w, y, n, k, s, st);
+    case 4: return launch_t1g<F, T, 6, 2, 4>(x, w, y, n, k, s, st);
+    case 5: return launch_t1g<F, T, 8, 2, 4>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }

@@ -48,6 +48,10 @@
 #            Q4_0 lines at FL_TMG_M tokens per FL_GEMV_TMG configuration, s13e llama-2-7b q4_0 /
 #            q8_0 decode at batch 16 with it on and off; s13i the int8 / int4 lines per
 #            FL_GEMV_TMI configuration (gemv_tmi_kernel)
+#   s14      session 14: the GEMV tests, and the lab variants of the session's experiments under
+#            FL_TMI_TEST_CONFIGS / FL_T1_TEST_CONFIGS / FL_T1G_TEST_CONFIGS; s14b the m = 1 A/B of
+#            FL_T1_CONFIGS and FL_T1G_CONFIGS; s14n ncu of one launch per optable key in
+#            FL_NCU_KEYS (kernel:key), with stall reasons
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -275,6 +279,43 @@ s12n)
       --section MemoryWorkloadAnalysis "$B/tests/fl-kernels__gemv" $test --test-threads=1 > "$OUT/ncu-$kern-$skip.log" 2>&1
     echo "--- $kern launch $skip rc=$?"
     grep -E "gemv_t1|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Shared Memory Config|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|L1/TEX Hit|Stall|Grid Size" "$OUT/ncu-$kern-$skip.log" | sed -E 's/ +/ /g' | head -40
+  done ;;
+s14)
+  # session 14: the GEMV tests whole, then the lab variants of this session: warp pairs per
+  # ring in the multi-token int kernel (FL_GEMV_TMI=5 / 6), 6-tile CTAs in the one-token int
+  # kernel (FL_GEMV_T1=6), 6- / 8-tile CTAs in the one-token GGUF kernel (FL_GEMV_T1G=5 / 6)
+  run_tests fl-kernels__gemv s14-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  for v in ${FL_TMI_TEST_CONFIGS:-5 6}; do
+    FL_GEMV_TMI=$v run_tests "multi-token int FL_GEMV_TMI=$v" s14-tmi$v 150 "$B/tests/fl-kernels__gemv" multi_token_int --test-threads=2
+  done
+  for v in ${FL_T1_TEST_CONFIGS:-6}; do
+    FL_GEMV_T1=$v run_tests "one-token int FL_GEMV_T1=$v" s14-t1$v 150 "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=2
+  done
+  for v in ${FL_T1G_TEST_CONFIGS:-5 6}; do
+    FL_GEMV_T1G=$v run_tests "one-token gguf FL_GEMV_T1G=$v" s14-t1g$v 150 "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=2
+  done ;;
+s14b)
+  # one-token A/B: FL_GEMV_T1 configurations (int8 / int4), then FL_GEMV_T1G (Q8_0 / Q4_0)
+  for v in ${FL_T1_CONFIGS:-1 6}; do echo "FL_GEMV_T1=$v"
+    FL_GEMV_T1=$v quick_bench 1 "int8|int4" > "$OUT/qbench-t1$v.log"; cat "$OUT/qbench-t1$v.log"
+  done
+  for v in ${FL_T1G_CONFIGS:-1 5 6}; do echo "FL_GEMV_T1G=$v"
+    FL_GEMV_T1G=$v quick_bench gguf "q8_0|q4_0" > "$OUT/qbench-t1g$v.log"; cat "$OUT/qbench-t1g$v.log"
+  done ;;
+s14n)
+  # ncu of one launch of each one-token kernel (optable keys FL_NCU_KEYS), launch 3 of the key's
+  # (past the warm-up), stall reasons per issued instruction
+  for spec in ${FL_NCU_KEYS:-"gemv_t1g_kernel:gemv_q8_0|f16|1x11008x4096" "gemv_t1g_kernel:gemv_q4_0|f16|1x11008x4096" \
+              "gemv_t1_kernel:gemv_int4_g128|f16|1x11008x4096" "gemv_t1_kernel:gemv_int8|f16|1x11008x4096" \
+              "gemv_t1g_kernel:gemv_q4_0|f16|1x4096x4096"}; do
+    kern=${spec%%:*}; key=${spec#*:}; tag=$(echo "$key" | tr '|' '_')
+    timeout 200 ncu --kernel-name regex:$kern --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      "$B/bin/optable" "$key" > "$OUT/ncu-$tag.log" 2>&1
+    echo "--- $key rc=$?"
+    grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit (Sh|Reg|Wa)|Registers Per|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|Grid Size" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g' | head -24
+    grep -E "issue_stalled" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '$NF+0 >= 0.05' | head -14
   done ;;
 s13)
   # session 13: the GGUF GEMV for 2..16 tokens: the GEMV tests whole (default configuration),
