@@ -1134,6 +1134,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // 49.7 us at 32000 x 4096). int8 in 4-warp CTAs of 2 tiles: 9.94-9.99 against 10.12-10.13 us
 // at 4096 x 4096 (256 CTAs), slower at the other three shapes (21.1 against 20.5 us at
 // 11008 x 4096, 51.8 against 49.7 at 32000 x 4096; call 6), hence the int8 n rule.
+// Session 14 (call 1): 6 tiles (lab 6) slower everywhere (int4 g128 11008 x 4096 14.8 against
+// 13.1 us, 4096 x 4096 7.9 against 7.2).
 inline int t1_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
@@ -1250,39 +1252,51 @@ template <int F, int NT, int S, int W, int BPS = 8> inline int64_t t1g_smem(int6
     return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
 }
 
-template <int F, typename T, int NT, int S, int W, int BPS = 8>
+// The sync of a ring shared by PW warps (see gemv_tmi_kernel): __syncwarp for one warp, else
+// named barrier 1 + grp over the ring's 32 PW threads (barrier 0 is __syncthreads').
+template <int PW> __device__ __forceinline__ void ring_sync(int grp) {
+    if constexpr (PW == 1) __syncwarp();
+    else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(32 * PW) : "memory");
+}
+
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
                 int64_t k) {
     constexpr int BB = block_bytes<F>(), RB = t1g_row_bytes<F, BPS>(), RW = RB / 16;
     constexpr int SW = t1g_slot_words<F, NT, BPS>();  // uint4s per slot: row r's at r * RW
-    constexpr int CP = (SW + 31) / 32;           // copies per lane per superchunk
+    constexpr int G = W / PW, GT = 32 * PW;      // rings, threads per ring
+    constexpr int CP = (SW + GT - 1) / GT;       // copies per thread per superchunk
     constexpr int QW = F == Q80 ? 8 : 4;         // quant words per block
-    constexpr int NP = NT / 2;                   // 16-row tiles
-    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0, "a ring of at least two superchunks of whole words, 16-row tiles");
+    constexpr int NP = NT / 2, NJ = NP / PW;     // 16-row tiles: per CTA, per warp
+    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && W % PW == 0 && NP % PW == 0,
+                  "a ring of at least two superchunks of whole words, 16-row tiles, whole rings");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[W][NT * 8];
+    __shared__ float red[G][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // PW warps share a ring (grp): they copy its superchunks together and take NJ of its 16-row
+    // tiles each (hw).
+    const int grp = warp / PW, hw = warp % PW, tl = threadIdx.x % GT;
     const int nsc = (int)(k / (32 * BPS));      // superchunks per row
     const int64_t rowb = (k >> 5) * BB;         // bytes per row
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
-    uint4 *ring = xs + xdata + 4 + warp * (S * SW);
+    uint4 *ring = xs + xdata + 4 + grp * (S * SW);
 
-    // This lane's copies: word c = lane + 32 e of a slot is word c % RW of row c / RW, at
+    // This thread's copies: word c = tl + GT e of a slot is word c % RW of row c / RW, at
     // byte src[e] from the CTA's first row (32-bit: 8 NT rows); rows past n copy row n - 1
     // (valid memory; their outputs are dropped).
     const uint8_t *wcta = w + base * rowb;
     uint32_t src[CP];
 #pragma unroll
     for (int e = 0; e < CP; ++e) {
-        const int c = lane + 32 * e;
+        const int c = tl + GT * e;
         const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
         src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
     }
-    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+    const int mine = nsc > grp ? (nsc - grp + G - 1) / G : 0;  // this ring's superchunks
 
     // Stage x, one commit group ahead of the ring's (Q4_0: each thread copies whole blocks,
     // 4 uint4s, and reorders them below).
@@ -1294,13 +1308,13 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     cp_async_commit();
     auto issue = [&](int i) {
         if (i < mine) {
-            const uint8_t *wsc = wcta + (int64_t)(warp + i * W) * RB;
-            uint4 *slot = ring + (i % S) * SW + lane;
+            const uint8_t *wsc = wcta + (int64_t)(grp + i * G) * RB;
+            uint4 *slot = ring + (i % S) * SW + tl;
 #pragma unroll
             for (int e = 0; e < CP; ++e)
-                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, wsc + src[e], 16);
+                if (CP * GT == SW || tl + GT * e < SW) cp_async16(slot + GT * e, wsc + src[e], 16);
         }
-        cp_async_commit();  // (an empty group past the warp's share)
+        cp_async_commit();  // (an empty group past the ring's share)
     };
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
@@ -1327,15 +1341,15 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     // valid slot's d is read for them).
     const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;
 
-    float acc[NP][4];
+    float acc[NJ][4];
 #pragma unroll
-    for (int j = 0; j < NP; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
-        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        ring_sync<PW>(grp);      // every thread is done with slot (i - 1) % S (step i - 1)
         issue(i + S - 1);        // into that slot
-        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
-        __syncwarp();            // ... and every lane's are visible
-        const int sci = warp + i * W;
+        cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
+        ring_sync<PW>(grp);      // ... and every thread's are visible
+        const int sci = grp + i * G;
         const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SW);
 #pragma unroll
         for (int h = 0; h < BPS / 4; ++h) {
@@ -1345,8 +1359,9 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             const int a = b * BB + 2;  // its quants' first byte in the row
             const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
-            for (int j = 0; j < NP; ++j) {
-                const unsigned char *r0 = slot + (16 * j + g) * RB;  // rows g and g + 8 of tile j
+            for (int j = 0; j < NJ; ++j) {
+                // rows g and g + 8 of tile hw NJ + j
+                const unsigned char *r0 = slot + (16 * (hw * NJ + j) + g) * RB;
                 const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
                 const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RB + (a & ~3));
                 uint32_t raw0[QW + 1], raw1[QW + 1];
@@ -1386,15 +1401,15 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
 
     // Rows g and g + 8 of each tile: sum the lane's two columns, then the 4 lanes t (xor 1,
-    // 2); then the warps in warp order (deterministic).
+    // 2); then the rings in order (deterministic; a ring's warps hold disjoint rows).
 #pragma unroll
-    for (int j = 0; j < NP; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
             float v = acc[j][2 * c] + acc[j][2 * c + 1];
             v += __shfl_xor_sync(0xffffffffu, v, 1);
             v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[warp][16 * j + 8 * c + g] = v;
+            if (t == 0) red[grp][16 * (hw * NJ + j) + 8 * c + g] = v;
         }
     __syncthreads();
     if (threadIdx.x < NT * 8) {
@@ -1402,7 +1417,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         if (col < n) {
             float v = 0.f;
 #pragma unroll
-            for (int u = 0; u < W; ++u) v += red[u][threadIdx.x];
+            for (int u = 0; u < G; ++u) v += red[u][threadIdx.x];
             y[col] = from_f32<T>(v);
         }
     }
@@ -1428,14 +1443,18 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // 56.3-56.6 against 60.0-60.1, 11008 x 4096 26.1 against 25.8; both 4096 x 4096 rows slower
 // (Q4_0 8.5-8.8 against 8.2-8.3, Q8_0 12.9-13.0 against 11.3: half the pipeline steps per
 // warp), hence the n rules. 16 blocks with 2 warps were slower than with 4.
+// Session 14 (calls 1, 4): 6 and 8 tiles per CTA (lab 5, 6) slower at every shape (Q4_0
+// 11008 x 4096 17.1 / 18.6 against 15.6 us, Q8_0 only 25.2 against 25.7 there); pairs of warps
+// per ring (lab 7, 8 warps) tied at 4096 x 4096 and 32000 x 4096, Q4_0 at 4096 x 11008
+// 14.8-14.9 against 15.2-15.3 but at 11008 x 4096 16.7-16.8 against 15.8-16.0: not taken.
 inline int t1g_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
 // 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
-// warps, 8 blocks; 5: 8 tiles, the same.
+// warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
 template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     const int c = t1g_config();
     if (c == 2) return 1;
@@ -1445,13 +1464,14 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
         t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
-        return 3;
-    return 0;
+        return c == 7 ? 7 : 3;
+    return c == 7 ? 6 : 0;
 }
+// (The W of t1g_smem is the number of rings: warps / warps per ring.)
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
     return v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
-         : v == 3 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
+         : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
 // shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 with 8 blocks; 16
@@ -1460,10 +1480,10 @@ template <int F> inline bool t1g_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0 || t1g_config() == 0) return false;
     return t1g_variant_smem<F>(t1g_variant<F>(n, k), k) <= kT1MaxSmem;
 }
-template <int F, typename T, int NT, int S, int W, int BPS = 8>
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS>;
-    const int64_t smem = t1g_smem<F, NT, S, W, BPS>(k);
+    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW>;
+    const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS>(k);
     if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
@@ -1482,6 +1502,8 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 3: return launch_t1g<F, T, 4, 2, 4, 16>(x, w, y, n, k, s, st);
     case 4: return launch_t1g<F, T, 6, 2, 4>(x, w, y, n, k, s, st);
     case 5: return launch_t1g<F, T, 8, 2, 4>(x, w, y, n, k, s, st);
+    case 6: return launch_t1g<F, T, 4, 2, 8, 8, 2>(x, w, y, n, k, s, st);
+    case 7: return launch_t1g<F, T, 4, 2, 8, 16, 2>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }
@@ -1566,7 +1588,7 @@ __device__ __forceinline__ void tm_store(const float (&acc)[NJ][MT / 8][4], floa
     }
 }
 
-template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS>
+template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
                 int64_t k) {
@@ -1574,73 +1596,81 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     constexpr int SW = t1g_slot_words<F, NT, BPS>();  // weight uint4s per slot: row r's at r * RW
     constexpr int TB = tmg_tok_bytes<F, BPS>();       // bytes per token of a slot's x part
     constexpr int SLOT = tmg_slot_words<F, NT, MT, BPS>();
-    constexpr int CP = (SW + 31) / 32;    // weight copies per lane per superchunk
+    constexpr int G = W / PW, GT = 32 * PW;  // rings, threads per ring
+    constexpr int CP = (SW + GT - 1) / GT;   // weight copies per thread per superchunk
     constexpr int XC = BPS * 4 / 32;      // x copies per lane per token per superchunk
     constexpr int QW = F == Q80 ? 2 : 1;  // quant words per lane per block
-    constexpr int NP = NT / 2, NG = MT / 8;
-    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && (MT == 8 || MT == 16) && BPS % 8 == 0,
-                  "a ring of at least two superchunks of whole words, 16-row tiles, 8 or 16 tokens");
+    constexpr int NP = NT / 2, NG = MT / 8, NJ = NP / PW;  // 16-row tiles: per CTA, per warp
+    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && (MT == 8 || MT == 16) && BPS % 8 == 0 &&
+                      W % PW == 0 && NP % PW == 0 && MT % PW == 0,
+                  "a ring of at least two superchunks of whole words, 16-row tiles, 8 or 16 tokens, whole rings");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[W][MT * NT * 8];
+    __shared__ float red[G][MT * NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
+    // PW warps share a ring (grp): they copy its superchunks together (the x of tokens h, h +
+    // PW, ... each) and take NJ of its 16-row tiles each (h).
+    const int grp = warp / PW, h = warp % PW, tl = threadIdx.x % GT;
     const int nsc = (int)(k / (32 * BPS));  // superchunks per row
     const int64_t rowb = (k >> 5) * BB;     // bytes per row
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
-    uint4 *ring = reinterpret_cast<uint4 *>(t1_raw) + warp * (S * SLOT);
+    uint4 *ring = reinterpret_cast<uint4 *>(t1_raw) + grp * (S * SLOT);
 
-    // Weight copies as in t1g: word c = lane + 32 e of a slot is word c % RW of row c / RW,
+    // Weight copies as in t1g: word c = tl + GT e of a slot is word c % RW of row c / RW,
     // at byte src[e] from the CTA's first row; rows past n copy row n - 1.
     const uint8_t *wcta = w + base * rowb;
     uint32_t src[CP];
 #pragma unroll
     for (int e = 0; e < CP; ++e) {
-        const int c = lane + 32 * e;
+        const int c = tl + GT * e;
         const int64_t r = c / RW < n - base ? c / RW : n - 1 - base;
         src[e] = (uint32_t)(r * rowb) + 16u * (uint32_t)(c % RW);
     }
-    const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
+    const int mine = nsc > grp ? (nsc - grp + G - 1) / G : 0;  // this ring's superchunks
 
     // Tokens m.. of every slot: zero, once (the copies below never touch them).
     for (int sl = 0; sl < S; ++sl)
         for (int e = m; e < MT; ++e)
+            if (e % PW == h)
 #pragma unroll
-            for (int c = 0; c < XC; ++c)
-                ring[sl * SLOT + SW + e * (TB / 16) + lane + 32 * c] = make_uint4(0u, 0u, 0u, 0u);
+                for (int c = 0; c < XC; ++c)
+                    ring[sl * SLOT + SW + e * (TB / 16) + lane + 32 * c] = make_uint4(0u, 0u, 0u, 0u);
     // x copies: token e's uint4 lane + 32 c of superchunk s is x[e][256 BPS/8 s + 8 (lane + 32 c)].
     const T *xl = x + 8 * lane;
     auto issue = [&](int i) {
         if (i < mine) {
-            const int sci = warp + i * W;
+            const int sci = grp + i * G;
             const uint8_t *wsc = wcta + (int64_t)sci * RB;
-            uint4 *slot = ring + (i % S) * SLOT + lane;
+            uint4 *slot = ring + (i % S) * SLOT;
 #pragma unroll
             for (int e = 0; e < CP; ++e)
-                if (CP * 32 == SW || lane + 32 * e < SW) cp_async16(slot + 32 * e, wsc + src[e], 16);
+                if (CP * GT == SW || tl + GT * e < SW) cp_async16(slot + tl + GT * e, wsc + src[e], 16);
             const T *xs = xl + (int64_t)sci * (BPS * 32);
 #pragma unroll
-            for (int e = 0; e < MT; ++e)
-                if (e < m)
+            for (int e = 0; e < MT / PW; ++e) {
+                const int tok = PW * e + h;
+                if (tok < m)
 #pragma unroll
                     for (int c = 0; c < XC; ++c)
-                        cp_async16(slot + SW + e * (TB / 16) + 32 * c, xs + (int64_t)e * k + 256 * c, 16);
+                        cp_async16(slot + lane + SW + tok * (TB / 16) + 32 * c, xs + (int64_t)tok * k + 256 * c, 16);
+            }
         }
-        cp_async_commit();  // (an empty group past the warp's share)
+        cp_async_commit();  // (an empty group past the ring's share)
     };
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
     const NibZ zsym = nib_z<T>(8u);
 
-    float acc[NP][NG][4];
+    float acc[NJ][NG][4];
 #pragma unroll
-    for (int j = 0; j < NP; ++j)
+    for (int j = 0; j < NJ; ++j)
 #pragma unroll
         for (int q = 0; q < NG; ++q) acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
-        __syncwarp();            // every lane is done with slot (i - 1) % S (step i - 1)
+        ring_sync<PW>(grp);      // every thread is done with slot (i - 1) % S (step i - 1)
         issue(i + S - 1);        // into that slot
-        cp_async_wait<S - 1>();  // this lane's words of superchunk i are in ...
-        __syncwarp();            // ... and every lane's are visible
+        cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
+        ring_sync<PW>(grp);      // ... and every thread's are visible
         const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SLOT);
         const unsigned char *xsl = slot + SW * 16;
 #pragma unroll UB
@@ -1663,8 +1693,9 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             const int a = b * BB + 2 + 4 * QW * t;  // this lane's first quant byte in the row
             const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
-            for (int j = 0; j < NP; ++j) {
-                const unsigned char *r0 = slot + (16 * j + g) * RB;  // rows g and g + 8 of tile j
+            for (int j = 0; j < NJ; ++j) {
+                // rows g and g + 8 of tile h NJ + j
+                const unsigned char *r0 = slot + (16 * (h * NJ + j) + g) * RB;
                 const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
                 const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RB + (a & ~3));
                 uint32_t raw0[QW + 1], raw1[QW + 1];
@@ -1698,14 +1729,17 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
-    tm_store<F, T, NT, MT, W, NP>(acc, red, nullptr, y, m, n, base, warp, 0, g, t);
+    tm_store<F, T, NT, MT, G, NJ>(acc, red, nullptr, y, m, n, base, grp, h * NJ, g, t);
 }
 
 // Its configuration: FL_GEMV_TMG (read once; A/B runs) = 0: off (the general kernel above, as
-// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 4 warps, a ring of 2
-// superchunks of 8 blocks; for 9..16 tokens and n >= 64 x SMs (Q4_0) / 128 x SMs (Q8_0) 8
-// tiles and 2 warps instead; lab: 2: 4 tiles, ring 3; 3: 8 tiles, 2 warps whenever m > 8; 4:
-// 16 blocks (k % 512 == 0); 5: the block loop unrolled by 2 instead of 8.
+// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 4 rings of 2 superchunks of 8
+// blocks, each ring shared by a pair of warps (8 warps); for 9..16 tokens and n >= 64 x SMs
+// (Q4_0) / 128 x SMs (Q8_0) 8 tiles and 2 rings (4 warps in pairs) instead; but Q4_0 at 2..8
+// tokens one warp per ring (4 warps); lab (one warp per ring unless said): 2: 4 tiles, ring 3;
+// 3: 8 tiles, 2 warps whenever m > 8; 4: 16 blocks (k % 512 == 0); 5: the block loop unrolled
+// by 2 instead of 8; 6: pairs everywhere (the default rule without the Q4_0 exception); 7:
+// session 13's default, one warp per ring everywhere.
 // Measured on the H100 (bench/RESULTS.md, session 13; us at m = 4 / m = 16, 4 tiles and 4
 // warps unless said): the general kernel took 25.1 / 28.8 (Q8_0) and 17.8 / 21.6 (Q4_0) at
 // 4096 x 4096, 64.5 / 75.6 and 44.7 / 55.7 at 11008 x 4096; this one 10.7 / 11.5 and 8.1 /
@@ -1716,26 +1750,36 @@ gemv_tmg_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // 11008 x 4096 28.3-28.5 against 26.6, every n = 4096 row twice as slow (64 CTAs), and every
 // m = 4 row slower; hence the n rules. Ring 3 was mixed (Q8_0 m = 4 at 11008 x 4096 24.4-24.6
 // against 25.2, Q4_0 18.8-19.6 against 15.7); 16 blocks, and 2 tiles with a ring of 3, slower.
+// Session 14 (calls 3-4), pairs of warps per ring against one warp per ring: Q4_0 at m = 16
+// 9.5-9.8 against 9.8-10.1 us (4096 x 4096), 19.5-19.7 against 21.5-21.9 (11008 x 4096),
+// 19.4-20.0 against 20.1-20.7 (4096 x 11008), 40.4-40.5 against 43.3-43.4 (32000 x 4096); Q8_0
+// at m = 16 26.5-27.0 against 26.9-27.5 and 61.1-61.5 against 63.4-63.9; Q8_0 at m = 4 tied or
+// faster (24.4-24.6 against 25.1-25.8 at 11008 x 4096); but Q4_0 at m = 4, 11008 x 4096
+// 17.3-17.8 against 15.7-15.9, hence its exception.
 inline int tmg_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
     static const int v = env_choice("FL_GEMV_TMG", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, 4 warps, ring 2, 8 blocks; 1: 8 tiles, 2 warps; 2: 4
-// tiles, ring 3; 3: 16 blocks; 4: unrolled by 2.
+// tiles, ring 3; 3: 16 blocks; 4: unrolled by 2; 5 / 6: 0 / 1 with 8 / 4 warps in pairs per
+// ring.
 template <int F> inline int tmg_variant(int m, int64_t n, int64_t k) {
+    const bool wide = m > 8 && n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count();
     switch (tmg_config()) {
     case 2: return 2;
     case 3: return m > 8 ? 1 : 0;
     case 4: return k % 512 == 0 ? 3 : 0;
     case 5: return 4;
-    default: return m > 8 && n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count() ? 1 : 0;
+    case 6: return wide ? 6 : 5;
+    case 7: return wide ? 1 : 0;
+    default: return wide ? 6 : F == Q40 && m <= 8 ? 0 : 5;
     }
 }
-template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS>
+template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS, int PW = 1>
 bool launch_tmg(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_tmg_kernel<F, T, NT, MT, S, W, BPS, UB>;
-    constexpr int64_t smem = tmg_smem<F, NT, MT, S, W, BPS>();
+    const auto kernel = gemv_tmg_kernel<F, T, NT, MT, S, W, BPS, UB, PW>;
+    constexpr int64_t smem = tmg_smem<F, NT, MT, S, W / PW, BPS>();  // (its W: rings)
     if (!t1_opt_in(kernel, smem)) return false;
     const int64_t ctas = ceil_div(n, 8 * NT);
     if (ctas > 0x7fffffffLL) {
@@ -1753,6 +1797,8 @@ bool launch_tmg_mt(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t
     case 2: return launch_tmg<F, T, 4, MT, 3, 4, 8>(x, w, y, m, n, k, s, st);
     case 3: return launch_tmg<F, T, 4, MT, 2, 4, 16, 8>(x, w, y, m, n, k, s, st);
     case 4: return launch_tmg<F, T, 4, MT, 2, 4, 8, 2>(x, w, y, m, n, k, s, st);
+    case 5: return launch_tmg<F, T, 4, MT, 2, 8, 8, 8, 2>(x, w, y, m, n, k, s, st);
+    case 6: return launch_tmg<F, T, 8, MT, 2, 4, 8, 8, 2>(x, w, y, m, n, k, s, st);
     default: return launch_tmg<F, T, 4, MT, 2, 4, 8>(x, w, y, m, n, k, s, st);
     }
 }
@@ -1879,10 +1925,6 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     cp_async_wait<S - 1>();  // the scale group
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
-    auto ring_sync = [&] {
-        if constexpr (PW == 1) __syncwarp();
-        else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(GT) : "memory");
-    };
 
     float acc[NJ][NG][4];
 #pragma unroll
@@ -1890,10 +1932,10 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
 #pragma unroll
         for (int q = 0; q < NG; ++q) acc[j][q][0] = acc[j][q][1] = acc[j][q][2] = acc[j][q][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
-        ring_sync();             // every thread is done with slot (i - 1) % S (step i - 1)
+        ring_sync<PW>(grp);      // every thread is done with slot (i - 1) % S (step i - 1)
         issue(i + S - 1);        // into that slot
         cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
-        ring_sync();             // ... and every thread's are visible
+        ring_sync<PW>(grp);      // ... and every thread's are visible
         const int sci = grp + i * G;
         const uint32_t *sw = reinterpret_cast<const uint32_t *>(ring + (i % S) * SLOT);
         const unsigned char *xsl = reinterpret_cast<const unsigned char *>(ring + (i % S) * SLOT + SW);
@@ -1947,10 +1989,12 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
 }
 
 // Its configuration: FL_GEMV_TMI (read once; A/B runs) = 0: off (the general kernel above, as
-// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 4 warps, a ring of 2
-// superchunks; for 9..16 tokens and n >= 64 x SMs 8 tiles and 2 warps instead (half the x
-// copies per weight byte); lab: 2: ring 3; 3: 8 tiles and 2 warps whenever m > 8; 4: units
-// unrolled by 2 instead of 8.
+// before session 13); 1 (default): 4 tiles of 8 rows per CTA, 8 warps in pairs (4 rings of 2
+// superchunks); for 9..16 tokens and n >= 64 x SMs 8 tiles and 4 warps in pairs instead (half
+// the x copies per weight byte); lab: 2: one warp per ring (4 warps), ring 3; 3: one warp per
+// ring, 8 tiles and 2 warps whenever m > 8; 4: one warp per ring, units unrolled by 2 instead
+// of 8; 5: 4 tiles, 8 warps in pairs everywhere; 6: one warp per ring (session 13's default:
+// 4 tiles and 4 warps, or 8 tiles and 2 warps by the n rule above).
 // Measured on the H100 (bench/RESULTS.md, session 13; us, general kernel -> this one with 4
 // tiles): int4 g128 at m = 4: 8.9 -> 7.8 (4096 x 4096), 20.4 -> 16.7 (11008 x 4096), 20.4 ->
 // 13.7 (4096 x 11008), 45.3 -> 33.6 (32000 x 4096); at m = 16: 10.9 -> 8.8, 25.7 -> 20.1,
@@ -1958,6 +2002,12 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
 // -> 67.3. 8 tiles and 2 warps at m = 16: int4 g128 11008 x 4096 19.7, 32000 x 4096 38.5;
 // int8 25.3 and 57.9; both n = 4096 rows 1.5-2x slower (64 CTAs), hence the n rule. Ring 3
 // was slower or tied; units unrolled by 2 slower except int4 at m = 16, 11008 x 4096.
+// Session 14 (call 2): pairs of warps per ring (the ring's slot, and its copy of x, shared by
+// two warps that take half the tiles each, synced by a named barrier; twice the warps per SM
+// at the same shared memory) against one warp per ring: int4 g128 at m = 16 17.7 against 19.6
+// us (11008 x 4096), 35.0 against 38.3 (32000 x 4096); int4zp 20.1 / 38.6 against 22.8 / 44.1;
+// int8 25.3 / 55.1 against 26.4 / 57.6; the n = 4096 rows and m = 8 0-5% faster or tied (one
+// row 1% slower).
 inline int tmi_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
     static const int v = env_choice("FL_GEMV_TMI", choices, 1);
@@ -1971,8 +2021,8 @@ template <int F> inline int tmi_variant(int m, int64_t n) {
     case 3: return m > 8 ? 1 : 0;
     case 4: return 3;
     case 5: return 4;
-    case 6: return m > 8 && n >= 64 * (int64_t)sm_count() ? 5 : 4;
-    default: return m > 8 && n >= 64 * (int64_t)sm_count() ? 1 : 0;
+    case 6: return m > 8 && n >= 64 * (int64_t)sm_count() ? 1 : 0;
+    default: return m > 8 && n >= 64 * (int64_t)sm_count() ? 5 : 4;
     }
 }
 // (The last parameter of tmi_smem is the number of rings: warps / warps per ring.)

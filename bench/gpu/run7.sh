@@ -51,7 +51,9 @@
 #   s14      session 14: the GEMV tests, and the lab variants of the session's experiments under
 #            FL_TMI_TEST_CONFIGS / FL_T1_TEST_CONFIGS / FL_T1G_TEST_CONFIGS; s14b the m = 1 A/B of
 #            FL_T1_CONFIGS and FL_T1G_CONFIGS; s14n ncu of one launch per optable key in
-#            FL_NCU_KEYS (kernel:key), with stall reasons
+#            FL_NCU_KEYS (kernel:key), with stall reasons; s14c pairs of warps per ring in the GGUF
+#            kernels: tests, then m = 1 and multi-token A/B; s14f the final code's tests, memcheck
+#            and multi-token table; s14e llama-2-7b batch-16 decode, pairs on / off
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -316,6 +318,40 @@ s14n)
     echo "--- $key rc=$?"
     grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Cache Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit (Sh|Reg|Wa)|Registers Per|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|Grid Size" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g' | head -24
     grep -E "issue_stalled" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '$NF+0 >= 0.05' | head -14
+  done ;;
+s14c)
+  # session 14, pairs of warps per ring in the GGUF kernels: tests (FL_TMG_TEST_CONFIGS for the
+  # multi-token GGUF test, FL_T1G_TEST_CONFIGS for the one-token one), then the GGUF lines at
+  # m = 1 per FL_T1G_CONFIGS and at FL_TMG_M tokens per FL_TMG_CONFIGS (repeats allowed)
+  run_tests fl-kernels__gemv s14c-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  for v in ${FL_TMG_TEST_CONFIGS:-5 6}; do
+    FL_GEMV_TMG=$v run_tests "multi-token gguf FL_GEMV_TMG=$v" s14c-tmg$v 150 "$B/tests/fl-kernels__gemv" multi_token_gguf --test-threads=2
+  done
+  for v in ${FL_T1G_TEST_CONFIGS:-7}; do
+    FL_GEMV_T1G=$v run_tests "one-token gguf FL_GEMV_T1G=$v" s14c-t1g$v 150 "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=2
+  done
+  i=0; for v in ${FL_T1G_CONFIGS:-1 7 1 7}; do i=$((i+1)); echo "FL_GEMV_T1G=$v"
+    FL_GEMV_T1G=$v quick_bench gguf "q8_0|q4_0" > "$OUT/qbench-t1g$v-$i.log"; cat "$OUT/qbench-t1g$v-$i.log"
+  done
+  i=0; for v in ${FL_TMG_CONFIGS:-1 6}; do i=$((i+1)); echo "FL_GEMV_TMG=$v"
+    FL_GEMV_TMG=$v m_bench gguf "q8_0|q4_0" "${FL_TMG_M:-4,16}" > "$OUT/mbench-tmg$v-$i.log"; cat "$OUT/mbench-tmg$v-$i.log"
+  done ;;
+s14f)
+  # session 14, final code: memcheck of both multi-token tests in the background while the
+  # GEMV and engine tests run, then the gemv bench at FL_TMG_M tokens, every format
+  for f in multi_token_gguf multi_token_int; do
+    (timeout 400 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /" > "$OUT/memcheck-$f.txt") &
+  done
+  run_tests fl-kernels__gemv s14f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  run_tests fl-engine__quant_gpu s14f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+  run_tests fl-engine__engine_gpu s14f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  wait; cat "$OUT"/memcheck-*.txt
+  m_bench 0 "int8|int4|q8_0|q4_0" "${FL_TMG_M:-4,16}" > "$OUT/mbench-final.log"; cat "$OUT/mbench-final.log" ;;
+s14e)
+  # llama-2-7b batch-16 decode per quant (FL_S14E: quant:TMG:TMI triples)
+  for qv in ${FL_S14E:-q4_0:1:1 q4_0:7:6 q8_0:1:1 q8_0:7:6 int4:1:1 int4:1:6 int8:1:1}; do
+    IFS=: read -r q vg vi <<< "$qv"
+    echo "$q FL_GEMV_TMG=$vg FL_GEMV_TMI=$vi $(FL_GEMV_TMG=$vg FL_GEMV_TMI=$vi decode16_line $q)"
   done ;;
 s13)
   # session 13: the GGUF GEMV for 2..16 tokens: the GEMV tests whole (default configuration),
