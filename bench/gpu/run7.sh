@@ -87,6 +87,22 @@ decode_line() {
 m_bench() {
   FL_GEMV_BENCH_QUICK=$1 FL_GEMV_BENCH_M=$3 timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=[0-9]+ +($2)" | grep -v fma | shorten
 }
+# lab_tests VAR CONFIGS FILTER LABEL TAG: the gemv tests matching FILTER under VAR=v for each
+# v in CONFIGS (logs TAGv.log).
+lab_tests() {
+  local var=$1 configs=$2 filter=$3 label=$4 tag=$5 v
+  for v in $configs; do
+    ( export "$var=$v"; run_tests "$label $var=$v" "$tag$v" 150 "$B/tests/fl-kernels__gemv" "$filter" --test-threads=2 )
+  done
+}
+# lab_runs VAR CONFIGS TAG COMMAND...: COMMAND under VAR=v for each v in CONFIGS, printed and
+# logged to TAGv-i.log (i counts the runs, so a configuration may repeat).
+lab_runs() {
+  local var=$1 configs=$2 tag=$3 v i=0; shift 3
+  for v in $configs; do i=$((i + 1)); echo "$var=$v"
+    ( export "$var=$v"; "$@" ) > "$OUT/$tag$v-$i.log"; cat "$OUT/$tag$v-$i.log"
+  done
+}
 # decode16_line QUANT: llama-2-7b decode at batch 16 (16 x 512 tokens, 32 steps), one line.
 decode16_line() {
   timeout 150 "$B/bin/fl" bench --model llama-2-7b --quant "$1" --runs 16:512:32 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}'
@@ -287,23 +303,13 @@ s14)
   # ring in the multi-token int kernel (FL_GEMV_TMI=5 / 6), 6-tile CTAs in the one-token int
   # kernel (FL_GEMV_T1=6), 6- / 8-tile CTAs in the one-token GGUF kernel (FL_GEMV_T1G=5 / 6)
   run_tests fl-kernels__gemv s14-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-  for v in ${FL_TMI_TEST_CONFIGS:-5 6}; do
-    FL_GEMV_TMI=$v run_tests "multi-token int FL_GEMV_TMI=$v" s14-tmi$v 150 "$B/tests/fl-kernels__gemv" multi_token_int --test-threads=2
-  done
-  for v in ${FL_T1_TEST_CONFIGS:-6}; do
-    FL_GEMV_T1=$v run_tests "one-token int FL_GEMV_T1=$v" s14-t1$v 150 "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=2
-  done
-  for v in ${FL_T1G_TEST_CONFIGS:-5 6}; do
-    FL_GEMV_T1G=$v run_tests "one-token gguf FL_GEMV_T1G=$v" s14-t1g$v 150 "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=2
-  done ;;
+  lab_tests FL_GEMV_TMI "${FL_TMI_TEST_CONFIGS:-5 6}" multi_token_int "multi-token int" s14-tmi
+  lab_tests FL_GEMV_T1 "${FL_T1_TEST_CONFIGS:-6}" one_token_kernel "one-token int" s14-t1
+  lab_tests FL_GEMV_T1G "${FL_T1G_TEST_CONFIGS:-5 6}" one_token_gguf "one-token gguf" s14-t1g ;;
 s14b)
   # one-token A/B: FL_GEMV_T1 configurations (int8 / int4), then FL_GEMV_T1G (Q8_0 / Q4_0)
-  for v in ${FL_T1_CONFIGS:-1 6}; do echo "FL_GEMV_T1=$v"
-    FL_GEMV_T1=$v quick_bench 1 "int8|int4" > "$OUT/qbench-t1$v.log"; cat "$OUT/qbench-t1$v.log"
-  done
-  for v in ${FL_T1G_CONFIGS:-1 5 6}; do echo "FL_GEMV_T1G=$v"
-    FL_GEMV_T1G=$v quick_bench gguf "q8_0|q4_0" > "$OUT/qbench-t1g$v.log"; cat "$OUT/qbench-t1g$v.log"
-  done ;;
+  lab_runs FL_GEMV_T1 "${FL_T1_CONFIGS:-1 6}" s14b-qbench-t1 quick_bench 1 "int8|int4"
+  lab_runs FL_GEMV_T1G "${FL_T1G_CONFIGS:-1 5 6}" s14b-qbench-t1g quick_bench gguf "q8_0|q4_0" ;;
 s14n)
   # ncu of one launch of each one-token kernel (optable keys FL_NCU_KEYS), launch 3 of the key's
   # (past the warm-up), stall reasons per issued instruction
@@ -324,18 +330,10 @@ s14c)
   # multi-token GGUF test, FL_T1G_TEST_CONFIGS for the one-token one), then the GGUF lines at
   # m = 1 per FL_T1G_CONFIGS and at FL_TMG_M tokens per FL_TMG_CONFIGS (repeats allowed)
   run_tests fl-kernels__gemv s14c-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-  for v in ${FL_TMG_TEST_CONFIGS:-5 6}; do
-    FL_GEMV_TMG=$v run_tests "multi-token gguf FL_GEMV_TMG=$v" s14c-tmg$v 150 "$B/tests/fl-kernels__gemv" multi_token_gguf --test-threads=2
-  done
-  for v in ${FL_T1G_TEST_CONFIGS:-7}; do
-    FL_GEMV_T1G=$v run_tests "one-token gguf FL_GEMV_T1G=$v" s14c-t1g$v 150 "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=2
-  done
-  i=0; for v in ${FL_T1G_CONFIGS:-1 7 1 7}; do i=$((i+1)); echo "FL_GEMV_T1G=$v"
-    FL_GEMV_T1G=$v quick_bench gguf "q8_0|q4_0" > "$OUT/qbench-t1g$v-$i.log"; cat "$OUT/qbench-t1g$v-$i.log"
-  done
-  i=0; for v in ${FL_TMG_CONFIGS:-1 6}; do i=$((i+1)); echo "FL_GEMV_TMG=$v"
-    FL_GEMV_TMG=$v m_bench gguf "q8_0|q4_0" "${FL_TMG_M:-4,16}" > "$OUT/mbench-tmg$v-$i.log"; cat "$OUT/mbench-tmg$v-$i.log"
-  done ;;
+  lab_tests FL_GEMV_TMG "${FL_TMG_TEST_CONFIGS:-5 6}" multi_token_gguf "multi-token gguf" s14c-tmg
+  lab_tests FL_GEMV_T1G "${FL_T1G_TEST_CONFIGS:-7}" one_token_gguf "one-token gguf" s14c-t1g
+  lab_runs FL_GEMV_T1G "${FL_T1G_CONFIGS:-1 7 1 7}" qbench-t1g quick_bench gguf "q8_0|q4_0"
+  lab_runs FL_GEMV_TMG "${FL_TMG_CONFIGS:-1 6}" mbench-tmg m_bench gguf "q8_0|q4_0" "${FL_TMG_M:-4,16}" ;;
 s14f)
   # session 14, final code: memcheck of both multi-token tests in the background while the
   # GEMV and engine tests run, then the gemv bench at FL_TMG_M tokens, every format
