@@ -69,7 +69,9 @@
 //   (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of loads per warp, the
 //   weights on the mma's A side and the B columns that padding wasted at m = 1 used to keep
 //   each piece's products apart for its group scale); FL_GEMV_T1=0 turns it off. Q8_0 / Q4_0
-//   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off).
+//   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off); on sm_90+ Q8_0 takes a
+//   variant whose one ring per CTA is filled by bulk copies (gemv_t1b_kernel, FL_GEMV_T1B=0
+//   off).
 #include <cstring>
 #include <type_traits>
 
@@ -1508,6 +1510,274 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     }
 }
 
+// ---------------------------------------------------------------- one token, GGUF, bulk copies (t1b)
+// gemv_t1g_kernel with its per-warp cp.async rings replaced by one ring per CTA that the
+// bulk-copy engine fills (cp.async.bulk, sm_90+): the default for Q8_0 (t1b_config). Session
+// 14's ncu had t1g latency-bound (long-scoreboard stalls, 1.9 warps per scheduler, 18
+// cp.async per lane per superchunk of 16 blocks); here:
+// - A stage is BPS blocks of each of the CTA's R = 8 NT rows. Thread r < R copies row r's run
+//   (BPS x 18 / 34 bytes, fewer in the last stage) with one bulk copy into the stage; the
+//   stage's "full" mbarrier counts the bytes (one expect_tx by thread 0). Rows sit at a stride
+//   of an odd number of 16-byte words (the run, + 16 bytes when it is even), which keeps the
+//   lanes' 32-bit reads at two-way bank conflicts (a row stride of 0 mod 128 bytes gives eight).
+// - Warps split a stage by passes of 4 blocks (lane t takes block 4h + t of pass h, rows g and
+//   g + 8 of each 16-row tile, exactly t1g's product); when a stage has fewer passes than
+//   warps, WH warps share a pass and take NP / WH of its tiles each. A warp done with a stage
+//   arrives on its "empty" mbarrier (W arrivals); the producer threads wait for it before
+//   copying the stage S later into the slot.
+// - The producers (warp 0; warps 0 and 1 when R > 32) are consumers too: at the start of step
+//   i they copy stage i + S - 1 (after every warp is done with stage i - 1), then wait for
+//   stage i like the others.
+// - x is staged as in t1g (cp.async, Q4_0 reordered), while the first S - 1 stages are in
+//   flight.
+// Requires k % 256 == 0 (every run of 8 blocks a whole number of 16-byte words, rows on 16-byte
+// boundaries). grid.x = ceil(n / R), block = 32 W, dynamic shared memory t1b_smem().
+template <int F, int BPS> __host__ __device__ constexpr int t1b_row_stride() {
+    return (t1g_row_bytes<F, BPS>() / 16) % 2 ? t1g_row_bytes<F, BPS>() : t1g_row_bytes<F, BPS>() + 16;
+}
+template <int F, int NT, int BPS> __host__ __device__ constexpr int t1b_stage_bytes() {
+    return NT * 8 * t1b_row_stride<F, BPS>();
+}
+// Staged x (k values and 64 zero bytes), 2 S mbarriers, the ring, 16 bytes that the last
+// block's shared loads may read past it.
+template <int F, int NT, int BPS, int S> inline int64_t t1b_smem(int64_t k) {
+    return 2 * k + 64 + 16 * S + (int64_t)S * t1b_stage_bytes<F, NT, BPS>() + 16;
+}
+
+template <int F, typename T, int NT, int BPS, int S, int W>
+__global__ void __launch_bounds__(W * 32)
+gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
+                int64_t k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int BB = block_bytes<F>(), RS = t1b_row_stride<F, BPS>(), R = 8 * NT;
+    constexpr int SB = t1b_stage_bytes<F, NT, BPS>();
+    constexpr int QW = F == Q80 ? 8 : 4;    // quant words per block
+    constexpr int NP = NT / 2;              // 16-row tiles
+    constexpr int PS = BPS / 4;             // passes of a whole stage
+    constexpr int WH = W > PS ? W / PS : 1; // warps per pass
+    constexpr int WG = W / WH;              // pass groups
+    constexpr int NJ = NP / WH;             // tiles per warp
+    constexpr int HP = (PS + WG - 1) / WG;  // passes per warp per stage (at most)
+    static_assert(S >= 2 && BPS % 8 == 0 && NT % 2 == 0 && W % WH == 0 && NP % WH == 0 && R <= 32 * W,
+                  "a ring of at least two stages of whole words, 16-row tiles split evenly");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[WG][NT * 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int pg = warp / WH, hw = warp % WH;   // pass group, tile share
+    const int nb = (int)(k >> 5);               // blocks per row
+    const int nst = (nb + BPS - 1) / BPS;       // stages
+    const int64_t rowb = (int64_t)nb * BB;      // bytes per row
+    const int64_t base = (int64_t)blockIdx.x * R;
+    const int xdata = (int)(k >> 3);            // uint4s of x
+    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
+    const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(xs + xdata + 4));
+    const unsigned char *ring = t1_raw + 16 * (xdata + 4) + 16 * S;
+    const uint32_t ring_s = bars + 16 * S;
+    auto full = [&](int s) { return bars + 8u * (uint32_t)s; };
+    auto empty = [&](int s) { return bars + 8u * (uint32_t)(S + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), W);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+
+    // Producer thread r < R: row base + r (row n - 1 past n: valid memory, output dropped).
+    const bool producer = warp * 32 < R;
+    const int64_t prow = base + (threadIdx.x < R ? threadIdx.x : 0);
+    const uint8_t *wrow = w + (prow < n ? prow : n - 1) * rowb;
+    auto issue = [&](int i) {  // producer warps only
+        if (i >= nst) return;
+        const int s = i % S;
+        if (i >= S) mbar_wait(empty(s), ((i / S) + 1) & 1);  // stage i - S released
+        const uint32_t run = (uint32_t)((nb - i * BPS < BPS ? nb - i * BPS : BPS) * BB);
+        if (threadIdx.x == 0) mbar_expect_tx(full(s), R * run);
+        if (threadIdx.x < R)
+            bulk_copy(ring_s + (uint32_t)(s * SB + threadIdx.x * RS), wrow + (int64_t)i * (BPS * BB), run, full(s));
+    };
+    if (producer)
+        for (int i = 0; i < S - 1; ++i) issue(i);
+
+    // Stage x while they are in flight (as in t1g).
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
+    if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    cp_async_commit();
+    cp_async_wait<0>();
+    if constexpr (F == Q40) {
+        for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
+            uint4 *p = xs + 4 * b;
+            const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
+            const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+            const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
+                uint32_t f[4];
+                a_frags<Q40>(v, f);
+                p[c] = make_uint4(f[0], f[1], f[2], f[3]);
+            }
+        }
+    }
+    __syncthreads();
+    const NibZ zsym = nib_z<T>(8u);
+    const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
+
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int i = 0; i < nst; ++i) {
+        if (producer) issue(i + S - 1);
+        const int s = i % S;
+        mbar_wait(full(s), (i / S) & 1);
+        const int passes = (nb - i * BPS < BPS ? nb - i * BPS : BPS) / 4;
+        const unsigned char *slot = ring + s * SB;
+#pragma unroll
+        for (int hh = 0; hh < HP; ++hh) {
+            const int h = pg + hh * WG;
+            if (h < passes) {
+                const int b = 4 * h + t;  // this lane's block in the stage
+                const uint4 *xv = g == t ? xs + 4 * (BPS * i + b) : xs + xdata;
+                const uint4 xw[4] = {xv[0], xv[1], xv[2], xv[3]};
+                const int a = b * BB + 2;  // its quants' first byte in the row
+                const unsigned sh = (a & 2) ? 16u : 0u;
+#pragma unroll
+                for (int j = 0; j < NJ; ++j) {
+                    const unsigned char *r0 = slot + (16 * (hw * NJ + j) + g) * RS;
+                    const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
+                    const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RS + (a & ~3));
+                    uint32_t raw0[QW + 1], raw1[QW + 1];
+#pragma unroll
+                    for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int c = 0; c < QW; ++c) {
+                        const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
+                        const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
+                        if constexpr (F == Q40) {
+                            uint32_t p0[4], p1[4];
+                            nib_pairs<T>(q0, zsym, p0);
+                            nib_pairs<T>(q1, zsym, p1);
+                            const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+                            const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+                            mma<T>(d, a1, xw[c].x, xw[c].y);
+                            mma<T>(d, a2, xw[c].z, xw[c].w);
+                        } else {
+                            uint32_t p0a, p0b, p1a, p1b;
+                            byte_pairs<T>(q0, p0a, p0b);
+                            byte_pairs<T>(q1, p1a, p1b);
+                            const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
+                            mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
+                        }
+                    }
+                    const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
+                    acc[j][0] = fmaf(d[0], __half2float(*reinterpret_cast<const __half *>(s0)), acc[j][0]);
+                    acc[j][1] = fmaf(d[1], __half2float(*reinterpret_cast<const __half *>(s1)), acc[j][1]);
+                    acc[j][2] = fmaf(d[2], __half2float(*reinterpret_cast<const __half *>(s0 + 8 * RS)), acc[j][2]);
+                    acc[j][3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RS)), acc[j][3]);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the slot
+    }
+
+    // Rows g and g + 8 of each tile: the lane's two columns, the 4 lanes t, then the pass
+    // groups in order (deterministic; a group's warps hold disjoint rows).
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = acc[j][2 * c] + acc[j][2 * c + 1];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) red[pg][16 * (hw * NJ + j) + 8 * c + g] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R) {
+        const int64_t col = base + threadIdx.x;
+        if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < WG; ++u) v += red[u][threadIdx.x];
+            y[col] = from_f32<T>(v);
+        }
+    }
+#endif
+}
+
+// Its configuration: FL_GEMV_T1B (read once; A/B runs) = 0: off (both formats take t1g); 1
+// (default): Q8_0 takes CTAs of 4 tiles (32 rows), stages of 64 blocks, a ring of 2, 8 warps;
+// Q4_0 stays on t1g; lab: 2: that kernel for Q4_0 too; 3: 4 tiles, 16 blocks, ring 4, 4
+// warps; 4: 2 tiles, 128 blocks, ring 2, 8 warps; 5: 8 tiles, 32 blocks, ring 2, 8 warps
+// (both formats).
+// Measured on the H100 (bench/RESULTS.md, session 15, two calls), us at m = 1 against t1g:
+// Q8_0 4096 x 4096 11.0-11.1 against 11.2-11.4, 11008 x 4096 23.9-24.3 against 25.7-26.0,
+// 4096 x 11008 21.8-22.0 against 23.1-23.4, 32000 x 4096 54.6-55.3 against 56.1-56.5. Q4_0
+// slower with it at k = 4096 (11008 x 4096 17.5-17.6 against 15.6-15.7; its stages land
+// together and the CTA's compute then overlaps no copy of its own: Q4_0 has half the bytes
+// per product of Q8_0) and tied at 4096 x 11008. Stages of 8-32 blocks (per-copy overheads:
+// 4 tiles of 16 blocks in a ring of 4 took 34.5 us for Q8_0 at 4096 x 11008), 16 warps,
+// rings of 3, 2-tile CTAs, and the L2 evict-first policy on the copies were all slower.
+inline int t1b_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const int v = env_choice("FL_GEMV_T1B", choices, 1);
+    return v;
+}
+// The kernel a call takes: 0: none (t1g); 1: 4 tiles, 64 blocks, ring 2, 8 warps; 2: 4 tiles,
+// 16 blocks, ring 4, 4 warps; 3: 2 tiles, 128 blocks, ring 2, 8 warps; 4: 8 tiles, 32 blocks,
+// ring 2, 8 warps.
+template <int F> inline int t1b_variant() {
+    switch (t1b_config()) {
+    case 0: return 0;
+    case 2: return 1;
+    case 3: return 2;
+    case 4: return 3;
+    case 5: return 4;
+    default: return F == Q80 ? 1 : 0;
+    }
+}
+template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
+    return v == 2 ? t1b_smem<F, 4, 16, 4>(k) : v == 3 ? t1b_smem<F, 2, 128, 2>(k)
+         : v == 4 ? t1b_smem<F, 8, 32, 2>(k) : t1b_smem<F, 4, 64, 2>(k);
+}
+// Whether a call takes it: m = 1, Q8_0 / Q4_0 with a variant for the format, k % 256 == 0, an
+// sm_90+ device, its shared memory <= 160 KB (k up to ~11.7k values for Q8_0 with the
+// default; past that the call takes t1g).
+template <int F> inline bool t1b_applies(int m, int64_t k) {
+    if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0) return false;
+    const int v = t1b_variant<F>();
+    return v != 0 && cc_major() >= 9 && t1b_variant_smem<F>(v, k) <= kT1MaxSmem;
+}
+template <int F, typename T, int NT, int BPS, int S, int W>
+bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W>;
+    const int64_t smem = t1b_smem<F, NT, BPS, S>(k);
+    if (!t1_opt_in(kernel, smem)) return false;
+    const int64_t ctas = ceil_div(n, 8 * NT);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k);
+    st = launch_status();
+    return true;
+}
+template <int F, typename T>
+bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
+    switch (t1b_variant<F>()) {
+    case 2: return launch_t1b<F, T, 4, 16, 4, 4>(x, w, y, n, k, s, st);
+    case 3: return launch_t1b<F, T, 2, 128, 2, 8>(x, w, y, n, k, s, st);
+    case 4: return launch_t1b<F, T, 8, 32, 2, 8>(x, w, y, n, k, s, st);
+    default: return launch_t1b<F, T, 4, 64, 2, 8>(x, w, y, n, k, s, st);
+    }
+}
+
 // ---------------------------------------------------------------- 2..16 tokens, GGUF (tmg)
 // At m = 2..16 the GGUF formats took the general kernel above, whose per-lane loads of
 // 2-byte-aligned blocks (two or three 32-bit loads, a 16-bit one, the scale's 16-bit load, one
@@ -2120,6 +2390,7 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
             return st;
     } else {
         fl_status st = FL_OK;
+        if (t1b_applies<F>(m, k) && launch_t1b_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
         if (t1g_applies<F>(m, n, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
         if (tmg_applies(m, k) && launch_tmg_config<F, T>(xt, wt, yt, m, n, k, s, st)) return st;
     }
@@ -2355,8 +2626,8 @@ inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64
     if (path == FL_GEMV_PATH_FMA) return false;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
            (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32)) ||
-           (format == FL_GEMV_Q8_0 && tc::t1g_applies<Q80>((int)m, n, k)) ||
-           (format == FL_GEMV_Q4_0 && tc::t1g_applies<Q40>((int)m, n, k));
+           (format == FL_GEMV_Q8_0 && (tc::t1b_applies<Q80>((int)m, k) || tc::t1g_applies<Q80>((int)m, n, k))) ||
+           (format == FL_GEMV_Q4_0 && (tc::t1b_applies<Q40>((int)m, k) || tc::t1g_applies<Q40>((int)m, n, k)));
 }
 
 }  // namespace gemv

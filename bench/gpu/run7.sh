@@ -54,6 +54,9 @@
 #            FL_NCU_KEYS (kernel:key), with stall reasons; s14c pairs of warps per ring in the GGUF
 #            kernels: tests, then m = 1 and multi-token A/B; s14f the final code's tests, memcheck
 #            and multi-token table; s14e llama-2-7b batch-16 decode, pairs on / off
+#   s15      session 15: the bulk-copy one-token GGUF kernel (gemv_t1b_kernel): tests and memcheck
+#            under FL_GEMV_T1B variants, then the m = 1 A/B per FL_T1B_CONFIGS; s15f the final
+#            code's GEMV, attention and engine tests, llama-2-7b q8_0 decode with it on / off
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -298,6 +301,23 @@ s12n)
     echo "--- $kern launch $skip rc=$?"
     grep -E "gemv_t1|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers Per|Shared Memory Config|Dynamic Shared|Waves Per SM|Warp Cycles Per Issued|Issued Warp Per|No Eligible|Active Warps Per|Eligible Warps|L2 Hit|L1/TEX Hit|Stall|Grid Size" "$OUT/ncu-$kern-$skip.log" | sed -E 's/ +/ /g' | head -40
   done ;;
+s15)
+  # session 15: the bulk-copy one-token GGUF kernel (gemv_t1b_kernel): the one-token GGUF tests
+  # under each FL_GEMV_T1B in FL_T1B_TEST_CONFIGS (memcheck under FL_T1B_MEMCHECK in the
+  # background), then the m = 1 Q8_0 / Q4_0 lines per FL_T1B_CONFIGS
+  (FL_GEMV_T1B=${FL_T1B_MEMCHECK:-1} timeout 300 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck t1b: /" > "$OUT/memcheck-t1b.txt") &
+  lab_tests FL_GEMV_T1B "${FL_T1B_TEST_CONFIGS:-2 3 4 5}" one_token_gguf "one-token gguf" s15-t1b
+  wait; cat "$OUT/memcheck-t1b.txt"
+  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 1 0}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
+s15f)
+  # session 15, final code: the GEMV and engine GPU tests (wgmma attention probes and prefill
+  # tests too: common.cuh now holds the mbarrier helpers), then llama-2-7b q8_0 batch-1 decode
+  # with the bulk-copy kernel on / off, alternated
+  run_tests fl-kernels__gemv s15f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  for t in attention_prefill wgmma_probe; do run_tests "fl-kernels__$t" "s15f-$t" 200 "$B/tests/fl-kernels__$t" --test-threads=2; done
+  run_tests fl-engine__quant_gpu s15f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+  run_tests fl-engine__engine_gpu s15f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  for v in ${FL_S15E:-1 0 1 0}; do echo "q8_0 FL_GEMV_T1B=$v $(FL_GEMV_T1B=$v decode_line q8_0)"; done ;;
 s14)
   # session 14: the GEMV tests whole, then the lab variants of this session: warp pairs per
   # ring in the multi-token int kernel (FL_GEMV_TMI=5 / 6), 6-tile CTAs in the one-token int

@@ -101,34 +101,7 @@ __device__ __forceinline__ void load_rows(uint32_t s, const T *g, int64_t gstrid
     }
 }
 
-// --- mbarriers and TMA (cp.async.bulk.tensor) -------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes mbarrier initialisations visible to the async proxy (TMA) and the other threads; the
-// caller then synchronises the CTA once.
-__device__ __forceinline__ void fence_mbar_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Arrives on `bar` and adds `bytes` to the transaction count the phase waits for.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Spins until the phase of `bar` with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-    uint32_t done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
+// --- TMA (cp.async.bulk.tensor); the mbarriers are common.cuh's (mbar_init, ...) ---------------
 // TMA: the box at element coordinates (c0, c1, c2) of the 3-d tensor `map` describes, into
 // shared memory at `dst`; completion is counted in bytes on `bar`. `map` is the address of a
 // __grid_constant__ kernel parameter.
