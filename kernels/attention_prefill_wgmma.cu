@@ -26,6 +26,7 @@
 
 #include "common/common.cuh"
 #include "common/wgmma.cuh"
+#include "common/tma_host.cuh"
 
 namespace fl {
 namespace prefill_wgmma {
@@ -345,25 +346,6 @@ constexpr bool kHaveSm90Code = true;  // an nvcc without the list (< 11.5): assu
 
 // Whether this process's device runs the kernel (compute capability 9.x: sm_90a code).
 inline bool device_ok() { return cc_major() == 9; }
-
-// cuTensorMapEncodeTiled from the driver (looked up once; null when the driver lacks it).
-inline PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *f = nullptr;
-        cudaDriverEntryPointQueryResult q;
-#if CUDART_VERSION >= 12050
-        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-#else  // toolkits 12.0-12.4 have only the unversioned lookup
-        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &q);
-#endif
-        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError();
-            f = nullptr;
-        }
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-    }();
-    return fn;
-}
 
 // [tokens, heads, 128] 16-bit row-major as a 3-d map (innermost first), boxes of 64 elements
 // (128 bytes: the 128-byte swizzle's span) x 1 head x 128 tokens; out-of-range rows read 0.

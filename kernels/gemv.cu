@@ -76,6 +76,7 @@
 #include <type_traits>
 
 #include "common/common.cuh"
+#include "common/tma_host.cuh"
 
 namespace fl {
 namespace gemv {
@@ -1538,33 +1539,42 @@ template <int F, int BPS> __host__ __device__ constexpr int t1b_row_stride() {
 template <int F, int NT, int BPS> __host__ __device__ constexpr int t1b_stage_bytes() {
     return NT * 8 * t1b_row_stride<F, BPS>();
 }
-// Staged x (k values and 64 zero bytes), 2 S mbarriers, the ring, 16 bytes that the last
-// block's shared loads may read past it.
-template <int F, int NT, int BPS, int S> inline int64_t t1b_smem(int64_t k) {
-    return 2 * k + 64 + 16 * S + (int64_t)S * t1b_stage_bytes<F, NT, BPS>() + 16;
+// Staged x (k values and 64 zero bytes), 2 S mbarriers, the ring (128-byte aligned: up to 112
+// bytes of padding), 16 bytes that the last block's shared loads may read past it.
+template <int F, int NT, int BPS, int S, int NR = 1> inline int64_t t1b_smem(int64_t k) {
+    return 2 * k + 64 + 16 * S * NR + 128 + (int64_t)NR * S * t1b_stage_bytes<F, NT, BPS>() + 16;
 }
 
-template <int F, typename T, int NT, int BPS, int S, int W>
+// TM: one TMA tensor copy per stage (the box of R rows x t1b_row_stride bytes at the stage's
+// first block, `wmap` from t1b_map: the 16 bytes past a row's run belong to the next stage
+// and are copied too, rows past n and bytes past a row's end read 0) in place of R bulk
+// copies. WR (lab): a ring per warp, as in t1g (warp w takes stages w, w + W, ... whole, no
+// other warp waits for it), in place of one per CTA.
+template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
-                int64_t k) {
+                int64_t k, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int BB = block_bytes<F>(), RS = t1b_row_stride<F, BPS>(), R = 8 * NT;
     constexpr int SB = t1b_stage_bytes<F, NT, BPS>();
     constexpr int QW = F == Q80 ? 8 : 4;    // quant words per block
     constexpr int NP = NT / 2;              // 16-row tiles
     constexpr int PS = BPS / 4;             // passes of a whole stage
-    constexpr int WH = W > PS ? W / PS : 1; // warps per pass
-    constexpr int WG = W / WH;              // pass groups
+    constexpr int NR = WR ? W : 1;          // rings
+    constexpr int WPR = W / NR;             // warps per ring
+    constexpr int WH = WPR > PS ? WPR / PS : 1;  // warps per pass
+    constexpr int WG = WPR / WH;            // pass groups
     constexpr int NJ = NP / WH;             // tiles per warp
     constexpr int HP = (PS + WG - 1) / WG;  // passes per warp per stage (at most)
-    static_assert(S >= 2 && BPS % 8 == 0 && NT % 2 == 0 && W % WH == 0 && NP % WH == 0 && R <= 32 * W,
+    static_assert(S >= 2 && BPS % 8 == 0 && NT % 2 == 0 && WPR % WH == 0 && NP % WH == 0 && R <= 32 * WPR,
                   "a ring of at least two stages of whole words, 16-row tiles split evenly");
+    static_assert(!TM || (RS / 8 <= 256 && R <= 256), "a TMA box has at most 256 elements (8 bytes) per dimension");
     extern __shared__ __align__(16) unsigned char t1_raw[];
-    __shared__ float red[WG][NT * 8];
+    __shared__ float red[NR * WG][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int pg = warp / WH, hw = warp % WH;   // pass group, tile share
+    const int rg = warp / WPR, lt = threadIdx.x % (32 * WPR);  // ring, thread in the ring
+    const int pg = (warp % WPR) / WH, hw = (warp % WPR) % WH;  // pass group, tile share
     const int nb = (int)(k >> 5);               // blocks per row
     const int nst = (nb + BPS - 1) / BPS;       // stages
     const int64_t rowb = (int64_t)nb * BB;      // bytes per row
@@ -1572,31 +1582,41 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
     const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(xs + xdata + 4));
-    const unsigned char *ring = t1_raw + 16 * (xdata + 4) + 16 * S;
-    const uint32_t ring_s = bars + 16 * S;
-    auto full = [&](int s) { return bars + 8u * (uint32_t)s; };
-    auto empty = [&](int s) { return bars + 8u * (uint32_t)(S + s); };
+    const uint32_t ring_s = ((bars + 16 * S * NR + 127) & ~127u) + (uint32_t)(rg * S * SB);  // this ring's
+    const unsigned char *ring = t1_raw + (ring_s - static_cast<uint32_t>(__cvta_generic_to_shared(t1_raw)));
+    auto full = [&](int s) { return bars + 8u * (uint32_t)(rg * S + s); };
+    auto empty = [&](int s) { return bars + 8u * (uint32_t)(NR * S + rg * S + s); };
     if (threadIdx.x == 0) {
-        for (int s = 0; s < S; ++s) {
-            mbar_init(full(s), 1);
-            mbar_init(empty(s), W);
+        for (int s = 0; s < S * NR; ++s) {
+            mbar_init(bars + 8u * s, 1);
+            mbar_init(bars + 8u * (NR * S + s), WPR);
         }
         fence_mbar_init();
     }
     __syncthreads();
 
-    // Producer thread r < R: row base + r (row n - 1 past n: valid memory, output dropped).
-    const bool producer = warp * 32 < R;
-    const int64_t prow = base + (threadIdx.x < R ? threadIdx.x : 0);
+    // The ring's stages: rg, rg + NR, ... (step i: stage rg + i NR). Producer thread lt < R of
+    // the ring: row base + lt (row n - 1 past n: valid memory, output dropped); with TM, thread
+    // lt = 0 alone.
+    const int mine = nst > rg ? (nst - rg + NR - 1) / NR : 0;
+    const bool producer = (warp % WPR) * 32 < R;
+    const int64_t prow = base + (lt < R ? lt : 0);
     const uint8_t *wrow = w + (prow < n ? prow : n - 1) * rowb;
     auto issue = [&](int i) {  // producer warps only
-        if (i >= nst) return;
-        const int s = i % S;
-        if (i >= S) mbar_wait(empty(s), ((i / S) + 1) & 1);  // stage i - S released
-        const uint32_t run = (uint32_t)((nb - i * BPS < BPS ? nb - i * BPS : BPS) * BB);
-        if (threadIdx.x == 0) mbar_expect_tx(full(s), R * run);
-        if (threadIdx.x < R)
-            bulk_copy(ring_s + (uint32_t)(s * SB + threadIdx.x * RS), wrow + (int64_t)i * (BPS * BB), run, full(s));
+        if (i >= mine) return;
+        const int s = i % S, st = rg + i * NR;
+        if (i >= S) mbar_wait(empty(s), ((i / S) + 1) & 1);  // step i - S released
+        if constexpr (TM) {
+            if (lt == 0) {
+                mbar_expect_tx(full(s), SB);
+                tma_load_2d(ring_s + (uint32_t)(s * SB), &wmap, full(s), st * (BPS * BB / 8), (int)base);
+            }
+        } else {
+            const uint32_t run = (uint32_t)((nb - st * BPS < BPS ? nb - st * BPS : BPS) * BB);
+            if (lt == 0) mbar_expect_tx(full(s), R * run);
+            if (lt < R)
+                bulk_copy(ring_s + (uint32_t)(s * SB + lt * RS), wrow + (int64_t)st * (BPS * BB), run, full(s));
+        }
     };
     if (producer)
         for (int i = 0; i < S - 1; ++i) issue(i);
@@ -1631,18 +1651,18 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     float acc[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    for (int i = 0; i < nst; ++i) {
+    for (int i = 0; i < mine; ++i) {
         if (producer) issue(i + S - 1);
-        const int s = i % S;
+        const int s = i % S, st = rg + i * NR;
         mbar_wait(full(s), (i / S) & 1);
-        const int passes = (nb - i * BPS < BPS ? nb - i * BPS : BPS) / 4;
+        const int passes = (nb - st * BPS < BPS ? nb - st * BPS : BPS) / 4;
         const unsigned char *slot = ring + s * SB;
 #pragma unroll
         for (int hh = 0; hh < HP; ++hh) {
             const int h = pg + hh * WG;
             if (h < passes) {
                 const int b = 4 * h + t;  // this lane's block in the stage
-                const uint4 *xv = g == t ? xs + 4 * (BPS * i + b) : xs + xdata;
+                const uint4 *xv = g == t ? xs + 4 * (BPS * st + b) : xs + xdata;
                 const uint4 xw[4] = {xv[0], xv[1], xv[2], xv[3]};
                 const int a = b * BB + 2;  // its quants' first byte in the row
                 const unsigned sh = (a & 2) ? 16u : 0u;
@@ -1696,7 +1716,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             float v = acc[j][2 * c] + acc[j][2 * c + 1];
             v += __shfl_xor_sync(0xffffffffu, v, 1);
             v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[pg][16 * (hw * NJ + j) + 8 * c + g] = v;
+            if (t == 0) red[rg * WG + pg][16 * (hw * NJ + j) + 8 * c + g] = v;
         }
     __syncthreads();
     if (threadIdx.x < R) {
@@ -1704,7 +1724,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         if (col < n) {
             float v = 0.f;
 #pragma unroll
-            for (int u = 0; u < WG; ++u) v += red[u][threadIdx.x];
+            for (int u = 0; u < NR * WG; ++u) v += red[u][threadIdx.x];
             y[col] = from_f32<T>(v);
         }
     }
@@ -1712,69 +1732,117 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 }
 
 // Its configuration: FL_GEMV_T1B (read once; A/B runs) = 0: off (both formats take t1g); 1
-// (default): Q8_0 takes CTAs of 4 tiles (32 rows), stages of 64 blocks, a ring of 2, 8 warps;
-// Q4_0 stays on t1g; lab: 2: that kernel for Q4_0 too; 3: 4 tiles, 16 blocks, ring 4, 4
-// warps; 4: 2 tiles, 128 blocks, ring 2, 8 warps; 5: 8 tiles, 32 blocks, ring 2, 8 warps
-// (both formats).
-// Measured on the H100 (bench/RESULTS.md, session 15, two calls), us at m = 1 against t1g:
-// Q8_0 4096 x 4096 11.0-11.1 against 11.2-11.4, 11008 x 4096 23.9-24.3 against 25.7-26.0,
-// 4096 x 11008 21.8-22.0 against 23.1-23.4, 32000 x 4096 54.6-55.3 against 56.1-56.5. Q4_0
-// slower with it at k = 4096 (11008 x 4096 17.5-17.6 against 15.6-15.7; its stages land
-// together and the CTA's compute then overlaps no copy of its own: Q4_0 has half the bytes
-// per product of Q8_0) and tied at 4096 x 11008. Stages of 8-32 blocks (per-copy overheads:
-// 4 tiles of 16 blocks in a ring of 4 took 34.5 us for Q8_0 at 4096 x 11008), 16 warps,
-// rings of 3, 2-tile CTAs, and the L2 evict-first policy on the copies were all slower.
+// (default): one TMA tensor copy per stage, CTAs of 4 tiles (32 rows), stages of 32 blocks, a
+// ring of 4, 8 warps, for Q8_0, and for Q4_0 when k >= 8192 (else Q4_0 takes t1g); lab: 2:
+// that kernel for both formats at every k; 3 / 4: a bulk copy per row (4 tiles x 64 blocks,
+// ring 2, 8 warps / 4 tiles x 16 blocks, ring 4, 4 warps); 5 / 6: TMA, 4 tiles x 64 blocks,
+// ring 2, 8 warps (Q4_0 only: Q8_0's box would be too wide) / 4 tiles x 32 blocks, ring 3, 8
+// warps; 7-10: TMA into a ring per warp (as t1g), 4 warps, 4 tiles x 16 blocks ring 2, x 8
+// blocks ring 4, x 16 blocks ring 3, x 8 blocks ring 2 with 8 warps.
+// Measured on the H100 (bench/RESULTS.md, session 15), us at m = 1: Q8_0 with the default
+// against t1g: 4096 x 4096 11.2 against 11.3-11.5, 11008 x 4096 23.5 against 25.7-26.0, 4096
+// x 11008 21.9 against 23.1-23.5, 32000 x 4096 54.3 against 56.1-56.4 (81-91% of copy); Q4_0
+// at 4096 x 11008 13.8 against 15.0-15.2, but slower than t1g at k = 4096 (11008 x 4096 16.8
+// against 15.6-15.8: with k = 4096 a CTA's 4 stages are the whole ring, they land together
+// and its compute overlaps no copy of its own). A bulk copy per row (3) was 1-3% slower than
+// TMA for Q8_0 and much slower with short runs (4: 16 blocks, 34.5 us for Q8_0 at 4096 x 11008:
+// per-copy costs).
 inline int t1b_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5},
+                                        {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}, {"10", 10}};
     static const int v = env_choice("FL_GEMV_T1B", choices, 1);
     return v;
 }
-// The kernel a call takes: 0: none (t1g); 1: 4 tiles, 64 blocks, ring 2, 8 warps; 2: 4 tiles,
-// 16 blocks, ring 4, 4 warps; 3: 2 tiles, 128 blocks, ring 2, 8 warps; 4: 8 tiles, 32 blocks,
-// ring 2, 8 warps.
-template <int F> inline int t1b_variant() {
-    switch (t1b_config()) {
-    case 0: return 0;
-    case 2: return 1;
-    case 3: return 2;
-    case 4: return 3;
-    case 5: return 4;
-    default: return F == Q80 ? 1 : 0;
-    }
+// A kernel: tiles NT, blocks per stage BPS, ring S, warps W, TMA tensor copies, a ring per warp.
+struct T1bShape {
+    int nt, bps, s, w;
+    bool tm, wr;
+};
+// The kernels, in the order of FL_GEMV_T1B 2..10 (index 0: the default's).
+constexpr T1bShape kT1bShapes[] = {{4, 32, 4, 8, true, false}, {4, 64, 2, 8, false, false}, {4, 16, 4, 4, false, false},
+                                   {4, 64, 2, 8, true, false}, {4, 32, 3, 8, true, false},  {4, 16, 2, 4, true, true},
+                                   {4, 8, 4, 4, true, true},   {4, 16, 3, 4, true, true},   {4, 8, 2, 8, true, true}};
+// The kernel a call takes: an index into kT1bShapes, or -1 (t1g).
+template <int F> inline int t1b_variant(int64_t k) {
+    const int c = t1b_config();
+    if (c == 0) return -1;
+    if (c >= 2) return c - 2;
+    return F == Q80 || k >= 8192 ? 0 : -1;
 }
 template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
-    return v == 2 ? t1b_smem<F, 4, 16, 4>(k) : v == 3 ? t1b_smem<F, 2, 128, 2>(k)
-         : v == 4 ? t1b_smem<F, 8, 32, 2>(k) : t1b_smem<F, 4, 64, 2>(k);
+    switch (v) {
+    case 1: return t1b_smem<F, 4, 64, 2>(k);
+    case 2: return t1b_smem<F, 4, 16, 4>(k);
+    case 3: return t1b_smem<F, 4, 64, 2>(k);
+    case 4: return t1b_smem<F, 4, 32, 3>(k);
+    case 5: return t1b_smem<F, 4, 16, 2, 4>(k);
+    case 6: return t1b_smem<F, 4, 8, 4, 4>(k);
+    case 7: return t1b_smem<F, 4, 16, 3, 4>(k);
+    case 8: return t1b_smem<F, 4, 8, 2, 8>(k);
+    default: return t1b_smem<F, 4, 32, 4>(k);
+    }
 }
-// Whether a call takes it: m = 1, Q8_0 / Q4_0 with a variant for the format, k % 256 == 0, an
-// sm_90+ device, its shared memory <= 160 KB (k up to ~11.7k values for Q8_0 with the
-// default; past that the call takes t1g).
-template <int F> inline bool t1b_applies(int m, int64_t k) {
+// Whether a call takes it: m = 1, Q8_0 / Q4_0, a variant for the format and k, k % 256 == 0,
+// an sm_90+ device, its shared memory <= 160 KB (the default: k up to ~11.1k values for Q8_0,
+// ~43k for Q4_0; past that the call takes t1g); TMA: n < 2^31, a box of at most 256 8-byte
+// elements per row (Q8_0: stages of 32 blocks or fewer) and the driver's encoder.
+template <int F> inline bool t1b_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0) return false;
-    const int v = t1b_variant<F>();
-    return v != 0 && cc_major() >= 9 && t1b_variant_smem<F>(v, k) <= kT1MaxSmem;
+    const int v = t1b_variant<F>(k);
+    if (v < 0 || cc_major() < 9 || t1b_variant_smem<F>(v, k) > kT1MaxSmem) return false;
+    const T1bShape &c = kT1bShapes[v];
+    if (!c.tm) return true;
+    const int rb = c.bps * block_bytes<F>(), rs = (rb / 16) % 2 ? rb : rb + 16;  // t1b_row_stride
+    return n < 0x7fffffffLL && rs / 8 <= 256 && encode_fn() != nullptr;
 }
-template <int F, typename T, int NT, int BPS, int S, int W>
+// The weights [n rows, (k / 32) blocks] as a 2-d tensor of 8-byte elements, boxes of RS / 8 x
+// 8 NT (t1b_row_stride: the stage's run and, when RS > the run, the next 16 bytes),
+// zero-filled out of bounds.
+template <int F, int NT, int BPS> bool t1b_map(CUtensorMap *m, const uint8_t *w, int64_t n, int64_t k) {
+    const auto enc = encode_fn();
+    if (!enc) return false;
+    const int64_t rowb = (k / 32) * block_bytes<F>();
+    const cuuint64_t dims[2] = {(cuuint64_t)(rowb / 8), (cuuint64_t)n};
+    const cuuint64_t strides[1] = {(cuuint64_t)rowb};
+    const cuuint32_t box[2] = {(cuuint32_t)(t1b_row_stride<F, BPS>() / 8), (cuuint32_t)(8 * NT)};
+    const cuuint32_t estr[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t *>(w), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false>
 bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W>;
-    const int64_t smem = t1b_smem<F, NT, BPS, S>(k);
-    if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
+    if constexpr (TM && t1b_row_stride<F, BPS>() / 8 > 256) {
+        return false;  // (t1b_applies already refused it)
+    } else {
+        const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W, TM, WR>;
+        const int64_t smem = t1b_smem<F, NT, BPS, S, WR ? W : 1>(k);
+        CUtensorMap map;
+        std::memset(&map, 0, sizeof(map));
+        if (TM && !t1b_map<F, NT, BPS>(&map, w, n, k)) return false;
+        if (!t1_opt_in(kernel, smem)) return false;
+        const int64_t ctas = ceil_div(n, 8 * NT);
+        if (ctas > 0x7fffffffLL) {
+            st = FL_ERR_INVALID_ARGUMENT;
+            return true;
+        }
+        kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k, map);
+        st = launch_status();
         return true;
     }
-    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k);
-    st = launch_status();
-    return true;
 }
 template <int F, typename T>
 bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    switch (t1b_variant<F>()) {
+    switch (t1b_variant<F>(k)) {
+    case 1: return launch_t1b<F, T, 4, 64, 2, 8>(x, w, y, n, k, s, st);
     case 2: return launch_t1b<F, T, 4, 16, 4, 4>(x, w, y, n, k, s, st);
-    case 3: return launch_t1b<F, T, 2, 128, 2, 8>(x, w, y, n, k, s, st);
-    case 4: return launch_t1b<F, T, 8, 32, 2, 8>(x, w, y, n, k, s, st);
-    default: return launch_t1b<F, T, 4, 64, 2, 8>(x, w, y, n, k, s, st);
+    case 3: return launch_t1b<F, T, 4, 64, 2, 8, true>(x, w, y, n, k, s, st);
+    case 4: return launch_t1b<F, T, 4, 32, 3, 8, true>(x, w, y, n, k, s, st);
+    case 5: return launch_t1b<F, T, 4, 16, 2, 4, true, true>(x, w, y, n, k, s, st);
+    case 6: return launch_t1b<F, T, 4, 8, 4, 4, true, true>(x, w, y, n, k, s, st);
+    case 7: return launch_t1b<F, T, 4, 16, 3, 4, true, true>(x, w, y, n, k, s, st);
+    case 8: return launch_t1b<F, T, 4, 8, 2, 8, true, true>(x, w, y, n, k, s, st);
+    default: return launch_t1b<F, T, 4, 32, 4, 8, true>(x, w, y, n, k, s, st);
     }
 }
 
@@ -2390,7 +2458,7 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
             return st;
     } else {
         fl_status st = FL_OK;
-        if (t1b_applies<F>(m, k) && launch_t1b_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
+        if (t1b_applies<F>(m, n, k) && launch_t1b_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
         if (t1g_applies<F>(m, n, k) && launch_t1g_config<F, T>(xt, wt, yt, n, k, s, st)) return st;
         if (tmg_applies(m, k) && launch_tmg_config<F, T>(xt, wt, yt, m, n, k, s, st)) return st;
     }
@@ -2626,8 +2694,8 @@ inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64
     if (path == FL_GEMV_PATH_FMA) return false;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
            (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32)) ||
-           (format == FL_GEMV_Q8_0 && (tc::t1b_applies<Q80>((int)m, k) || tc::t1g_applies<Q80>((int)m, n, k))) ||
-           (format == FL_GEMV_Q4_0 && (tc::t1b_applies<Q40>((int)m, k) || tc::t1g_applies<Q40>((int)m, n, k)));
+           (format == FL_GEMV_Q8_0 && (tc::t1b_applies<Q80>((int)m, n, k) || tc::t1g_applies<Q80>((int)m, n, k))) ||
+           (format == FL_GEMV_Q4_0 && (tc::t1b_applies<Q40>((int)m, n, k) || tc::t1g_applies<Q40>((int)m, n, k)));
 }
 
 }  // namespace gemv

@@ -303,21 +303,24 @@ s12n)
   done ;;
 s15)
   # session 15: the bulk-copy one-token GGUF kernel (gemv_t1b_kernel): the one-token GGUF tests
-  # under each FL_GEMV_T1B in FL_T1B_TEST_CONFIGS (memcheck under FL_T1B_MEMCHECK in the
+  # under each FL_GEMV_T1B in FL_T1B_TEST_CONFIGS (memcheck under each FL_T1B_MEMCHECK in the
   # background), then the m = 1 Q8_0 / Q4_0 lines per FL_T1B_CONFIGS
-  (FL_GEMV_T1B=${FL_T1B_MEMCHECK:-1} timeout 300 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck t1b: /" > "$OUT/memcheck-t1b.txt") &
-  lab_tests FL_GEMV_T1B "${FL_T1B_TEST_CONFIGS:-2 3 4 5}" one_token_gguf "one-token gguf" s15-t1b
+  (for v in ${FL_T1B_MEMCHECK:-1 2 7}; do FL_GEMV_T1B=$v timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck FL_GEMV_T1B=$v: /"; done > "$OUT/memcheck-t1b.txt") &
+  lab_tests FL_GEMV_T1B "${FL_T1B_TEST_CONFIGS:-2 3 4 5 6 7 8 9 10}" one_token_gguf "one-token gguf" s15-t1b
   wait; cat "$OUT/memcheck-t1b.txt"
-  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 1 0}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
+  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 2 6 7 8 9 10 1 0}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
 s15f)
   # session 15, final code: the GEMV and engine GPU tests (wgmma attention probes and prefill
-  # tests too: common.cuh now holds the mbarrier helpers), then llama-2-7b q8_0 batch-1 decode
-  # with the bulk-copy kernel on / off, alternated
+  # tests too: common.cuh now holds the mbarrier helpers), the m = 1 Q4_0 lines per
+  # FL_T1B_CONFIGS, then llama-2-7b batch-1 decode per FL_S15E (quant:FL_GEMV_T1B)
   run_tests fl-kernels__gemv s15f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
   for t in attention_prefill wgmma_probe; do run_tests "fl-kernels__$t" "s15f-$t" 200 "$B/tests/fl-kernels__$t" --test-threads=2; done
   run_tests fl-engine__quant_gpu s15f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
   run_tests fl-engine__engine_gpu s15f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-  for v in ${FL_S15E:-1 0 1 0}; do echo "q8_0 FL_GEMV_T1B=$v $(FL_GEMV_T1B=$v decode_line q8_0)"; done ;;
+  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 10 1 10}" qbench-s15f quick_bench gguf "q4_0"
+  for qv in ${FL_S15E:-q8_0:1 q8_0:0 q4_0:1 q4_0:0 q8_0:1 q8_0:0 q4_0:1 q4_0:0}; do
+    echo "${qv%%:*} FL_GEMV_T1B=${qv#*:} $(FL_GEMV_T1B=${qv#*:} decode_line ${qv%%:*})"
+  done ;;
 s14)
   # session 14: the GEMV tests whole, then the lab variants of this session: warp pairs per
   # ring in the multi-token int kernel (FL_GEMV_TMI=5 / 6), 6-tile CTAs in the one-token int

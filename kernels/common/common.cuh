@@ -339,6 +339,17 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_
                  : "memory");
 }
 
+// TMA: the box at element coordinates (c0, c1) of the 2-d tensor `map` describes, into shared
+// memory at `dst` (128-byte aligned), counted in bytes on `bar` (the whole box, including what
+// lies out of bounds and is zero-filled). `map`: the address of a __grid_constant__ kernel
+// parameter.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, uint32_t bar, int c0, int c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(map), "r"(bar), "r"(c0), "r"(c1)
+        : "memory");
+}
+
 // ---------------------------------------------------------------- tensor-core mma (sm_80+)
 // d += A (16 x 16, row-major fragment a0..a3) . B (16 x 8, col-major fragment b0, b1) with f32
 // accumulation: mma.sync.m16n8k16 on f16 or bf16 operands (T picks which). Fragment layouts
