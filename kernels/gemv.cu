@@ -1512,25 +1512,27 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
 }
 
 // ---------------------------------------------------------------- one token, GGUF, bulk copies (t1b)
-// gemv_t1g_kernel with its per-warp cp.async rings replaced by one ring per CTA that the
-// bulk-copy engine fills (cp.async.bulk, sm_90+): the default for Q8_0 (t1b_config). Session
-// 14's ncu had t1g latency-bound (long-scoreboard stalls, 1.9 warps per scheduler, 18
-// cp.async per lane per superchunk of 16 blocks); here:
-// - A stage is BPS blocks of each of the CTA's R = 8 NT rows. Thread r < R copies row r's run
-//   (BPS x 18 / 34 bytes, fewer in the last stage) with one bulk copy into the stage; the
-//   stage's "full" mbarrier counts the bytes (one expect_tx by thread 0). Rows sit at a stride
-//   of an odd number of 16-byte words (the run, + 16 bytes when it is even), which keeps the
-//   lanes' 32-bit reads at two-way bank conflicts (a row stride of 0 mod 128 bytes gives eight).
-// - Warps split a stage by passes of 4 blocks (lane t takes block 4h + t of pass h, rows g and
-//   g + 8 of each 16-row tile, exactly t1g's product); when a stage has fewer passes than
-//   warps, WH warps share a pass and take NP / WH of its tiles each. A warp done with a stage
-//   arrives on its "empty" mbarrier (W arrivals); the producer threads wait for it before
-//   copying the stage S later into the slot.
-// - The producers (warp 0; warps 0 and 1 when R > 32) are consumers too: at the start of step
-//   i they copy stage i + S - 1 (after every warp is done with stage i - 1), then wait for
-//   stage i like the others.
+// gemv_t1g_kernel with its per-warp cp.async rings replaced by rings that the copy engine
+// fills (sm_90+): the default for Q8_0, and for Q4_0 at k >= 8192 or n <= 32 x SMs (see
+// t1b_config). Session 14's ncu had t1g latency-bound (long-scoreboard stalls, 1.9 warps per
+// scheduler, 18 cp.async per lane per superchunk of 16 blocks); here:
+// - A stage is BPS blocks of each of the CTA's R = 8 NT rows. TM (the default): thread 0 of
+//   the ring copies it with one TMA tensor copy (a box of R rows, see below); else thread r < R
+//   copies row r's run (BPS x 18 / 34 bytes, fewer in the last stage) with one bulk copy
+//   (cp.async.bulk). The stage's "full" mbarrier counts the bytes (one expect_tx). Rows sit at
+//   a stride of an odd number of 16-byte words (the run, + 16 bytes when it is even), which
+//   keeps the lanes' 32-bit reads at two-way bank conflicts (a row stride of 0 mod 128 bytes
+//   gives eight).
+// - One ring per CTA (WR = false): warps split a stage by passes of 4 blocks (lane t takes
+//   block 4h + t of pass h, rows g and g + 8 of each 16-row tile, exactly t1g's product); when
+//   a stage has fewer passes than warps, WH warps share a pass and take NP / WH of its tiles
+//   each. A warp done with a stage arrives on its "empty" mbarrier (one arrival per warp of
+//   the ring); the producer waits for it before copying the stage S later into the slot. WR:
+//   a ring per warp, which takes stages w, w + W, ... whole (t1g's split).
+// - The producers are consumers too: at the start of step i they copy the ring's stage of step
+//   i + S - 1 (after every warp of the ring is done with step i - 1), then wait for step i's.
 // - x is staged as in t1g (cp.async, Q4_0 reordered), while the first S - 1 stages are in
-//   flight.
+//   flight; the warps' sums are added in a fixed order (deterministic).
 // Requires k % 256 == 0 (every run of 8 blocks a whole number of 16-byte words, rows on 16-byte
 // boundaries). grid.x = ceil(n / R), block = 32 W, dynamic shared memory t1b_smem().
 template <int F, int BPS> __host__ __device__ constexpr int t1b_row_stride() {
@@ -1733,7 +1735,8 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 
 // Its configuration: FL_GEMV_T1B (read once; A/B runs) = 0: off (both formats take t1g); 1
 // (default): one TMA tensor copy per stage, CTAs of 4 tiles (32 rows), stages of 32 blocks, a
-// ring of 4, 8 warps, for Q8_0, and for Q4_0 when k >= 8192 (else Q4_0 takes t1g); lab: 2:
+// ring of 4, 8 warps, for Q8_0, and for Q4_0 when k >= 8192; Q4_0 with k < 8192 takes lab 10's
+// kernel when the grid has at most one CTA per SM (n <= 32 x SMs), else t1g; lab: 2:
 // that kernel for both formats at every k; 3 / 4: a bulk copy per row (4 tiles x 64 blocks,
 // ring 2, 8 warps / 4 tiles x 16 blocks, ring 4, 4 warps); 5 / 6: TMA, 4 tiles x 64 blocks,
 // ring 2, 8 warps (Q4_0 only: Q8_0's box would be too wide) / 4 tiles x 32 blocks, ring 3, 8
@@ -1746,7 +1749,9 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // against 15.6-15.8: with k = 4096 a CTA's 4 stages are the whole ring, they land together
 // and its compute overlaps no copy of its own). A bulk copy per row (3) was 1-3% slower than
 // TMA for Q8_0 and much slower with short runs (4: 16 blocks, 34.5 us for Q8_0 at 4096 x 11008:
-// per-copy costs).
+// per-copy costs). Rings per warp (lab 10: 8 warps, stages of 8 blocks, ring 2) took Q4_0 at
+// 4096 x 4096 (128 CTAs for 132 SMs) to 7.5-7.7 us against t1g's 8.1-8.4 (three runs, calls 4
+// and 5) but were slower at 11008 x 4096 (16.1-16.3 against 15.7-15.9) and 32000 x 4096.
 inline int t1b_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5},
                                         {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}, {"10", 10}};
@@ -1763,11 +1768,12 @@ constexpr T1bShape kT1bShapes[] = {{4, 32, 4, 8, true, false}, {4, 64, 2, 8, fal
                                    {4, 64, 2, 8, true, false}, {4, 32, 3, 8, true, false},  {4, 16, 2, 4, true, true},
                                    {4, 8, 4, 4, true, true},   {4, 16, 3, 4, true, true},   {4, 8, 2, 8, true, true}};
 // The kernel a call takes: an index into kT1bShapes, or -1 (t1g).
-template <int F> inline int t1b_variant(int64_t k) {
+template <int F> inline int t1b_variant(int64_t n, int64_t k) {
     const int c = t1b_config();
     if (c == 0) return -1;
     if (c >= 2) return c - 2;
-    return F == Q80 || k >= 8192 ? 0 : -1;
+    if (F == Q80 || k >= 8192) return 0;
+    return ceil_div(n, 32) <= (int64_t)sm_count() ? 8 : -1;  // Q4_0, k < 8192: one CTA per SM or fewer
 }
 template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
     switch (v) {
@@ -1788,7 +1794,7 @@ template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
 // elements per row (Q8_0: stages of 32 blocks or fewer) and the driver's encoder.
 template <int F> inline bool t1b_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0) return false;
-    const int v = t1b_variant<F>(k);
+    const int v = t1b_variant<F>(n, k);
     if (v < 0 || cc_major() < 9 || t1b_variant_smem<F>(v, k) > kT1MaxSmem) return false;
     const T1bShape &c = kT1bShapes[v];
     if (!c.tm) return true;
@@ -1833,7 +1839,7 @@ bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaSt
 }
 template <int F, typename T>
 bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    switch (t1b_variant<F>(k)) {
+    switch (t1b_variant<F>(n, k)) {
     case 1: return launch_t1b<F, T, 4, 64, 2, 8>(x, w, y, n, k, s, st);
     case 2: return launch_t1b<F, T, 4, 16, 4, 4>(x, w, y, n, k, s, st);
     case 3: return launch_t1b<F, T, 4, 64, 2, 8, true>(x, w, y, n, k, s, st);

@@ -56,7 +56,8 @@
 #            and multi-token table; s14e llama-2-7b batch-16 decode, pairs on / off
 #   s15      session 15: the bulk-copy one-token GGUF kernel (gemv_t1b_kernel): tests and memcheck
 #            under FL_GEMV_T1B variants, then the m = 1 A/B per FL_T1B_CONFIGS; s15f the final
-#            code's GEMV, attention and engine tests, llama-2-7b q8_0 decode with it on / off
+#            code's one-token GEMV tests (memcheck) and engine tests, the m = 1 table, llama-2-7b
+#            q8_0 / q4_0 decode with it on / off
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -310,15 +311,16 @@ s15)
   wait; cat "$OUT/memcheck-t1b.txt"
   lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 2 6 7 8 9 10 1 0}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
 s15f)
-  # session 15, final code: the GEMV and engine GPU tests (wgmma attention probes and prefill
-  # tests too: common.cuh now holds the mbarrier helpers), the m = 1 Q4_0 lines per
-  # FL_T1B_CONFIGS, then llama-2-7b batch-1 decode per FL_S15E (quant:FL_GEMV_T1B)
-  run_tests fl-kernels__gemv s15f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-  for t in attention_prefill wgmma_probe; do run_tests "fl-kernels__$t" "s15f-$t" 200 "$B/tests/fl-kernels__$t" --test-threads=2; done
+  # session 15, final code: memcheck of the one-token GGUF test in the background while the
+  # GEMV one-token and engine GPU tests run, the m = 1 lines of every format, then llama-2-7b
+  # batch-1 decode per FL_S15E (quant:FL_GEMV_T1B)
+  (timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token_gguf: /" > "$OUT/memcheck-s15f.txt") &
+  run_tests "gemv one_token" s15f-gemv1 200 "$B/tests/fl-kernels__gemv" one_token --test-threads=2
   run_tests fl-engine__quant_gpu s15f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
   run_tests fl-engine__engine_gpu s15f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 10 1 10}" qbench-s15f quick_bench gguf "q4_0"
-  for qv in ${FL_S15E:-q8_0:1 q8_0:0 q4_0:1 q4_0:0 q8_0:1 q8_0:0 q4_0:1 q4_0:0}; do
+  wait; cat "$OUT/memcheck-s15f.txt"
+  { quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"; } > "$OUT/qbench-final.log"; cat "$OUT/qbench-final.log"
+  for qv in ${FL_S15E:-q8_0:1 q8_0:0 q4_0:1 q4_0:0 q8_0:1 q4_0:1}; do
     echo "${qv%%:*} FL_GEMV_T1B=${qv#*:} $(FL_GEMV_T1B=${qv#*:} decode_line ${qv%%:*})"
   done ;;
 s14)

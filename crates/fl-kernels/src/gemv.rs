@@ -599,8 +599,9 @@ pub fn gemv<T: HalfDType>(
 /// of its own runs: whole 16-byte pieces per lane, loads several pieces ahead; `FL_GEMV_T1=0`
 /// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel), and for Q8_0 / Q4_0 at
 /// `m = 1` when `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows
-/// on 16-byte boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0 takes a variant that
-/// streams rows with bulk copies, `FL_GEMV_T1B=0` turns that off), otherwise the CUDA-core kernel (see
+/// on 16-byte boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0, and Q4_0 at
+/// `k >= 8192` or `n <= 32 x SMs`, take a variant whose rings the TMA engine fills,
+/// `FL_GEMV_T1B=0` turns that off), otherwise the CUDA-core kernel (see
 /// `fl_gemv.h`); f16 and bf16 activations alike. Q8_0 / Q4_0 at `m = 2..=16` with
 /// `k % 256 == 0` take a multi-token kernel of the same kind (`FL_GEMV_TMG=0` turns it off),
 /// and so do int8 / int4 (`FL_GEMV_TMI=0`).
