@@ -69,9 +69,9 @@
 //   (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of loads per warp, the
 //   weights on the mma's A side and the B columns that padding wasted at m = 1 used to keep
 //   each piece's products apart for its group scale); FL_GEMV_T1=0 turns it off. Q8_0 / Q4_0
-//   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off); on sm_90+ Q8_0 takes a
-//   variant whose one ring per CTA is filled by bulk copies (gemv_t1b_kernel, FL_GEMV_T1B=0
-//   off).
+//   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off); on sm_90+ Q8_0, and Q4_0
+//   at k >= 8192 or n <= 32 x SMs, take a variant whose rings the TMA engine fills
+//   (gemv_t1b_kernel, FL_GEMV_T1B=0 off).
 #include <cstring>
 #include <type_traits>
 
@@ -1511,7 +1511,7 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     }
 }
 
-// ---------------------------------------------------------------- one token, GGUF, bulk copies (t1b)
+// ---------------------------------------------------------------- one token, GGUF, copy engine (t1b)
 // gemv_t1g_kernel with its per-warp cp.async rings replaced by rings that the copy engine
 // fills (sm_90+): the default for Q8_0, and for Q4_0 at k >= 8192 or n <= 32 x SMs (see
 // t1b_config). Session 14's ncu had t1g latency-bound (long-scoreboard stalls, 1.9 warps per
@@ -1535,8 +1535,10 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
 //   flight; the warps' sums are added in a fixed order (deterministic).
 // Requires k % 256 == 0 (every run of 8 blocks a whole number of 16-byte words, rows on 16-byte
 // boundaries). grid.x = ceil(n / R), block = 32 W, dynamic shared memory t1b_smem().
+// A row's run of `run` bytes (a multiple of 16) padded to an odd number of 16-byte words.
+__host__ __device__ constexpr int odd_words(int run) { return (run / 16) % 2 ? run : run + 16; }
 template <int F, int BPS> __host__ __device__ constexpr int t1b_row_stride() {
-    return (t1g_row_bytes<F, BPS>() / 16) % 2 ? t1g_row_bytes<F, BPS>() : t1g_row_bytes<F, BPS>() + 16;
+    return odd_words(t1g_row_bytes<F, BPS>());
 }
 template <int F, int NT, int BPS> __host__ __device__ constexpr int t1b_stage_bytes() {
     return NT * 8 * t1b_row_stride<F, BPS>();
@@ -1735,26 +1737,32 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 
 // Its configuration: FL_GEMV_T1B (read once; A/B runs) = 0: off (both formats take t1g); 1
 // (default): one TMA tensor copy per stage, CTAs of 4 tiles (32 rows), stages of 32 blocks, a
-// ring of 4, 8 warps, for Q8_0, and for Q4_0 when k >= 8192; Q4_0 with k < 8192 takes lab 10's
-// kernel when the grid has at most one CTA per SM (n <= 32 x SMs), else t1g; lab: 2:
+// ring of 4, 8 warps, for Q8_0, and for Q4_0 when k >= 8192; when the grid has at most one CTA
+// per SM (n <= 32 x SMs), Q8_0 takes lab 13's kernel and Q4_0 with k < 8192 lab 10's; other
+// Q4_0 calls t1g; lab: 2:
 // that kernel for both formats at every k; 3 / 4: a bulk copy per row (4 tiles x 64 blocks,
 // ring 2, 8 warps / 4 tiles x 16 blocks, ring 4, 4 warps); 5 / 6: TMA, 4 tiles x 64 blocks,
 // ring 2, 8 warps (Q4_0 only: Q8_0's box would be too wide) / 4 tiles x 32 blocks, ring 3, 8
 // warps; 7-10: TMA into a ring per warp (as t1g), 4 warps, 4 tiles x 16 blocks ring 2, x 8
-// blocks ring 4, x 16 blocks ring 3, x 8 blocks ring 2 with 8 warps.
-// Measured on the H100 (bench/RESULTS.md, session 15), us at m = 1: Q8_0 with the default
-// against t1g: 4096 x 4096 11.2 against 11.3-11.5, 11008 x 4096 23.5 against 25.7-26.0, 4096
-// x 11008 21.9 against 23.1-23.5, 32000 x 4096 54.3 against 56.1-56.4 (81-91% of copy); Q4_0
-// at 4096 x 11008 13.8 against 15.0-15.2, but slower than t1g at k = 4096 (11008 x 4096 16.8
-// against 15.6-15.8: with k = 4096 a CTA's 4 stages are the whole ring, they land together
-// and its compute overlaps no copy of its own). A bulk copy per row (3) was 1-3% slower than
+// blocks ring 4, x 16 blocks ring 3, x 8 blocks ring 2 with 8 warps; 11-13: TMA, 8 warps, 4
+// tiles x 32 blocks ring 2, x 16 blocks ring 4, x 16 blocks ring 3.
+// Measured on the H100 (bench/RESULTS.md, session 15, calls 3-6), us at m = 1: Q8_0 with the
+// default against t1g: 11008 x 4096 23.5-23.8 against 25.8-26.0, 4096 x 11008 21.8-22.1
+// against 23.3-23.5, 32000 x 4096 54.0-54.5 against 56.1-56.4, 4096 x 4096 tied (11.2-11.5;
+// 79-92% of copy over the four); Q4_0 at 4096 x 11008 13.6-13.8 against 15.0-15.2, but slower
+// than t1g at k = 4096 (11008 x 4096 16.8-17.1 against 15.6-15.9: with k = 4096 a CTA's 4
+// stages are the whole ring, they land together and its compute overlaps no copy of its own). A bulk copy per row (3) was 1-3% slower than
 // TMA for Q8_0 and much slower with short runs (4: 16 blocks, 34.5 us for Q8_0 at 4096 x 11008:
 // per-copy costs). Rings per warp (lab 10: 8 warps, stages of 8 blocks, ring 2) took Q4_0 at
 // 4096 x 4096 (128 CTAs for 132 SMs) to 7.5-7.7 us against t1g's 8.1-8.4 (three runs, calls 4
-// and 5) but were slower at 11008 x 4096 (16.1-16.3 against 15.7-15.9) and 32000 x 4096.
+// and 5) but were slower at 11008 x 4096 (16.1-16.3 against 15.7-15.9) and 32000 x 4096. At
+// one CTA per SM, shorter stages pipeline more of a CTA's k: Q8_0 at 4096 x 4096 took 10.4-10.6
+// us with 16 blocks and a ring of 3 (lab 13) against 11.4-11.5 (call 8), but 57.9-58.2 against
+// 54.1-54.2 at 32000 x 4096.
 inline int t1b_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5},
-                                        {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}, {"10", 10}};
+                                        {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}, {"10", 10},
+                                        {"11", 11}, {"12", 12}, {"13", 13}};
     static const int v = env_choice("FL_GEMV_T1B", choices, 1);
     return v;
 }
@@ -1763,17 +1771,20 @@ struct T1bShape {
     int nt, bps, s, w;
     bool tm, wr;
 };
-// The kernels, in the order of FL_GEMV_T1B 2..10 (index 0: the default's).
+// The kernels, in the order of FL_GEMV_T1B 2..13 (index 0: the default's).
 constexpr T1bShape kT1bShapes[] = {{4, 32, 4, 8, true, false}, {4, 64, 2, 8, false, false}, {4, 16, 4, 4, false, false},
                                    {4, 64, 2, 8, true, false}, {4, 32, 3, 8, true, false},  {4, 16, 2, 4, true, true},
-                                   {4, 8, 4, 4, true, true},   {4, 16, 3, 4, true, true},   {4, 8, 2, 8, true, true}};
+                                   {4, 8, 4, 4, true, true},   {4, 16, 3, 4, true, true},   {4, 8, 2, 8, true, true},
+                                   {4, 32, 2, 8, true, false}, {4, 16, 4, 8, true, false},  {4, 16, 3, 8, true, false}};
 // The kernel a call takes: an index into kT1bShapes, or -1 (t1g).
 template <int F> inline int t1b_variant(int64_t n, int64_t k) {
     const int c = t1b_config();
     if (c == 0) return -1;
     if (c >= 2) return c - 2;
-    if (F == Q80 || k >= 8192) return 0;
-    return ceil_div(n, 32) <= (int64_t)sm_count() ? 8 : -1;  // Q4_0, k < 8192: one CTA per SM or fewer
+    const bool one_wave = ceil_div(n, 32) <= (int64_t)sm_count();  // at most one CTA per SM
+    if (F == Q80) return one_wave ? 11 : 0;
+    if (k >= 8192) return 0;
+    return one_wave ? 8 : -1;
 }
 template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
     switch (v) {
@@ -1785,6 +1796,9 @@ template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
     case 6: return t1b_smem<F, 4, 8, 4, 4>(k);
     case 7: return t1b_smem<F, 4, 16, 3, 4>(k);
     case 8: return t1b_smem<F, 4, 8, 2, 8>(k);
+    case 9: return t1b_smem<F, 4, 32, 2>(k);
+    case 10: return t1b_smem<F, 4, 16, 4>(k);
+    case 11: return t1b_smem<F, 4, 16, 3>(k);
     default: return t1b_smem<F, 4, 32, 4>(k);
     }
 }
@@ -1798,8 +1812,7 @@ template <int F> inline bool t1b_applies(int m, int64_t n, int64_t k) {
     if (v < 0 || cc_major() < 9 || t1b_variant_smem<F>(v, k) > kT1MaxSmem) return false;
     const T1bShape &c = kT1bShapes[v];
     if (!c.tm) return true;
-    const int rb = c.bps * block_bytes<F>(), rs = (rb / 16) % 2 ? rb : rb + 16;  // t1b_row_stride
-    return n < 0x7fffffffLL && rs / 8 <= 256 && encode_fn() != nullptr;
+    return n < 0x7fffffffLL && odd_words(c.bps * block_bytes<F>()) / 8 <= 256 && encode_fn() != nullptr;
 }
 // The weights [n rows, (k / 32) blocks] as a 2-d tensor of 8-byte elements, boxes of RS / 8 x
 // 8 NT (t1b_row_stride: the stage's run and, when RS > the run, the next 16 bytes),
@@ -1848,6 +1861,9 @@ bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 6: return launch_t1b<F, T, 4, 8, 4, 4, true, true>(x, w, y, n, k, s, st);
     case 7: return launch_t1b<F, T, 4, 16, 3, 4, true, true>(x, w, y, n, k, s, st);
     case 8: return launch_t1b<F, T, 4, 8, 2, 8, true, true>(x, w, y, n, k, s, st);
+    case 9: return launch_t1b<F, T, 4, 32, 2, 8, true>(x, w, y, n, k, s, st);
+    case 10: return launch_t1b<F, T, 4, 16, 4, 8, true>(x, w, y, n, k, s, st);
+    case 11: return launch_t1b<F, T, 4, 16, 3, 8, true>(x, w, y, n, k, s, st);
     default: return launch_t1b<F, T, 4, 32, 4, 8, true>(x, w, y, n, k, s, st);
     }
 }

@@ -307,7 +307,7 @@ s15)
   # under each FL_GEMV_T1B in FL_T1B_TEST_CONFIGS (memcheck under each FL_T1B_MEMCHECK in the
   # background), then the m = 1 Q8_0 / Q4_0 lines per FL_T1B_CONFIGS
   (for v in ${FL_T1B_MEMCHECK:-1 2 7}; do FL_GEMV_T1B=$v timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck FL_GEMV_T1B=$v: /"; done > "$OUT/memcheck-t1b.txt") &
-  lab_tests FL_GEMV_T1B "${FL_T1B_TEST_CONFIGS:-2 3 4 5 6 7 8 9 10}" one_token_gguf "one-token gguf" s15-t1b
+  lab_tests FL_GEMV_T1B "${FL_T1B_TEST_CONFIGS:-2 3 4 5 6 7 8 9 10 11 12 13}" one_token_gguf "one-token gguf" s15-t1b
   wait; cat "$OUT/memcheck-t1b.txt"
   lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 2 6 7 8 9 10 1 0}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
 s15f)
