@@ -192,11 +192,12 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 
 #[test]
 fn gemv_one_token_gguf_kernel() {
-    // The GGUF one-token kernels (gemv_t1g_kernel, Q8_0 / Q4_0 at m = 1 with k % 256 == 0;
-    // gemv_t1b_kernel for Q8_0 on sm_90+, its stages of 64 blocks partial at k = 256, 2816 and
-    // 11008, 4 tiles per CTA) against the reference and against the CUDA-core kernel on the
-    // same weights. Shapes (t1g's view): 37 x 256 (one 8-block superchunk per row: three of
-    // the four warps idle, a partial 16-row tile),
+    // The GGUF one-token kernels (Q8_0 / Q4_0 at m = 1 with k % 256 == 0: gemv_t1g_kernel, and
+    // on sm_90+ gemv_t1b_kernel for Q8_0, Q4_0 at k = 11008 and Q4_0 at the small n, with TMA
+    // stages of 8-32 blocks, partial at k = 256, 2816, 11008 and 1536, rows past n read as
+    // zeros) against the reference and against the CUDA-core kernel on the same weights. Shapes
+    // (t1g's view): 37 x 256 (one 8-block superchunk per row: three of the four warps idle, a
+    // partial 16-row tile),
     // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 17 x 2816 (11: one warp
     // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
     // 16901 x 1536 (n >= 128 x 132 SMs with k % 512 == 0: superchunks of 16 blocks, 3 per row
