@@ -68,12 +68,15 @@
 // - At one token, int8 and int4 take a kernel of their own on the tensor-core side
 //   (gemv_t1_kernel: whole 16-byte pieces per lane, a cp.async ring of loads per warp, the
 //   weights on the mma's A side and the B columns that padding wasted at m = 1 used to keep
-//   each piece's products apart for its group scale); FL_GEMV_T1=0 turns it off. Q8_0 / Q4_0
+//   each piece's products apart for its group scale); FL_GEMV_T1=0 turns it off. On sm_90+
+//   int8 takes a variant whose ring the TMA engine fills (gemv_t1t_kernel, FL_GEMV_T1T=0 off)
+//   at most shapes. Q8_0 / Q4_0
 //   with k % 256 == 0 likewise (gemv_t1g_kernel, FL_GEMV_T1G=0 off); on sm_90+ Q8_0, and Q4_0
 //   at k >= 8192 or n <= 32 x SMs, take a variant whose rings the TMA engine fills
 //   (gemv_t1b_kernel, FL_GEMV_T1B=0 off).
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "common/common.cuh"
 #include "common/tma_host.cuh"
@@ -922,14 +925,15 @@ __device__ __forceinline__ uint4 nib_pair_order(uint4 v) {
                       __byte_perm(v.y, v.w, 0x7632));
 }
 
-// One unit of the one-token kernel: the superchunk in this lane's ring slot `slot` (NT tiles
-// of 8 rows, taken in pairs: tiles 2j and 2j + 1 are the A rows g and g + 8 of 16-row tile j)
-// against its staged x words `xp` (the B side); p4: the superchunk's first piece index (the
-// int4 zero and scale groups of this lane's piece 4 sci + t and of the D columns' pieces).
-template <int F, typename T, int NT>
+// One unit of the one-token kernels: NJ 16-row tiles (j0, j0 + 1, ...) of the superchunk whose
+// piece this lane reads at `slot` (this lane's row g of 8-row tile 0; 8-row tile u at slot[TS
+// u]: tiles 2j and 2j + 1 are the A rows g and g + 8 of 16-row tile j) against its staged x
+// words `xp` (the B side); p4: the superchunk's first piece index (the int4 zero and scale
+// groups of this lane's piece 4 sci + t and of the D columns' pieces).
+template <int F, typename T, int NJ, int TS>
 __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, const unsigned short *ss,
                                         const uint8_t *zs, NibZ zsym, int groups, int p4, int pieces,
-                                        int gshift, int g, int t, float (&acc)[NT / 2][4]) {
+                                        int gshift, int g, int t, int j0, float (&acc)[NJ][4]) {
     constexpr bool I4S = F == I4 || F == I4Z;
     constexpr int XV = t1_piece_values<F>() / 8;
     uint4 xw[XV];
@@ -939,10 +943,10 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
     const int gb = group_of(p4 + t);                                          // this lane's piece
     const int g0 = group_of(p4 + ((2 * t) & 3)), g1 = group_of(p4 + ((2 * t + 1) & 3));  // D columns
 #pragma unroll
-    for (int j = 0; j < NT / 2; ++j) {
-        const uint4 w0 = slot[32 * (2 * j)], w1 = slot[32 * (2 * j + 1)];  // rows g, g + 8
+    for (int j = 0; j < NJ; ++j) {
+        const uint4 w0 = slot[TS * (2 * (j0 + j))], w1 = slot[TS * (2 * (j0 + j) + 1)];  // rows g, g + 8
         const uint32_t q0[4] = {w0.x, w0.y, w0.z, w0.w}, q1[4] = {w1.x, w1.y, w1.z, w1.w};
-        const int r0 = 16 * j + g, r1 = r0 + 8;
+        const int r0 = 16 * (j0 + j) + g, r1 = r0 + 8;
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (I4S) {
             NibZ z0 = zsym, z1 = zsym;
@@ -978,6 +982,26 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[j][c] += d[c];
         }
+    }
+}
+
+// The one-token kernels' staging by cp.async (the caller commits): x (8 values = 16 bytes at a
+// time, xwords words: zero past k) and, for int4, the scales (zeros) of rows base .. base + 8
+// NT - 1 (0 past n: their outputs are dropped).
+template <int F, typename T, int NT>
+__device__ __forceinline__ void t1_stage_async(uint4 *xs, unsigned short *ss, uint8_t *zs, const T *x,
+                                               const void *scales, const uint8_t *zeros, int64_t n, int64_t k,
+                                               int64_t base, int groups, int xwords) {
+    const int xdata = (int)(k / 8);  // uint4s of x (k % 32 == 0)
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    for (int i = threadIdx.x; i < xwords; i += blockDim.x) cp_async16(xs + i, i < xdata ? x4 + i : x4, i < xdata ? 16 : 0);
+    if constexpr (F == I4 || F == I4Z) {
+        const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
+        // The CTA's scales (zeros) are one contiguous run of rows * groups values, 16-byte
+        // aligned when the tensor is (base is a multiple of 16 rows).
+        stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
+                  t1_scale_bytes<F, NT>(groups) / 2);
+        if constexpr (F == I4Z) stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
     }
 }
 
@@ -1024,19 +1048,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     // first copies (so one round trip, not one per loop step), then int4's pair order applied
     // in place; else register loads and stores in a loop (session 10; see t1_config).
     if constexpr (ASYNC) {
-        const int xdata = (int)(k / 8);  // uint4s of x (k % 32 == 0)
-        const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-        for (int i = threadIdx.x; i < xwords; i += blockDim.x)
-            cp_async16(xs + i, i < xdata ? x4 + i : x4, i < xdata ? 16 : 0);
-        if constexpr (I4S) {
-            const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
-            // The CTA's scales (zeros) are one contiguous run of rows * groups values,
-            // 16-byte aligned when the tensor is (base is a multiple of 16 rows).
-            stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
-                      t1_scale_bytes<F, NT>(groups) / 2);
-            if constexpr (F == I4Z)
-                stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
-        }
+        t1_stage_async<F, T, NT>(xs, ss, zs, x, scales, zeros, n, k, base, groups, xwords);
         cp_async_commit();
     }
     auto issue = [&](int i) {
@@ -1086,7 +1098,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
         const int sci = warp + i * W;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-        t1_unit<F, T, NT>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, acc);
+        t1_unit<F, T, NT / 2, 32>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, 0, acc);
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
@@ -1187,23 +1199,33 @@ template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
     return true;
 }
 
-// Launches the one-token kernel and returns true with its status in `st`; returns false, with
-// no error left behind, when the device refuses the shared memory it needs: the caller then
-// takes the general kernels.
+// The launch that the ring kernels (t1, t1g, t1b, tmg, tmi) share: opts `kernel` into `smem`
+// bytes of dynamic shared memory and launches ceil(n / rows) CTAs of `threads` with `args`.
+// Returns true with the launch's status in `st` (FL_ERR_INVALID_ARGUMENT past 2^31 - 1 CTAs);
+// false, with no error left behind, when the device refuses the shared memory: the caller then
+// takes another kernel.
+template <typename... P, typename... A>
+bool launch_ring(void (*kernel)(P...), int64_t smem, int64_t n, int rows, int threads, cudaStream_t s,
+                 fl_status &st, A... args) {
+    if (!t1_opt_in(kernel, smem)) return false;
+    const int64_t ctas = ceil_div(n, rows);
+    if (ctas > 0x7fffffffLL) {
+        st = FL_ERR_INVALID_ARGUMENT;
+        return true;
+    }
+    kernel<<<(unsigned)ctas, threads, (size_t)smem, s>>>(args...);
+    st = launch_status();
+    return true;
+}
+
+// Launches the one-token kernel (launch_ring: false when the device refuses its shared memory,
+// and the caller then takes the general kernels).
 template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, W>;
     const int64_t smem = t1_smem<F, NT, S, W>(k, group);
-    if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
-        return true;
-    }
-    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, scales, zeros, y, n, k, group);
-    st = launch_status();
-    return true;
+    return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, scales, zeros, y, n, k, group);
 }
 template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
@@ -1214,6 +1236,244 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
     case 2: return launch_t1<F, T, 2, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     case 4: return launch_t1<F, T, 6, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     default: return launch_t1<F, T, 4, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    }
+}
+
+// ---------------------------------------------------------------- one token, TMA rings (t1t)
+// gemv_t1_kernel's product (int8 / int4, weights on the mma's A side, lane (g, t) taking piece
+// t of rows g and g + 8 of each 16-row tile) with the copies of gemv_t1b_kernel (sm_90+): the
+// weights come in stages of SC superchunks (64 bytes of each of the CTA's 8 NT rows each), one
+// TMA tensor copy per stage (the weights as a 2-d map of 8-byte elements, box = 8 NT rows x the
+// run + 64 bytes; rows past n and bytes past a row's end read 0) into one ring of S stages per
+// CTA, counted on a "full" mbarrier; the warps split a stage by superchunks (warp w takes
+// superchunks w, w + WG, ...; when a stage has fewer superchunks than warps, WH warps share one
+// and take NJ of its 16-row tiles each) and release it on an "empty" mbarrier (one arrival per
+// warp), which thread 0 waits on before copying the stage S later into the slot. In place of
+// t1's per-warp cp.async rings: one instruction per stage instead of NT 16-byte cp.async per
+// lane per superchunk. The product and the staging are t1's (t1_unit, t1_stage_async) for every
+// int format, but only int8 is instantiated: int4 was slower than t1 here (t1t_config).
+// - The 64 bytes past a row's run (they belong to the next stage) make the row stride 4 SC + 4
+//   16-byte words, 4 mod 8 for even SC: the 8 lanes of a quarter warp (rows g, g + 1, pieces t)
+//   then read 32 distinct banks.
+// - x, int4's scales and zeros are staged as in t1 (cp.async, int4's x in nib_pair_order) while
+//   the first S - 1 stages are in flight. Past k the weights read 0 and x is 0.
+// Requires k % 32 == 0 and a 16-byte aligned weight tensor (the map). grid.x = ceil(n / (8
+// NT)), block = 32 W, dynamic shared memory t1t_smem().
+template <int SC> __host__ __device__ constexpr int t1t_row_stride() { return 64 * SC + 64; }
+// Bytes of shared memory for nt tiles, stages of sc superchunks, a ring of s: x, scales, zeros
+// (t1's), 2 s mbarriers, up to 112 bytes to align the ring to 128, the ring.
+template <int F> inline int64_t t1t_smem(int nt, int sc, int s, int64_t k, int group) {
+    const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
+    const int scale_bytes = (F == I4 || F == I4Z) ? round16(8 * nt * groups * 2) : 0;
+    const int zero_bytes = F == I4Z ? round16(8 * nt * groups) : 0;
+    return (int64_t)t1_x_bytes<F>(k) + scale_bytes + zero_bytes + 16 * s + 128 + (int64_t)s * 8 * nt * (64 * sc + 64);
+}
+
+template <int F, typename T, int NT, int SC, int S, int W>
+__global__ void __launch_bounds__(W * 32)
+gemv_t1t_kernel(const T *__restrict__ x, const void *__restrict__ scales, const uint8_t *__restrict__ zeros,
+                T *__restrict__ y, int64_t n, int64_t k, int group, const __grid_constant__ CUtensorMap wmap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr bool I4S = F == I4 || F == I4Z;
+    constexpr int PV = t1_piece_values<F>(), XV = PV / 8;
+    constexpr int RS = t1t_row_stride<SC>(), RSW = RS / 16, R = 8 * NT, SB = R * RS;
+    constexpr int NP = NT / 2;                   // 16-row tiles
+    constexpr int WH = W > SC ? W / SC : 1;      // warps per superchunk
+    constexpr int WG = W / WH;                   // superchunk groups
+    constexpr int NJ = NP / WH;                  // 16-row tiles per warp
+    constexpr int HP = (SC + WG - 1) / WG;       // superchunks per warp per stage (at most)
+    static_assert(S >= 2 && SC % 2 == 0 && NT % 2 == 0 && W % WH == 0 && NP % WH == 0 && NJ >= 1,
+                  "a ring of at least two stages, 16-row tiles split evenly");
+    static_assert(RS / 8 <= 256 && R <= 256, "a TMA box has at most 256 elements per dimension");
+    extern __shared__ __align__(16) unsigned char t1_raw[];
+    __shared__ float red[WG][R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int pg = warp / WH, hw = warp % WH;  // superchunk group, tile share
+    const int nsc = t1_superchunks<F>(k);
+    const int nst = (nsc + SC - 1) / SC;        // stages
+    const int pieces = (int)(k / PV);
+    const int groups = I4S ? (int)(k / group) : 0;
+    const int gshift = I4S ? __ffs(group / PV) - 1 : 0;  // log2(pieces per group)
+    const int64_t base = (int64_t)blockIdx.x * R;
+
+    uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
+    const int xwords = t1_x_bytes<F>(k) / 16;
+    unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw + t1_x_bytes<F>(k));
+    uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
+    const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(t1_raw));
+    const uint32_t bars = raw_s + (uint32_t)(t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) +
+                                             t1_zero_bytes<F, NT>(groups));  // 16-byte aligned
+    const uint32_t ring_s = (bars + 16 * S + 127) & ~127u;
+    const unsigned char *ring = t1_raw + (ring_s - raw_s);
+    auto full = [&](int s) { return bars + 8u * (uint32_t)s; };
+    auto empty = [&](int s) { return bars + 8u * (uint32_t)(S + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), W);
+        }
+        fence_mbar_init();
+    }
+    __syncthreads();
+    auto issue = [&](int i) {  // thread 0 only
+        if (i >= nst) return;
+        const int s = i % S;
+        if (i >= S) mbar_wait(empty(s), ((i / S) + 1) & 1);  // step i - S released
+        mbar_expect_tx(full(s), SB);
+        tma_load_2d(ring_s + (uint32_t)(s * SB), &wmap, full(s), i * (SC * 8), (int)base);
+    };
+    if (threadIdx.x == 0)
+        for (int i = 0; i < S - 1; ++i) issue(i);
+
+    t1_stage_async<F, T, NT>(xs, ss, zs, x, scales, zeros, n, k, base, groups, xwords);
+    cp_async_commit();
+    cp_async_wait<0>();
+    if constexpr (I4S) {  // each thread reorders the words it copied
+        for (int i = threadIdx.x; i < xwords; i += blockDim.x) xs[i] = nib_pair_order(xs[i]);
+    }
+    __syncthreads();
+    // Lanes with g == t read their piece's x; the others the zero tail.
+    const uint4 *xv = xs + (g == t ? XV * t : xwords - 4);
+    const int xstep = g == t ? 4 * XV : 0;  // uint4s per superchunk
+    const NibZ zsym = nib_z<T>(8u);
+
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int i = 0; i < nst; ++i) {
+        if (threadIdx.x == 0) issue(i + S - 1);
+        const int s = i % S;
+        mbar_wait(full(s), (i / S) & 1);
+        const uint4 *stage = reinterpret_cast<const uint4 *>(ring + s * SB) + g * RSW + t;
+#pragma unroll
+        for (int hh = 0; hh < HP; ++hh) {
+            const int q = pg + hh * WG, sci = i * SC + q;
+            if (q < SC && sci < nsc)
+                t1_unit<F, T, NJ, 8 * RSW>(stage + 4 * q, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces,
+                                           gshift, g, t, hw * NJ, acc);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the slot
+    }
+
+    // Rows g and g + 8 of each tile: the lane's two piece columns, the 4 lanes t, then the
+    // superchunk groups in order (deterministic; a group's warps hold disjoint rows).
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = acc[j][2 * c] + acc[j][2 * c + 1];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) red[pg][16 * (hw * NJ + j) + 8 * c + g] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R) {
+        const int64_t col = base + threadIdx.x;
+        if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < WG; ++u) v += red[u][threadIdx.x];
+            if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
+            y[col] = from_f32<T>(v);
+        }
+    }
+#endif
+}
+
+// Its configuration: FL_GEMV_T1T (read once; A/B runs) = 0: off (t1); 1 (default): int8 takes
+// kT1tShapes[0] (4 tiles, stages of 16 superchunks, a ring of 3, 8 warps) unless the grid of
+// 32-row CTAs is between 2 and 4 per SM (n = 11008: 344 CTAs on 132 SMs; there t1); int4 never
+// (t1); lab 2..5: kT1tShapes[v - 2] for int8.
+// Measured on the H100 (bench/RESULTS.md, session 16, quick bench, us at m = 1, two runs):
+// int8 with kT1tShapes[0] against t1: 4096 x 4096 9.51-9.56 against 9.85-9.98, 4096 x 11008
+// 19.43-19.55 against 20.08-20.16, 32000 x 4096 48.16-48.28 against 49.43-49.59, but 11008 x
+// 4096 20.81-20.87 against 20.56-20.63 (hence the rule). int4 (g128, with and without zero
+// point) was slower than t1 at every shape under all nine shapes tried (11008 x 4096: 15.5-17.9
+// against 13.1-13.3 us; 32000 x 4096: 31.8-39.0 against 30.1-30.3), 16-warp CTAs included: t1's
+// 4-warp CTAs keep more warps per SM, and int4's dequantisation (twice int8's work per byte)
+// is what waits. So only int8 is instantiated.
+inline int t1t_config() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}};
+    static const int v = env_choice("FL_GEMV_T1T", choices, 1);
+    return v;
+}
+// A kernel: 8-row tiles NT, superchunks per stage SC, ring S, warps W.
+struct T1tShape {
+    int nt, sc, s, w;
+};
+// The kernels, in the order of FL_GEMV_T1T 2..5 (index 0: the default's; stage bytes 8 NT (64
+// SC + 64)).
+constexpr T1tShape kT1tShapes[] = {{4, 16, 3, 8}, {4, 8, 4, 16}, {4, 8, 4, 8}, {4, 4, 8, 8}};
+// The kernel a call takes: an index into kT1tShapes, or -1 (t1).
+template <int F> inline int t1t_variant(int64_t n, int64_t k) {
+    (void)k;
+    const int c = t1t_config();
+    if (F != I8 || c == 0) return -1;
+    if (c >= 2) return c - 2;
+    const int64_t ctas = ceil_div(n, 32), sms = sm_count();
+    return ctas > 2 * sms && ctas < 4 * sms ? -1 : 0;
+}
+template <int F> inline int64_t t1t_variant_smem(int v, int64_t k, int group) {
+    const T1tShape &c = kT1tShapes[v];
+    return t1t_smem<F>(c.nt, c.sc, c.s, k, group);
+}
+// Whether a call takes it: m = 1, int8, a variant for the call, an sm_90+ device, its
+// shared memory <= 160 KB (x, scales and the ring), n < 2^31, the 32-bit piece indices hold,
+// and the driver's tensor-map encoder (a weight tensor the map refuses, e.g. not 16-byte
+// aligned, makes the launch fall back to t1).
+template <int F> inline bool t1t_applies(int m, int64_t n, int64_t k, int group) {
+    if (F != I8 || m != 1) return false;
+    const int v = t1t_variant<F>(n, k);
+    if (v < 0 || cc_major() < 9 || t1t_variant_smem<F>(v, k, group) > kT1MaxSmem) return false;
+    return n < 0x7fffffffLL && k / 16 < 0x7fffffffLL / 4 && encode_fn() != nullptr;
+}
+// The weights [n rows, row bytes] as a 2-d tensor of 8-byte elements, boxes of (64 SC + 64) /
+// 8 x 8 NT, zero-filled out of bounds.
+template <int F, int NT, int SC> bool t1t_map(CUtensorMap *m, const uint8_t *w, int64_t n, int64_t k) {
+    const auto enc = encode_fn();
+    if (!enc || !aligned16(w)) return false;
+    const int64_t rowb = F == I8 ? k : k / 2;
+    const cuuint64_t dims[2] = {(cuuint64_t)(rowb / 8), (cuuint64_t)n};
+    const cuuint64_t strides[1] = {(cuuint64_t)rowb};
+    const cuuint32_t box[2] = {(cuuint32_t)(t1t_row_stride<SC>() / 8), (cuuint32_t)(8 * NT)};
+    const cuuint32_t estr[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t *>(w), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+template <int F, typename T, int NT, int SC, int S, int W>
+bool launch_t1t(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n, int64_t k,
+                int group, cudaStream_t s, fl_status &st) {
+    const auto kernel = gemv_t1t_kernel<F, T, NT, SC, S, W>;
+    CUtensorMap map;
+    std::memset(&map, 0, sizeof(map));
+    if (!t1t_map<F, NT, SC>(&map, w, n, k)) return false;
+    static_assert(t1t_row_stride<SC>() == 64 * SC + 64, "t1t_smem's row stride");
+    return launch_ring(kernel, t1t_smem<F>(NT, SC, S, k, group), n, 8 * NT, 32 * W, s, st, x, scales, zeros, y, n, k,
+                       group, map);
+}
+// Launches kT1tShapes[v] (one instance per entry of the table).
+template <int F, typename T, size_t... I>
+bool launch_t1t_shape(int v, const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+                      int64_t k, int group, cudaStream_t s, fl_status &st, std::index_sequence<I...>) {
+    bool taken = false;
+    (void)((v == (int)I && (taken = launch_t1t<F, T, kT1tShapes[I].nt, kT1tShapes[I].sc, kT1tShapes[I].s,
+                                               kT1tShapes[I].w>(x, w, scales, zeros, y, n, k, group, s, st),
+                            true)) ||
+           ...);
+    return taken;
+}
+template <int F, typename T>
+bool launch_t1t_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+                       int64_t k, int group, cudaStream_t s, fl_status &st) {
+    if constexpr (F != I8) {
+        return false;  // (t1t_applies already refused it)
+    } else {
+        constexpr size_t kShapes = sizeof(kT1tShapes) / sizeof(kT1tShapes[0]);
+        return launch_t1t_shape<F, T>(t1t_variant<F>(n, k), x, w, scales, zeros, y, n, k, group, s, st,
+                                      std::make_index_sequence<kShapes>{});
     }
 }
 
@@ -1262,6 +1522,76 @@ template <int PW> __device__ __forceinline__ void ring_sync(int grp) {
     else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "n"(32 * PW) : "memory");
 }
 
+// The one-token GGUF kernels' (t1g, t1b) x staging: x's xdata uint4s by cp.async (the caller
+// commits and waits), whole blocks (4 uint4s) per thread so that q40_x_order can reorder the
+// blocks each thread copied, then 64 zero bytes (what the lanes with g != t read).
+template <typename T> __device__ __forceinline__ void gguf_stage_x(uint4 *xs, const T *x, int xdata) {
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
+    if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+}
+// Q4_0: each block's staged x (the thread's own copies) in the k order of a_frags<Q40>.
+__device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata) {
+    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
+        uint4 *p = xs + 4 * b;
+        const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
+        // Quant word c: x[4c..4c+3] (half of v[c / 2]) and x[16+4c..19+4c] (of v[2 + c / 2]).
+        const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
+            uint32_t f[4];
+            a_frags<Q40>(v, f);
+            p[c] = make_uint4(f[0], f[1], f[2], f[3]);
+        }
+    }
+}
+// Pass h of a slot (4 blocks; lane t takes block 4h + t, whose quants start at byte a of the
+// row, sh = 16 when a % 4 == 2) for rows g and g + 8 of one 16-row tile: r0 is row g's run in
+// the slot (rows RS bytes apart), xw the block's staged x (zeros for lanes with g != t). The
+// 16 x 8 product D's column c is block slot c's dot product, scaled by that block's d of each
+// row into acc: d[0], d[1]: row g, block slots c0 = 2t % 4, c1 = (2t + 1) % 4 (t >= 2: columns
+// 4..7, always 0; any valid slot's d is read for them); d[2], d[3]: row g + 8.
+template <int F, typename T, int RS>
+__device__ __forceinline__ void gguf_pass(const unsigned char *r0, const uint4 (&xw)[4], int a, unsigned sh, int h,
+                                          int c0, int c1, NibZ zsym, float (&acc)[4]) {
+    constexpr int BB = block_bytes<F>(), QW = F == Q80 ? 8 : 4;  // quant words per block
+    const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
+    const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RS + (a & ~3));
+    uint32_t raw0[QW + 1], raw1[QW + 1];
+#pragma unroll
+    for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < QW; ++c) {
+        const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
+        const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
+        if constexpr (F == Q40) {  // word c: values 4c..4c+3 and 16+4c..19+4c
+            uint32_t p0[4], p1[4];
+            nib_pairs<T>(q0, zsym, p0);
+            nib_pairs<T>(q1, zsym, p1);
+            const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+            const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+            mma<T>(d, a1, xw[c].x, xw[c].y);
+            mma<T>(d, a2, xw[c].z, xw[c].w);
+        } else {  // word c: values 4c..4c+3
+            uint32_t p0a, p0b, p1a, p1b;
+            byte_pairs<T>(q0, p0a, p0b);
+            byte_pairs<T>(q1, p1a, p1b);
+            const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
+            mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
+        }
+    }
+    const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
+    acc[0] = fmaf(d[0], __half2float(*reinterpret_cast<const __half *>(s0)), acc[0]);
+    acc[1] = fmaf(d[1], __half2float(*reinterpret_cast<const __half *>(s1)), acc[1]);
+    acc[2] = fmaf(d[2], __half2float(*reinterpret_cast<const __half *>(s0 + 8 * RS)), acc[2]);
+    acc[3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RS)), acc[3]);
+}
+
 template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
@@ -1270,7 +1600,6 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     constexpr int SW = t1g_slot_words<F, NT, BPS>();  // uint4s per slot: row r's at r * RW
     constexpr int G = W / PW, GT = 32 * PW;      // rings, threads per ring
     constexpr int CP = (SW + GT - 1) / GT;       // copies per thread per superchunk
-    constexpr int QW = F == Q80 ? 8 : 4;         // quant words per block
     constexpr int NP = NT / 2, NJ = NP / PW;     // 16-row tiles: per CTA, per warp
     static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && W % PW == 0 && NP % PW == 0,
                   "a ring of at least two superchunks of whole words, 16-row tiles, whole rings");
@@ -1301,13 +1630,8 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     }
     const int mine = nsc > grp ? (nsc - grp + G - 1) / G : 0;  // this ring's superchunks
 
-    // Stage x, one commit group ahead of the ring's (Q4_0: each thread copies whole blocks,
-    // 4 uint4s, and reorders them below).
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
-    if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    // Stage x, one commit group ahead of the ring's.
+    gguf_stage_x(xs, x, xdata);
     cp_async_commit();
     auto issue = [&](int i) {
         if (i < mine) {
@@ -1322,27 +1646,10 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
     cp_async_wait<S - 1>();  // the staging group
-    if constexpr (F == Q40) {
-        for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
-            uint4 *p = xs + 4 * b;
-            const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
-            // Quant word c: x[4c..4c+3] (half of v[c / 2]) and x[16+4c..19+4c] (of v[2 + c / 2]).
-            const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-            const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
-                uint32_t f[4];
-                a_frags<Q40>(v, f);
-                p[c] = make_uint4(f[0], f[1], f[2], f[3]);
-            }
-        }
-    }
+    if constexpr (F == Q40) q40_x_order(xs, xdata);
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
-    // The block slots of this lane's D columns 2t, 2t + 1 (t >= 2: columns 4..7, always 0; any
-    // valid slot's d is read for them).
-    const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;
+    const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
 
     float acc[NJ][4];
 #pragma unroll
@@ -1362,43 +1669,8 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             const int a = b * BB + 2;  // its quants' first byte in the row
             const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-                // rows g and g + 8 of tile hw NJ + j
-                const unsigned char *r0 = slot + (16 * (hw * NJ + j) + g) * RB;
-                const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
-                const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RB + (a & ~3));
-                uint32_t raw0[QW + 1], raw1[QW + 1];
-#pragma unroll
-                for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
-                float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int c = 0; c < QW; ++c) {
-                    const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
-                    const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
-                    if constexpr (F == Q40) {  // word c: values 4c..4c+3 and 16+4c..19+4c
-                        uint32_t p0[4], p1[4];
-                        nib_pairs<T>(q0, zsym, p0);
-                        nib_pairs<T>(q1, zsym, p1);
-                        const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
-                        const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
-                        mma<T>(d, a1, xw[c].x, xw[c].y);
-                        mma<T>(d, a2, xw[c].z, xw[c].w);
-                    } else {  // word c: values 4c..4c+3
-                        uint32_t p0a, p0b, p1a, p1b;
-                        byte_pairs<T>(q0, p0a, p0b);
-                        byte_pairs<T>(q1, p1a, p1b);
-                        const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
-                        mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
-                    }
-                }
-                // d[0], d[1]: row g, block slots c0, c1; d[2], d[3]: row g + 8: times the d
-                // of blocks 4h + c0 / c1 of those rows.
-                const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
-                acc[j][0] = fmaf(d[0], __half2float(*reinterpret_cast<const __half *>(s0)), acc[j][0]);
-                acc[j][1] = fmaf(d[1], __half2float(*reinterpret_cast<const __half *>(s1)), acc[j][1]);
-                acc[j][2] = fmaf(d[2], __half2float(*reinterpret_cast<const __half *>(s0 + 8 * RB)), acc[j][2]);
-                acc[j][3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RB)), acc[j][3]);
-            }
+            for (int j = 0; j < NJ; ++j)  // rows g and g + 8 of tile hw NJ + j
+                gguf_pass<F, T, RB>(slot + (16 * (hw * NJ + j) + g) * RB, xw, a, sh, h, c0, c1, zsym, acc[j]);
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
@@ -1487,15 +1759,7 @@ template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW>;
     const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS>(k);
-    if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
-        return true;
-    }
-    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k);
-    st = launch_status();
-    return true;
+    return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, n, k);
 }
 template <int F, typename T>
 bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
@@ -1540,13 +1804,13 @@ __host__ __device__ constexpr int odd_words(int run) { return (run / 16) % 2 ? r
 template <int F, int BPS> __host__ __device__ constexpr int t1b_row_stride() {
     return odd_words(t1g_row_bytes<F, BPS>());
 }
-template <int F, int NT, int BPS> __host__ __device__ constexpr int t1b_stage_bytes() {
-    return NT * 8 * t1b_row_stride<F, BPS>();
-}
-// Staged x (k values and 64 zero bytes), 2 S mbarriers, the ring (128-byte aligned: up to 112
-// bytes of padding), 16 bytes that the last block's shared loads may read past it.
-template <int F, int NT, int BPS, int S, int NR = 1> inline int64_t t1b_smem(int64_t k) {
-    return 2 * k + 64 + 16 * S * NR + 128 + (int64_t)NR * S * t1b_stage_bytes<F, NT, BPS>() + 16;
+// Bytes of a stage of NT tiles (8 NT rows) of BPS blocks of BB bytes.
+__host__ __device__ constexpr int t1b_stage_bytes(int bb, int nt, int bps) { return nt * 8 * odd_words(bps * bb); }
+// Bytes of shared memory: staged x (k values and 64 zero bytes), 2 S mbarriers per ring (nr
+// rings), the rings of s stages (128-byte aligned: up to 112 bytes of padding), 16 bytes that
+// the last block's shared loads may read past them.
+inline int64_t t1b_smem(int stage_bytes, int s, int nr, int64_t k) {
+    return 2 * k + 64 + 16 * s * nr + 128 + (int64_t)nr * s * stage_bytes + 16;
 }
 
 // TM: one TMA tensor copy per stage (the box of R rows x t1b_row_stride bytes at the stage's
@@ -1560,8 +1824,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
                 int64_t k, const __grid_constant__ CUtensorMap wmap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int BB = block_bytes<F>(), RS = t1b_row_stride<F, BPS>(), R = 8 * NT;
-    constexpr int SB = t1b_stage_bytes<F, NT, BPS>();
-    constexpr int QW = F == Q80 ? 8 : 4;    // quant words per block
+    constexpr int SB = t1b_stage_bytes(BB, NT, BPS);
     constexpr int NP = NT / 2;              // 16-row tiles
     constexpr int PS = BPS / 4;             // passes of a whole stage
     constexpr int NR = WR ? W : 1;          // rings
@@ -1626,28 +1889,10 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         for (int i = 0; i < S - 1; ++i) issue(i);
 
     // Stage x while they are in flight (as in t1g).
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-    for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
-    if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
+    gguf_stage_x(xs, x, xdata);
     cp_async_commit();
     cp_async_wait<0>();
-    if constexpr (F == Q40) {
-        for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
-            uint4 *p = xs + 4 * b;
-            const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
-            const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-            const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
-                uint32_t f[4];
-                a_frags<Q40>(v, f);
-                p[c] = make_uint4(f[0], f[1], f[2], f[3]);
-            }
-        }
-    }
+    if constexpr (F == Q40) q40_x_order(xs, xdata);
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
     const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
@@ -1671,40 +1916,8 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
                 const int a = b * BB + 2;  // its quants' first byte in the row
                 const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
-                for (int j = 0; j < NJ; ++j) {
-                    const unsigned char *r0 = slot + (16 * (hw * NJ + j) + g) * RS;
-                    const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
-                    const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RS + (a & ~3));
-                    uint32_t raw0[QW + 1], raw1[QW + 1];
-#pragma unroll
-                    for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
-                    float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int c = 0; c < QW; ++c) {
-                        const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
-                        const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
-                        if constexpr (F == Q40) {
-                            uint32_t p0[4], p1[4];
-                            nib_pairs<T>(q0, zsym, p0);
-                            nib_pairs<T>(q1, zsym, p1);
-                            const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
-                            const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
-                            mma<T>(d, a1, xw[c].x, xw[c].y);
-                            mma<T>(d, a2, xw[c].z, xw[c].w);
-                        } else {
-                            uint32_t p0a, p0b, p1a, p1b;
-                            byte_pairs<T>(q0, p0a, p0b);
-                            byte_pairs<T>(q1, p1a, p1b);
-                            const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
-                            mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
-                        }
-                    }
-                    const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
-                    acc[j][0] = fmaf(d[0], __half2float(*reinterpret_cast<const __half *>(s0)), acc[j][0]);
-                    acc[j][1] = fmaf(d[1], __half2float(*reinterpret_cast<const __half *>(s1)), acc[j][1]);
-                    acc[j][2] = fmaf(d[2], __half2float(*reinterpret_cast<const __half *>(s0 + 8 * RS)), acc[j][2]);
-                    acc[j][3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RS)), acc[j][3]);
-                }
+                for (int j = 0; j < NJ; ++j)
+                    gguf_pass<F, T, RS>(slot + (16 * (hw * NJ + j) + g) * RS, xw, a, sh, h, c0, c1, zsym, acc[j]);
             }
         }
         __syncwarp();
@@ -1786,21 +1999,10 @@ template <int F> inline int t1b_variant(int64_t n, int64_t k) {
     if (k >= 8192) return 0;
     return one_wave ? 8 : -1;
 }
+// t1b_smem of kT1bShapes[v].
 template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
-    switch (v) {
-    case 1: return t1b_smem<F, 4, 64, 2>(k);
-    case 2: return t1b_smem<F, 4, 16, 4>(k);
-    case 3: return t1b_smem<F, 4, 64, 2>(k);
-    case 4: return t1b_smem<F, 4, 32, 3>(k);
-    case 5: return t1b_smem<F, 4, 16, 2, 4>(k);
-    case 6: return t1b_smem<F, 4, 8, 4, 4>(k);
-    case 7: return t1b_smem<F, 4, 16, 3, 4>(k);
-    case 8: return t1b_smem<F, 4, 8, 2, 8>(k);
-    case 9: return t1b_smem<F, 4, 32, 2>(k);
-    case 10: return t1b_smem<F, 4, 16, 4>(k);
-    case 11: return t1b_smem<F, 4, 16, 3>(k);
-    default: return t1b_smem<F, 4, 32, 4>(k);
-    }
+    const T1bShape &c = kT1bShapes[v];
+    return t1b_smem(t1b_stage_bytes(block_bytes<F>(), c.nt, c.bps), c.s, c.wr ? c.w : 1, k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, a variant for the format and k, k % 256 == 0,
 // an sm_90+ device, its shared memory <= 160 KB (the default: k up to ~11.1k values for Q8_0,
@@ -1835,37 +2037,28 @@ bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaSt
         return false;  // (t1b_applies already refused it)
     } else {
         const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W, TM, WR>;
-        const int64_t smem = t1b_smem<F, NT, BPS, S, WR ? W : 1>(k);
+        const int64_t smem = t1b_smem(t1b_stage_bytes(block_bytes<F>(), NT, BPS), S, WR ? W : 1, k);
         CUtensorMap map;
         std::memset(&map, 0, sizeof(map));
         if (TM && !t1b_map<F, NT, BPS>(&map, w, n, k)) return false;
-        if (!t1_opt_in(kernel, smem)) return false;
-        const int64_t ctas = ceil_div(n, 8 * NT);
-        if (ctas > 0x7fffffffLL) {
-            st = FL_ERR_INVALID_ARGUMENT;
-            return true;
-        }
-        kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, n, k, map);
-        st = launch_status();
-        return true;
+        return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, n, k, map);
     }
+}
+// Launches kT1bShapes[v] (one instance per entry of the table).
+template <int F, typename T, size_t... I>
+bool launch_t1b_shape(int v, const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st,
+                      std::index_sequence<I...>) {
+    bool taken = false;
+    (void)((v == (int)I && (taken = launch_t1b<F, T, kT1bShapes[I].nt, kT1bShapes[I].bps, kT1bShapes[I].s,
+                                               kT1bShapes[I].w, kT1bShapes[I].tm, kT1bShapes[I].wr>(x, w, y, n, k, s, st),
+                            true)) ||
+           ...);
+    return taken;
 }
 template <int F, typename T>
 bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    switch (t1b_variant<F>(n, k)) {
-    case 1: return launch_t1b<F, T, 4, 64, 2, 8>(x, w, y, n, k, s, st);
-    case 2: return launch_t1b<F, T, 4, 16, 4, 4>(x, w, y, n, k, s, st);
-    case 3: return launch_t1b<F, T, 4, 64, 2, 8, true>(x, w, y, n, k, s, st);
-    case 4: return launch_t1b<F, T, 4, 32, 3, 8, true>(x, w, y, n, k, s, st);
-    case 5: return launch_t1b<F, T, 4, 16, 2, 4, true, true>(x, w, y, n, k, s, st);
-    case 6: return launch_t1b<F, T, 4, 8, 4, 4, true, true>(x, w, y, n, k, s, st);
-    case 7: return launch_t1b<F, T, 4, 16, 3, 4, true, true>(x, w, y, n, k, s, st);
-    case 8: return launch_t1b<F, T, 4, 8, 2, 8, true, true>(x, w, y, n, k, s, st);
-    case 9: return launch_t1b<F, T, 4, 32, 2, 8, true>(x, w, y, n, k, s, st);
-    case 10: return launch_t1b<F, T, 4, 16, 4, 8, true>(x, w, y, n, k, s, st);
-    case 11: return launch_t1b<F, T, 4, 16, 3, 8, true>(x, w, y, n, k, s, st);
-    default: return launch_t1b<F, T, 4, 32, 4, 8, true>(x, w, y, n, k, s, st);
-    }
+    constexpr size_t kShapes = sizeof(kT1bShapes) / sizeof(kT1bShapes[0]);
+    return launch_t1b_shape<F, T>(t1b_variant<F>(n, k), x, w, y, n, k, s, st, std::make_index_sequence<kShapes>{});
 }
 
 // ---------------------------------------------------------------- 2..16 tokens, GGUF (tmg)
@@ -2140,15 +2333,7 @@ template <int F, typename T, int NT, int MT, int S, int W, int BPS, int UB = BPS
 bool launch_tmg(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_tmg_kernel<F, T, NT, MT, S, W, BPS, UB, PW>;
     constexpr int64_t smem = tmg_smem<F, NT, MT, S, W / PW, BPS>();  // (its W: rings)
-    if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
-        return true;
-    }
-    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, y, m, n, k);
-    st = launch_status();
-    return true;
+    return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, m, n, k);
 }
 template <int F, typename T, int MT>
 bool launch_tmg_mt(const T *x, const uint8_t *w, T *y, int m, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
@@ -2403,15 +2588,7 @@ bool launch_tmi(const T *x, const uint8_t *w, const void *scales, const uint8_t 
                 int64_t k, int group, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_tmi_kernel<F, T, NT, MT, S, W, UB, PW>;
     const int64_t smem = tmi_smem<F, NT, MT, S, W / PW>(k, group);
-    if (!t1_opt_in(kernel, smem)) return false;
-    const int64_t ctas = ceil_div(n, 8 * NT);
-    if (ctas > 0x7fffffffLL) {
-        st = FL_ERR_INVALID_ARGUMENT;
-        return true;
-    }
-    kernel<<<(unsigned)ctas, 32 * W, (size_t)smem, s>>>(x, w, scales, zeros, y, m, n, k, group);
-    st = launch_status();
-    return true;
+    return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, scales, zeros, y, m, n, k, group);
 }
 template <int F, typename T, int MT>
 bool launch_tmi_mt(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int m, int64_t n,
@@ -2474,6 +2651,8 @@ fl_status launch(const void *x, const void *w, const void *scales, const void *z
     const bool nt2 = ceil_div(n, 16) >= sms;
     if constexpr (F == I8 || F == I4 || F == I4Z) {
         fl_status st = FL_OK;
+        if (t1t_applies<F>(m, n, k, group) && launch_t1t_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s, st))
+            return st;
         if (t1_applies<F>(m, n, k, group) && launch_t1_config<F, T>(xt, wt, scales, zt, yt, n, k, group, s, st))
             return st;
         if (tmi_applies<F>(m, n, k, group) && launch_tmi_config<F, T>(xt, wt, scales, zt, yt, m, n, k, group, s, st))
@@ -2715,7 +2894,7 @@ inline bool use_mma(int path, fl_gemv_format format, int64_t m, int64_t n, int64
     if (path == FL_GEMV_PATH_MMA) return true;
     if (path == FL_GEMV_PATH_FMA) return false;
     return m >= 2 || format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP ||
-           (format == FL_GEMV_INT8 && tc::t1_applies<I8>((int)m, n, k, 32)) ||
+           (format == FL_GEMV_INT8 && (tc::t1t_applies<I8>((int)m, n, k, 32) || tc::t1_applies<I8>((int)m, n, k, 32))) ||
            (format == FL_GEMV_Q8_0 && (tc::t1b_applies<Q80>((int)m, n, k) || tc::t1g_applies<Q80>((int)m, n, k))) ||
            (format == FL_GEMV_Q4_0 && (tc::t1b_applies<Q40>((int)m, n, k) || tc::t1g_applies<Q40>((int)m, n, k)));
 }

@@ -58,6 +58,15 @@
 #            under FL_GEMV_T1B variants, then the m = 1 A/B per FL_T1B_CONFIGS; s15f the final
 #            code's one-token GEMV tests (memcheck) and engine tests, the m = 1 table, llama-2-7b
 #            q8_0 / q4_0 decode with it on / off
+#   s16      session 16: the TMA-fed one-token int kernel (gemv_t1t_kernel) and the refactored GGUF
+#            one-token kernels: the GEMV tests whole, memcheck of the one-token tests under
+#            FL_T1T_MEMCHECK, the one-token int tests under each FL_GEMV_T1T in
+#            FL_T1T_TEST_CONFIGS, the GGUF one-token test with FL_GEMV_T1B=0, the engine GPU
+#            tests; s16p the m = 1 int lines per FL_T1T_CONFIGS and the GGUF lines per
+#            FL_T1B_CONFIGS; s16f the final code: memcheck of the one-token int tests, the GEMV
+#            tests whole, the one-token int tests under FL_GEMV_T1T 0 and lab 2-5 (lab 5 three
+#            times), the engine GPU tests (summary in a-summary.txt), the m = 1 int lines with
+#            FL_GEMV_T1T 1 / 0 twice; s16e llama-2-7b int8 batch-1 decode with FL_GEMV_T1T 1 / 0
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -323,6 +332,33 @@ s15f)
   for qv in ${FL_S15E:-q8_0:1 q8_0:0 q4_0:1 q4_0:0 q8_0:1 q4_0:1}; do
     echo "${qv%%:*} FL_GEMV_T1B=${qv#*:} $(FL_GEMV_T1B=${qv#*:} decode_line ${qv%%:*})"
   done ;;
+s16)
+  (for v in ${FL_T1T_MEMCHECK:-1 5 7}; do FL_GEMV_T1T=$v timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck FL_GEMV_T1T=$v: /"; done > "$OUT/memcheck-t1t.txt") &
+  run_tests fl-kernels__gemv s16-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  lab_tests FL_GEMV_T1T "${FL_T1T_TEST_CONFIGS:-0 2 3 4 5 6 7 8}" one_token_kernel "one-token int" s16-t1t
+  lab_tests FL_GEMV_T1B "0" one_token_gguf "one-token gguf" s16-t1b
+  run_tests fl-engine__quant_gpu s16-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+  run_tests fl-engine__engine_gpu s16-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  wait; cat "$OUT/memcheck-t1t.txt" ;;
+s16p)
+  lab_runs FL_GEMV_T1T "${FL_T1T_CONFIGS:-1 0 2 3 4 5 6 7 8 1 0}" qbench-t1t quick_bench 1 "int8|int4"
+  lab_runs FL_GEMV_T1B "${FL_T1B_CONFIGS:-1 0 1}" qbench-t1b quick_bench gguf "q8_0|q4_0" ;;
+s16f)
+  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token_kernel: /" > "$OUT/memcheck-s16f.txt") &
+  {
+    run_tests fl-kernels__gemv s16f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    lab_tests FL_GEMV_T1T "0 2 3 4" one_token_kernel "one-token int" s16f-t1t
+    for i in 1 2 3; do
+      ( export FL_GEMV_T1T=5; run_tests "one-token int FL_GEMV_T1T=5 run $i" s16f-t1t5-$i 150 "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=2 )
+      grep -hA2 "panicked" "$OUT/s16f-t1t5-$i.log" | cut -c1-400 | head -6
+    done
+    run_tests fl-engine__quant_gpu s16f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s16f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    wait; cat "$OUT/memcheck-s16f.txt"
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  lab_runs FL_GEMV_T1T "1 0 1 0" qbench-t1t quick_bench 1 "int8|int4" ;;
+s16e)
+  for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)
   # session 14: the GEMV tests whole, then the lab variants of this session: warp pairs per
   # ring in the multi-token int kernel (FL_GEMV_TMI=5 / 6), 6-tile CTAs in the one-token int

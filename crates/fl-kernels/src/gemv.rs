@@ -598,7 +598,9 @@ pub fn gemv<T: HalfDType>(
 /// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
 /// the tensor-core side for `m >= 2` and for int8 / int4 at `m = 1` (where a one-token kernel
 /// of its own runs: whole 16-byte pieces per lane, loads several pieces ahead; `FL_GEMV_T1=0`
-/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel), and for Q8_0 / Q4_0 at
+/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel; on sm_90+ int8 takes a
+/// variant whose ring the TMA engine fills at most shapes, `FL_GEMV_T1T=0` turns that off), and
+/// for Q8_0 / Q4_0 at
 /// `m = 1` when `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows
 /// on 16-byte boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0, and Q4_0 at
 /// `k >= 8192` or `n <= 32 x SMs`, take a variant whose rings the TMA engine fills,
