@@ -1187,12 +1187,28 @@ template <int F> inline bool t1_applies(int m, int64_t n, int64_t k, int group) 
     return k / 16 < 0x7fffffffLL / 4 && t1_variant_smem<F>(t1_variant<F>(n, k), k, group) <= kT1MaxSmem;
 }
 
-// Opts `kernel` into `smem` bytes of dynamic shared memory when above the 48 KB default;
-// false (the error cleared) when the device refuses (kT1MaxSmem is above what GPUs before
-// Hopper allow a block, e.g. 99 KB on sm_86 / sm_89): the caller then takes another kernel.
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory (above the 48 KB default).
+// The limit is per function and process-wide, so it is always set to one value per kernel and
+// device, never to this launch's size: the most the device allows a block beside the kernel's
+// static shared memory. (Setting it to each launch's size raced between host threads launching
+// one kernel with different k: a thread lowered it between another's set and launch, and that
+// launch failed with "invalid argument"; seen in session 16 with the GEMV tests' two threads,
+// and the test gemv_one_token_kernels_from_several_host_threads covers it.) One attribute
+// lookup per launch; the set only when the value differs. False, with the error cleared, when
+// `smem` is above what the device allows (e.g. 99 KB on sm_86 / sm_89): the caller then takes
+// another kernel.
 template <typename Kernel> bool t1_opt_in(Kernel kernel, int64_t smem) {
-    if (smem > (48 << 10) &&
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    if (smem <= (48 << 10)) return true;
+    cudaFuncAttributes fa;
+    const int optin = smem_optin();
+    if (optin <= 0 || cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const int most = optin - (int)fa.sharedSizeBytes;
+    if (smem > most) return false;
+    if (fa.maxDynamicSharedSizeBytes != most &&
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most) != cudaSuccess) {
         (void)cudaGetLastError();
         return false;
     }

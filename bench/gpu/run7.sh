@@ -66,7 +66,7 @@
 #            FL_T1B_CONFIGS; s16f the final code: memcheck of the one-token int tests, the GEMV
 #            tests whole, the one-token int tests under FL_GEMV_T1T 0 and lab 2-5 (lab 5 three
 #            times), the engine GPU tests (summary in a-summary.txt), the m = 1 int lines with
-#            FL_GEMV_T1T 1 / 0 twice; s16e llama-2-7b int8 batch-1 decode with FL_GEMV_T1T 1 / 0
+#            FL_GEMV_T1T 1 / 0 twice; s16t the several-host-threads test per FL_GEMV_T1T; s16e llama-2-7b int8 batch-1 decode with FL_GEMV_T1T 1 / 0
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -357,6 +357,10 @@ s16f)
     wait; cat "$OUT/memcheck-s16f.txt"
   } 2>&1 | tee "$OUT/a-summary.txt"
   lab_runs FL_GEMV_T1T "1 0 1 0" qbench-t1t quick_bench 1 "int8|int4" ;;
+s16t)
+  for v in 1 3 4 5 0; do
+    ( export FL_GEMV_T1T=$v; run_tests "several host threads FL_GEMV_T1T=$v" s16t-$v 150 "$B/tests/fl-kernels__gemv" several_host_threads --test-threads=1 )
+  done ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)

@@ -247,6 +247,29 @@ inline int cc_major() {
     return major;
 }
 
+// The most shared memory a block of the current device may opt into
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin), looked up once per device (0 when the lookup
+// fails; the error is cleared).
+inline int smem_optin() {
+    static std::atomic<int> cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) {
+        const int c = cache[dev].load(std::memory_order_relaxed);
+        if (c > 0) return c;
+    }
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || bytes < 1) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) cache[dev].store(bytes, std::memory_order_relaxed);
+    return bytes;
+}
+
 
 // ---------------------------------------------------------------- weight streaming (sm_80+)
 // Loads of data read once per launch (a GEMV's weights): read-only, not allocated in L1, and

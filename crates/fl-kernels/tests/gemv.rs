@@ -334,6 +334,57 @@ fn check_tokens<T: HalfDType>(
 }
 
 #[test]
+fn gemv_one_token_kernels_from_several_host_threads() {
+    // The one-token kernels' shared-memory opt-in is per function and process-wide. Host
+    // threads launching one kernel with different k (different shared-memory sizes, all above
+    // the 48 KB default) must not fail each other's launches; session 16's code set the limit
+    // to each launch's size, and a thread's launch then failed with "invalid argument" when
+    // another lowered it between its set and its launch. One thread per (format, k), 150
+    // launches each on one stream, then the last output against the reference.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_kernels_from_several_host_threads") else {
+        return;
+    };
+    let mut r = rng("gemv_threads");
+    let formats = [
+        QuantFormat::Int8,
+        QuantFormat::Int4 {
+            group: 128,
+            zero_point: false,
+        },
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+    ];
+    let n = 2051usize;
+    let mut cases = Vec::new();
+    for f in formats {
+        for k in [2048usize, 8192] {
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
+            let x: Vec<f16> = random(&mut r, k);
+            cases.push((q, dw, x));
+        }
+    }
+    std::thread::scope(|sc| {
+        for (q, dw, x) in &cases {
+            let gpu = &gpu;
+            sc.spawn(move || {
+                let s = gpu.stream();
+                let k = q.k();
+                let dx = DeviceTensor::from_host(s, x, &[1, k]).unwrap();
+                let mut y = DeviceTensor::filled(s, &[1, n], f16::from_f32(f32::NAN)).unwrap();
+                for i in 0..150 {
+                    if let Err(e) = gemv::gemv(s, &dx, dw, &mut y) {
+                        panic!("{} k={k}: launch {i} failed: {e}", q.format().name());
+                    }
+                }
+                let got = y.to_host(s).unwrap();
+                let err = rel_l2(&got, &reference::gemv::gemv(x, 1, q));
+                assert!(err < bound::<f16>(), "{} k={k}: rel L2 {err:e}", q.format().name());
+            });
+        }
+    });
+}
+
+#[test]
 fn gemv_one_token_kernel_many_ctas() {
     // 33001 x 1056: several waves of CTAs (int8: 2063 CTAs of 16 rows; int4: 1032 of 32, the
     // 4-tile CTAs that n >= 64 x SMs takes), k = 1056 is 8.25 superchunks of int4 (4 warps:
