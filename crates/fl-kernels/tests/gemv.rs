@@ -378,7 +378,11 @@ fn gemv_one_token_kernels_from_several_host_threads() {
                 }
                 let got = y.to_host(s).unwrap();
                 let err = rel_l2(&got, &reference::gemv::gemv(x, 1, q));
-                assert!(err < bound::<f16>(), "{} k={k}: rel L2 {err:e}", q.format().name());
+                assert!(
+                    err < bound::<f16>(),
+                    "{} k={k}: rel L2 {err:e}",
+                    q.format().name()
+                );
             });
         }
     });
