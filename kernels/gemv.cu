@@ -1127,13 +1127,15 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 }
 
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
-// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): a ring of 4
-// superchunks; int4: CTAs of 4 warps, staging by cp.async, 4 tiles (32 rows) per CTA when that
-// still gives 2 CTAs per SM (n >= 64 * SMs), else 2; int8: 2 tiles, CTAs of 8 warps, staging
+// m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): int4: 4 tiles (32
+// rows) per CTA, staging by cp.async; CTAs of 8 warps and a ring of 3 superchunks, except when
+// the grid has between 2 and 4 CTAs per SM (then 4 warps and a ring of 4; session 16, below);
+// int8 (a ring of 4): 2 tiles, CTAs of 8 warps, staging
 // by cp.async except with k <= 4096 (register staging), but CTAs of 4 warps (cp.async) when
 // the grid has fewer than 2 CTAs per SM (n < 32 * SMs). Lab configurations: 2: register
 // staging everywhere (session 10); 3: cp.async everywhere (both 8-warp CTAs of 2 tiles); 4:
-// 4-warp CTAs of 2 tiles, cp.async everywhere; 5: the same with 4 tiles.
+// 4-warp CTAs of 2 tiles, cp.async everywhere; 5: the same with 4 tiles; 6: 4-warp CTAs of 6
+// tiles; 7: 8-warp CTAs of 4 tiles, a ring of 3.
 // Measured on the H100 (bench/RESULTS.md, session 11): cp.async staging took int4 g128 from
 // 9.5 to 8.0 us at 4096 x 4096, 18.3 -> 15.9 at 11008 x 4096, 16.7 -> 13.5 at 4096 x 11008 and
 // 40.0 -> 32.6 at 32000 x 4096, and int8 22.0 -> 20.3 at 4096 x 11008; but int8 at 11008 x 4096
@@ -1150,9 +1152,16 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // at 4096 x 4096 (256 CTAs), slower at the other three shapes (21.1 against 20.5 us at
 // 11008 x 4096, 51.8 against 49.7 at 32000 x 4096; call 6), hence the int8 n rule.
 // Session 14 (call 1): 6 tiles (lab 6) slower everywhere (int4 g128 11008 x 4096 14.8 against
-// 13.1 us, 4096 x 4096 7.9 against 7.2).
+// 13.1 us, 4096 x 4096 7.9 against 7.2). Session 16 (call 6, two runs each): 8-warp CTAs of 4
+// tiles with a ring of 3 (lab 7) took int4 g128 at 4096 x 11008 (128 CTAs) from 12.70-12.79
+// to 12.28-12.37 us and at 32000 x 4096 from 30.22-30.31 to 29.71-29.75, tied at 4096 x 4096
+// (6.89-6.90 against 6.88-7.22), but at 11008 x 4096 (344 CTAs: 2 per SM at 96 registers x
+// 256 threads, so 1.3 waves) ran 14.40-14.49 against 13.10-13.29, hence the CTA-count rule;
+// with a ring of 4 (8 warps) or of 6 (4 warps) it was slower at 11008 x 4096 and no faster
+// elsewhere.
 inline int t1_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3},
+                                        {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
     static const int v = env_choice("FL_GEMV_T1", choices, 1);
     return v;
 }
@@ -1160,7 +1169,7 @@ constexpr int kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
 // The kernel a call takes: 0: 2 tiles, 8 warps, register staging; 1: 2 tiles, 8 warps,
 // cp.async; 2: 2 tiles, 4 warps, cp.async; 3: 4 tiles, 4 warps, cp.async; 4 (lab): 6 tiles,
-// 4 warps, cp.async.
+// 4 warps, cp.async; 5: 4 tiles, 8 warps, a ring of 3, cp.async (the others: a ring of 4).
 template <int F> inline int t1_variant(int64_t n, int64_t k) {
     switch (t1_config()) {
     case 2: return 0;
@@ -1168,13 +1177,16 @@ template <int F> inline int t1_variant(int64_t n, int64_t k) {
     case 4: return 2;
     case 5: return 3;
     case 6: return 4;
+    case 7: return 5;
     default:
         if (F == I8) return ceil_div(n, 16) < 2 * (int64_t)sm_count() ? 2 : k <= 4096 ? 0 : 1;
-        return ceil_div(n, 32) >= 2 * (int64_t)sm_count() ? 3 : 2;
+        const int64_t ctas = ceil_div(n, 32), sms = sm_count();
+        return ctas > 2 * sms && ctas < 4 * sms ? 3 : 5;
     }
 }
 template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {
-    return v == 4 ? t1_smem<F, 6, kT1Ring, 4>(k, group)
+    return v == 5 ? t1_smem<F, 4, 3, 8>(k, group)
+         : v == 4 ? t1_smem<F, 6, kT1Ring, 4>(k, group)
          : v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group)
          : v == 2 ? t1_smem<F, 2, kT1Ring, 4>(k, group)
                   : t1_smem<F, 2, kT1Ring, 8>(k, group);
@@ -1251,6 +1263,7 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
     case 1: return launch_t1<F, T, 2, kT1Ring, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
     case 2: return launch_t1<F, T, 2, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     case 4: return launch_t1<F, T, 6, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 5: return launch_t1<F, T, 4, 3, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
     default: return launch_t1<F, T, 4, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
     }
 }

@@ -361,6 +361,20 @@ s16t)
   for v in 1 3 4 5 0; do
     ( export FL_GEMV_T1T=$v; run_tests "several host threads FL_GEMV_T1T=$v" s16t-$v 150 "$B/tests/fl-kernels__gemv" several_host_threads --test-threads=1 )
   done ;;
+s16w)
+  # int4 / int8 one-token lab: more warps per SM for t1 (FL_GEMV_T1 7: 4 tiles, ring 4, 8 warps;
+  # 8: 4 tiles, ring 6, 4 warps; 9: 4 tiles, ring 3, 8 warps), tests then the m = 1 lines
+  lab_tests FL_GEMV_T1 "7 8 9" one_token_kernel "one-token int" s16w-t1
+  lab_runs FL_GEMV_T1 "${FL_T1_CONFIGS:-1 7 8 9 1 7 8 9}" qbench-t1 quick_bench 1 "int4" ;;
+s16v)
+  # the final int4 rule (FL_GEMV_T1=1 against lab 5, the 4-warp CTAs of 4 tiles): memcheck of the
+  # one-token int tests, the GEMV tests whole, the m = 1 int lines, llama-2-7b int4 decode
+  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token_kernel: /" > "$OUT/memcheck-s16v.txt") &
+  run_tests fl-kernels__gemv s16v-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  run_tests fl-engine__quant_gpu s16v-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+  wait; cat "$OUT/memcheck-s16v.txt"
+  lab_runs FL_GEMV_T1 "1 5 1 5" qbench-v quick_bench 1 "int8|int4"
+  for v in 1 5 1 5; do echo "int4 FL_GEMV_T1=$v $(FL_GEMV_T1=$v decode_line int4)"; done ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)
