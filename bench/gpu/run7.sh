@@ -375,6 +375,10 @@ s16v)
   wait; cat "$OUT/memcheck-s16v.txt"
   lab_runs FL_GEMV_T1 "1 5 1 5" qbench-v quick_bench 1 "int8|int4"
   for v in 1 5 1 5; do echo "int4 FL_GEMV_T1=$v $(FL_GEMV_T1=$v decode_line int4)"; done ;;
+s16z)
+  # the int4-with-zero-point rule: the one-token int tests, the m = 1 int4 lines twice
+  run_tests "gemv one_token" s16z-gemv 200 "$B/tests/fl-kernels__gemv" one_token --test-threads=2
+  lab_runs FL_GEMV_T1 "1 1" qbench-z quick_bench 1 "int4" ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)
