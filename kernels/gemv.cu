@@ -1005,6 +1005,37 @@ __device__ __forceinline__ void t1_stage_async(uint4 *xs, unsigned short *ss, ui
     }
 }
 
+// The one-token kernels' epilogue. acc[j] holds this lane's sums of rows g and g + 8 of 16-row
+// tile j0 + j in two D columns each (acc[j][0..1] and acc[j][2..3]): they are added, then
+// summed over the 4 lanes t (xor 1, 2), into red[grp] (the CTA's R row sums of this warp's
+// group; a group's warps hold disjoint rows). After one barrier, thread r < R adds the NG
+// groups' row r in order (deterministic), applies int8's row scale (f32 `scales`), and writes
+// y[base + r] when that row is < n.
+template <int F, typename T, int NJ, int R, int NG>
+__device__ __forceinline__ void t1_epilogue(const float (&acc)[NJ][4], float (&red)[NG][R], int grp, int j0, int g,
+                                            int t, const void *scales, T *y, int64_t base, int64_t n) {
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float v = acc[j][2 * c] + acc[j][2 * c + 1];
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            if (t == 0) red[grp][16 * (j0 + j) + 8 * c + g] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x < R) {
+        const int64_t col = base + threadIdx.x;
+        if (col < n) {
+            float v = 0.f;
+#pragma unroll
+            for (int u = 0; u < NG; ++u) v += red[u][threadIdx.x];
+            if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
+            y[col] = from_f32<T>(v);
+        }
+    }
+}
+
 template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
@@ -1102,28 +1133,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
-    // Rows g and g + 8 of each 16-row tile: sum the lane's two piece columns, then the 4
-    // lanes t (xor 1, 2).
-#pragma unroll
-    for (int j = 0; j < NT / 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            float v = acc[j][2 * c] + acc[j][2 * c + 1];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[warp][16 * j + 8 * c + g] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < NT * 8) {
-        const int64_t col = base + threadIdx.x;
-        if (col < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int u = 0; u < W; ++u) v += red[u][threadIdx.x];  // warp order
-            if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
-            y[col] = from_f32<T>(v);
-        }
-    }
+    t1_epilogue<F, T, NT / 2, NT * 8, W>(acc, red, warp, 0, g, t, scales, y, base, n);  // warps in order
 }
 
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
@@ -1273,6 +1283,32 @@ bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const ui
     }
 }
 
+// The weights as n rows of rowb bytes, a 2-d tensor of 8-byte elements, with boxes of box_bytes /
+// 8 x box_rows, zero-filled out of bounds: the map of the one-token TMA kernels (t1t, t1b).
+// False when the driver's encoder is missing or refuses (w must be 16-byte aligned, rowb a
+// multiple of 16).
+inline bool rows_map(CUtensorMap *m, const uint8_t *w, int64_t n, int64_t rowb, int box_bytes, int box_rows) {
+    const auto enc = encode_fn();
+    if (!enc || !aligned16(w)) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)(rowb / 8), (cuuint64_t)n};
+    const cuuint64_t strides[1] = {(cuuint64_t)rowb};
+    const cuuint32_t box[2] = {(cuuint32_t)(box_bytes / 8), (cuuint32_t)box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t *>(w), dims, strides, box, estr,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+// f(std::integral_constant<size_t, v>{}) for the one v in 0..N-1 equal to `v` (how a launcher
+// picks one kernel instance per entry of a shape table); false when v is out of range.
+template <typename Fn, size_t... I> bool with_index(int v, Fn &&f, std::index_sequence<I...>) {
+    bool taken = false;
+    (void)((v == (int)I && (taken = f(std::integral_constant<size_t, I>{}), true)) || ...);
+    return taken;
+}
+template <size_t N, typename Fn> bool with_index(int v, Fn &&f) {
+    return with_index(v, f, std::make_index_sequence<N>{});
+}
+
 // ---------------------------------------------------------------- one token, TMA rings (t1t)
 // gemv_t1_kernel's product (int8 / int4, weights on the mma's A side, lane (g, t) taking piece
 // t of rows g and g + 8 of each 16-row tile) with the copies of gemv_t1b_kernel (sm_90+): the
@@ -1391,28 +1427,8 @@ gemv_t1t_kernel(const T *__restrict__ x, const void *__restrict__ scales, const 
         if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the slot
     }
 
-    // Rows g and g + 8 of each tile: the lane's two piece columns, the 4 lanes t, then the
-    // superchunk groups in order (deterministic; a group's warps hold disjoint rows).
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            float v = acc[j][2 * c] + acc[j][2 * c + 1];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[pg][16 * (hw * NJ + j) + 8 * c + g] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < R) {
-        const int64_t col = base + threadIdx.x;
-        if (col < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int u = 0; u < WG; ++u) v += red[u][threadIdx.x];
-            if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
-            y[col] = from_f32<T>(v);
-        }
-    }
+    // The superchunk groups' row sums in order.
+    t1_epilogue<F, T, NJ, R, WG>(acc, red, pg, hw * NJ, g, t, scales, y, base, n);
 #endif
 }
 
@@ -1463,41 +1479,16 @@ template <int F> inline bool t1t_applies(int m, int64_t n, int64_t k, int group)
     if (v < 0 || cc_major() < 9 || t1t_variant_smem<F>(v, k, group) > kT1MaxSmem) return false;
     return n < 0x7fffffffLL && k / 16 < 0x7fffffffLL / 4 && encode_fn() != nullptr;
 }
-// The weights [n rows, row bytes] as a 2-d tensor of 8-byte elements, boxes of (64 SC + 64) /
-// 8 x 8 NT, zero-filled out of bounds.
-template <int F, int NT, int SC> bool t1t_map(CUtensorMap *m, const uint8_t *w, int64_t n, int64_t k) {
-    const auto enc = encode_fn();
-    if (!enc || !aligned16(w)) return false;
-    const int64_t rowb = F == I8 ? k : k / 2;
-    const cuuint64_t dims[2] = {(cuuint64_t)(rowb / 8), (cuuint64_t)n};
-    const cuuint64_t strides[1] = {(cuuint64_t)rowb};
-    const cuuint32_t box[2] = {(cuuint32_t)(t1t_row_stride<SC>() / 8), (cuuint32_t)(8 * NT)};
-    const cuuint32_t estr[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t *>(w), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 template <int F, typename T, int NT, int SC, int S, int W>
 bool launch_t1t(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n, int64_t k,
                 int group, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_t1t_kernel<F, T, NT, SC, S, W>;
     CUtensorMap map;
     std::memset(&map, 0, sizeof(map));
-    if (!t1t_map<F, NT, SC>(&map, w, n, k)) return false;
+    if (!rows_map(&map, w, n, F == I8 ? k : k / 2, t1t_row_stride<SC>(), 8 * NT)) return false;
     static_assert(t1t_row_stride<SC>() == 64 * SC + 64, "t1t_smem's row stride");
     return launch_ring(kernel, t1t_smem<F>(NT, SC, S, k, group), n, 8 * NT, 32 * W, s, st, x, scales, zeros, y, n, k,
                        group, map);
-}
-// Launches kT1tShapes[v] (one instance per entry of the table).
-template <int F, typename T, size_t... I>
-bool launch_t1t_shape(int v, const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
-                      int64_t k, int group, cudaStream_t s, fl_status &st, std::index_sequence<I...>) {
-    bool taken = false;
-    (void)((v == (int)I && (taken = launch_t1t<F, T, kT1tShapes[I].nt, kT1tShapes[I].sc, kT1tShapes[I].s,
-                                               kT1tShapes[I].w>(x, w, scales, zeros, y, n, k, group, s, st),
-                            true)) ||
-           ...);
-    return taken;
 }
 template <int F, typename T>
 bool launch_t1t_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
@@ -1506,8 +1497,10 @@ bool launch_t1t_config(const T *x, const uint8_t *w, const void *scales, const u
         return false;  // (t1t_applies already refused it)
     } else {
         constexpr size_t kShapes = sizeof(kT1tShapes) / sizeof(kT1tShapes[0]);
-        return launch_t1t_shape<F, T>(t1t_variant<F>(n, k), x, w, scales, zeros, y, n, k, group, s, st,
-                                      std::make_index_sequence<kShapes>{});
+        return with_index<kShapes>(t1t_variant<F>(n, k), [&](auto i) {
+            constexpr T1tShape c = kT1tShapes[decltype(i)::value];
+            return launch_t1t<F, T, c.nt, c.sc, c.s, c.w>(x, w, scales, zeros, y, n, k, group, s, st);
+        });
     }
 }
 
@@ -1709,27 +1702,8 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
 
-    // Rows g and g + 8 of each tile: sum the lane's two columns, then the 4 lanes t (xor 1,
-    // 2); then the rings in order (deterministic; a ring's warps hold disjoint rows).
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            float v = acc[j][2 * c] + acc[j][2 * c + 1];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[grp][16 * (hw * NJ + j) + 8 * c + g] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < NT * 8) {
-        const int64_t col = base + threadIdx.x;
-        if (col < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int u = 0; u < G; ++u) v += red[u][threadIdx.x];
-            y[col] = from_f32<T>(v);
-        }
-    }
+    // The rings' row sums in order.
+    t1_epilogue<F, T, NJ, NT * 8, G>(acc, red, grp, hw * NJ, g, t, nullptr, y, base, n);
 }
 
 // Its configuration: FL_GEMV_T1G (read once; A/B runs) = 0: off (Q8_0 and Q4_0 at m = 1 take
@@ -1848,7 +1822,7 @@ inline int64_t t1b_smem(int stage_bytes, int s, int nr, int64_t k) {
 }
 
 // TM: one TMA tensor copy per stage (the box of R rows x t1b_row_stride bytes at the stage's
-// first block, `wmap` from t1b_map: the 16 bytes past a row's run belong to the next stage
+// first block, `wmap` from rows_map: the 16 bytes past a row's run belong to the next stage
 // and are copied too, rows past n and bytes past a row's end read 0) in place of R bulk
 // copies. WR (lab): a ring per warp, as in t1g (warp w takes stages w, w + W, ... whole, no
 // other warp waits for it), in place of one per CTA.
@@ -1958,27 +1932,8 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         if (lane == 0) mbar_arrive(empty(s));  // this warp is done with the slot
     }
 
-    // Rows g and g + 8 of each tile: the lane's two columns, the 4 lanes t, then the pass
-    // groups in order (deterministic; a group's warps hold disjoint rows).
-#pragma unroll
-    for (int j = 0; j < NJ; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            float v = acc[j][2 * c] + acc[j][2 * c + 1];
-            v += __shfl_xor_sync(0xffffffffu, v, 1);
-            v += __shfl_xor_sync(0xffffffffu, v, 2);
-            if (t == 0) red[rg * WG + pg][16 * (hw * NJ + j) + 8 * c + g] = v;
-        }
-    __syncthreads();
-    if (threadIdx.x < R) {
-        const int64_t col = base + threadIdx.x;
-        if (col < n) {
-            float v = 0.f;
-#pragma unroll
-            for (int u = 0; u < NR * WG; ++u) v += red[u][threadIdx.x];
-            y[col] = from_f32<T>(v);
-        }
-    }
+    // The pass groups' row sums, ring by ring, in order.
+    t1_epilogue<F, T, NJ, R, NR * WG>(acc, red, rg * WG + pg, hw * NJ, g, t, nullptr, y, base, n);
 #endif
 }
 
@@ -2050,21 +2005,6 @@ template <int F> inline bool t1b_applies(int m, int64_t n, int64_t k) {
     if (!c.tm) return true;
     return n < 0x7fffffffLL && odd_words(c.bps * block_bytes<F>()) / 8 <= 256 && encode_fn() != nullptr;
 }
-// The weights [n rows, (k / 32) blocks] as a 2-d tensor of 8-byte elements, boxes of RS / 8 x
-// 8 NT (t1b_row_stride: the stage's run and, when RS > the run, the next 16 bytes),
-// zero-filled out of bounds.
-template <int F, int NT, int BPS> bool t1b_map(CUtensorMap *m, const uint8_t *w, int64_t n, int64_t k) {
-    const auto enc = encode_fn();
-    if (!enc) return false;
-    const int64_t rowb = (k / 32) * block_bytes<F>();
-    const cuuint64_t dims[2] = {(cuuint64_t)(rowb / 8), (cuuint64_t)n};
-    const cuuint64_t strides[1] = {(cuuint64_t)rowb};
-    const cuuint32_t box[2] = {(cuuint32_t)(t1b_row_stride<F, BPS>() / 8), (cuuint32_t)(8 * NT)};
-    const cuuint32_t estr[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t *>(w), dims, strides, box, estr,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false>
 bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     if constexpr (TM && t1b_row_stride<F, BPS>() / 8 > 256) {
@@ -2074,25 +2014,18 @@ bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaSt
         const int64_t smem = t1b_smem(t1b_stage_bytes(block_bytes<F>(), NT, BPS), S, WR ? W : 1, k);
         CUtensorMap map;
         std::memset(&map, 0, sizeof(map));
-        if (TM && !t1b_map<F, NT, BPS>(&map, w, n, k)) return false;
+        // (The box: the stage's run and, when the row stride is longer, the next 16 bytes.)
+        if (TM && !rows_map(&map, w, n, (k / 32) * block_bytes<F>(), t1b_row_stride<F, BPS>(), 8 * NT)) return false;
         return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, n, k, map);
     }
-}
-// Launches kT1bShapes[v] (one instance per entry of the table).
-template <int F, typename T, size_t... I>
-bool launch_t1b_shape(int v, const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st,
-                      std::index_sequence<I...>) {
-    bool taken = false;
-    (void)((v == (int)I && (taken = launch_t1b<F, T, kT1bShapes[I].nt, kT1bShapes[I].bps, kT1bShapes[I].s,
-                                               kT1bShapes[I].w, kT1bShapes[I].tm, kT1bShapes[I].wr>(x, w, y, n, k, s, st),
-                            true)) ||
-           ...);
-    return taken;
 }
 template <int F, typename T>
 bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     constexpr size_t kShapes = sizeof(kT1bShapes) / sizeof(kT1bShapes[0]);
-    return launch_t1b_shape<F, T>(t1b_variant<F>(n, k), x, w, y, n, k, s, st, std::make_index_sequence<kShapes>{});
+    return with_index<kShapes>(t1b_variant<F>(n, k), [&](auto i) {
+        constexpr T1bShape c = kT1bShapes[decltype(i)::value];
+        return launch_t1b<F, T, c.nt, c.bps, c.s, c.w, c.tm, c.wr>(x, w, y, n, k, s, st);
+    });
 }
 
 // ---------------------------------------------------------------- 2..16 tokens, GGUF (tmg)

@@ -379,6 +379,15 @@ s16z)
   # the int4-with-zero-point rule: the one-token int tests, the m = 1 int4 lines twice
   run_tests "gemv one_token" s16z-gemv 200 "$B/tests/fl-kernels__gemv" one_token --test-threads=2
   lab_runs FL_GEMV_T1 "1 1" qbench-z quick_bench 1 "int4" ;;
+s16r)
+  # the review pass (shared epilogue, device_attr, rows_map, with_index): the GEMV and engine
+  # tests, memcheck of the one-token tests, one m = 1 line set per format family
+  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token: /" > "$OUT/memcheck-s16r.txt") &
+  run_tests fl-kernels__gemv s16r-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+  run_tests fl-engine__quant_gpu s16r-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+  run_tests fl-engine__engine_gpu s16r-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  wait; cat "$OUT/memcheck-s16r.txt"
+  quick_bench 1 "int8|int4_g128"; quick_bench gguf "q8_0|q4_0" ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)

@@ -201,75 +201,33 @@ __device__ __forceinline__ void packed_seq(const int32_t *cu, int b, int total, 
     len = e - s;
 }
 
-// Multiprocessors of the current device, looked up once per device (132 when the lookup
-// fails; a lookup error is cleared, the launch reports its own).
-inline int sm_count() {
+// Attribute A of the current device, looked up once per device (`fallback` when the lookup
+// fails or gives less than 1; a lookup error is cleared, the launch reports its own).
+template <cudaDeviceAttr A> inline int device_attr(int fallback) {
     static std::atomic<int> cache[64];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
         cudaGetLastError();
-        return 132;
+        return fallback;
     }
     if (dev >= 0 && dev < 64) {
         const int c = cache[dev].load(std::memory_order_relaxed);
         if (c > 0) return c;
     }
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms < 1) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, A, dev) != cudaSuccess || v < 1) {
         cudaGetLastError();
-        return 132;
+        return fallback;
     }
-    if (dev >= 0 && dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-    return sms;
+    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+    return v;
 }
-
-// Compute-capability major of the current device, looked up once per device (0 when the
-// lookup fails; the error is cleared).
-inline int cc_major() {
-    static std::atomic<int> cache[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (dev >= 0 && dev < 64) {
-        const int c = cache[dev].load(std::memory_order_relaxed);
-        if (c > 0) return c;
-    }
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        major < 1) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (dev >= 0 && dev < 64) cache[dev].store(major, std::memory_order_relaxed);
-    return major;
-}
-
-// The most shared memory a block of the current device may opt into
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin), looked up once per device (0 when the lookup
-// fails; the error is cleared).
-inline int smem_optin() {
-    static std::atomic<int> cache[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (dev >= 0 && dev < 64) {
-        const int c = cache[dev].load(std::memory_order_relaxed);
-        if (c > 0) return c;
-    }
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || bytes < 1) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (dev >= 0 && dev < 64) cache[dev].store(bytes, std::memory_order_relaxed);
-    return bytes;
-}
-
+// Multiprocessors of the current device (132 when the lookup fails).
+inline int sm_count() { return device_attr<cudaDevAttrMultiProcessorCount>(132); }
+// Compute-capability major of the current device (0 when the lookup fails).
+inline int cc_major() { return device_attr<cudaDevAttrComputeCapabilityMajor>(0); }
+// The most shared memory a block of the current device may opt into (0 when the lookup fails).
+inline int smem_optin() { return device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(0); }
 
 // ---------------------------------------------------------------- weight streaming (sm_80+)
 // Loads of data read once per launch (a GEMV's weights): read-only, not allocated in L1, and

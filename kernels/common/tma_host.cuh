@@ -1,6 +1,6 @@
 // Host side of TMA tensor copies: cuTensorMapEncodeTiled, looked up once from the driver
 // through the runtime (the kernels link cudart statically and never the driver library).
-// Used by the Hopper prefill attention and the bulk-copy one-token GEMV.
+// Used by the Hopper prefill attention and the one-token TMA GEMVs (gemv.cu: t1b, t1t).
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>

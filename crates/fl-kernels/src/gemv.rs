@@ -563,9 +563,9 @@ impl QuantWeight {
 /// dequantised in registers (never written out). Memory-bound at small `m`: one pass over
 /// the weight bytes, shared by all `m` tokens. With `k % 256 == 0` (every LLaMA shape) every
 /// format streams its weight through a shared-memory ring (filled by the TMA engine for the
-/// GGUF formats on sm_90+ where that measured faster); on an H100 that reached 73-100% of the
-/// copy bandwidth on the weight bytes at one token and 54-90% at 16 tokens on the 7B shapes
-/// (`bench/RESULTS.md`, sessions 12-15). Other `k` take general kernels, which are
+/// GGUF formats and int8 at one token on sm_90+ where that measured faster); on an H100 that
+/// reached 73-100% of the copy bandwidth on the weight bytes at one token and 54-90% at 16
+/// tokens on the 7B shapes (`bench/RESULTS.md`, sessions 12-16). Other `k` take general kernels, which are
 /// slower (most for the GGUF formats at 2..=16 tokens).
 ///
 /// Errors: [`Error::Shape`] naming `x` (not 2-D, or `k` differs from the weight's) or `y`

@@ -337,9 +337,9 @@ fn check_tokens<T: HalfDType>(
 fn gemv_one_token_kernels_from_several_host_threads() {
     // The one-token kernels' shared-memory opt-in is per function and process-wide. Host
     // threads launching one kernel with different k (different shared-memory sizes, all above
-    // the 48 KB default) must not fail each other's launches; session 16's code set the limit
-    // to each launch's size, and a thread's launch then failed with "invalid argument" when
-    // another lowered it between its set and its launch. One thread per (format, k), 150
+    // the 48 KB default) must not fail each other's launches; until session 16 the limit was
+    // set to each launch's size, and a thread's launch then failed with "invalid argument"
+    // when another lowered it between its set and its launch. One thread per (format, k), 150
     // launches each on one stream, then the last output against the reference.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernels_from_several_host_threads") else {
         return;
