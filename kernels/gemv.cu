@@ -894,10 +894,15 @@ template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups
     return F == I4Z ? round16(8 * NT * groups) : 0;
 }
 template <int NT, int S, int W = kT1Warps> __host__ __device__ constexpr int t1_ring_bytes() { return W * S * NT * 512; }
-template <int F, int NT, int S, int W = kT1Warps> inline int64_t t1_smem(int64_t k, int group) {
+// int4 MODE 2 (t1_unit): per group the offset sums (and the x sums, with zero point), per row
+// its offset.
+template <int F, int NT, int MODE> __host__ __device__ inline int t1_offset_bytes(int groups) {
+    return MODE == 2 && (F == I4 || F == I4Z) ? round16(groups * 4 * (F == I4Z ? 2 : 1)) + 32 * NT : 0;
+}
+template <int F, int NT, int S, int W = kT1Warps, int MODE = 0> inline int64_t t1_smem(int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
     return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
-           t1_ring_bytes<NT, S, W>();
+           t1_offset_bytes<F, NT, MODE>(groups) + t1_ring_bytes<NT, S, W>();
 }
 
 // Copies `valid` elements of E (2 or 1 bytes) from src to the shared run dst of `slots`
@@ -924,13 +929,53 @@ __device__ __forceinline__ uint4 nib_pair_order(uint4 v) {
     return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632), __byte_perm(v.y, v.w, 0x5410),
                       __byte_perm(v.y, v.w, 0x7632));
 }
+// The same pairs, even values first: (v0, v4), (v2, v6), (v1, v5), (v3, v7).
+__device__ __forceinline__ uint4 nib_pair_order_eo(uint4 v) {
+    return make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                      __byte_perm(v.y, v.w, 0x7632));
+}
 
+// The raw 16-bit pairs of int4 word w for MODE 2 of t1_unit (no zero point subtracted):
+//   b[0] = (nibble 0, nibble 4), b[1] = (1, 5), b[2] = (2, 6), b[3] = (3, 7), as nib_pairs.
+// Even nibbles (b[0], b[2]) read M + q, odd ones (b[1], b[3]) M_odd + q after the caller's
+// scaling: f16 leaves an odd nibble at bits 4..7, 1024 + 16 q, which the caller scales by
+// 1/16 after the mma (64 + q): one LOP3 per pair and one shift per word; bf16 (7-bit
+// mantissa) shifts every nibble down, 128 + q.
+template <typename T> __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
+    constexpr uint32_t mg = Bits<T>::magic;
+    const uint32_t w8 = w >> 8;
+    if constexpr (std::is_same<T, __half>::value) {
+        b[0] = and_or<0x000F000Fu, mg>(w);
+        b[1] = and_or<0x00F000F0u, mg>(w);
+        b[2] = and_or<0x000F000Fu, mg>(w8);
+        b[3] = and_or<0x00F000F0u, mg>(w8);
+    } else {
+        b[0] = and_or<0x000F000Fu, mg>(w);
+        b[1] = and_or<0x000F000Fu, mg>(w >> 4);
+        b[2] = and_or<0x000F000Fu, mg>(w8);
+        b[3] = and_or<0x000F000Fu, mg>(w >> 12);
+    }
+}
+// The offsets nib_raw leaves in even and odd values: the products sum M_EVEN x (even k) +
+// M_ODD x (odd k) over and above sum q x; t1's MODE 2 subtracts them per row at the end.
+template <typename T> __host__ __device__ constexpr float nib_raw_even() {
+    return std::is_same<T, __half>::value ? 1024.f : 128.f;
+}
+template <typename T> __host__ __device__ constexpr float nib_raw_odd() {
+    return std::is_same<T, __half>::value ? 64.f : 128.f;
+}
 // One unit of the one-token kernels: NJ 16-row tiles (j0, j0 + 1, ...) of the superchunk whose
 // piece this lane reads at `slot` (this lane's row g of 8-row tile 0; 8-row tile u at slot[TS
 // u]: tiles 2j and 2j + 1 are the A rows g and g + 8 of 16-row tile j) against its staged x
 // words `xp` (the B side); p4: the superchunk's first piece index (the int4 zero and scale
 // groups of this lane's piece 4 sci + t and of the D columns' pieces).
-template <int F, typename T, int NJ, int TS>
+// int4, MODE (t1_int4_mode): 0: each word's (q - z) pairs (nib_pairs) into one chain of 8
+// mma per tile (x staged in nib_pair_order); 2: the raw pairs (nib_raw, no zero point: half
+// the dequantisation instructions) in two chains of 4, even and odd nibbles (x staged in
+// nib_pair_order_eo: each chain's B pair in adjacent registers), the odd chain scaled by 1/16
+// (f16), the offsets (M + z) sum x left for the caller to subtract (t1_reorder_sums,
+// t1_row_offsets).
+template <int F, typename T, int NJ, int TS, int MODE = 0>
 __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, const unsigned short *ss,
                                         const uint8_t *zs, NibZ zsym, int groups, int p4, int pieces,
                                         int gshift, int g, int t, int j0, float (&acc)[NJ][4]) {
@@ -949,20 +994,37 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
         const int r0 = 16 * (j0 + j) + g, r1 = r0 + 8;
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (I4S) {
-            NibZ z0 = zsym, z1 = zsym;
-            if constexpr (F == I4Z) {
-                z0 = nib_z<T>((uint32_t)zs[r0 * groups + gb]);
-                z1 = nib_z<T>((uint32_t)zs[r1 * groups + gb]);
-            }
+            if constexpr (MODE == 0) {
+                NibZ z0 = zsym, z1 = zsym;
+                if constexpr (F == I4Z) {
+                    z0 = nib_z<T>((uint32_t)zs[r0 * groups + gb]);
+                    z1 = nib_z<T>((uint32_t)zs[r1 * groups + gb]);
+                }
 #pragma unroll
-            for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
-                uint32_t p0[4], p1[4];
-                nib_pairs<T>(q0[c], z0, p0);
-                nib_pairs<T>(q1[c], z1, p1);
-                const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
-                const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
-                mma<T>(d, a1, xw[c].x, xw[c].y);
-                mma<T>(d, a2, xw[c].z, xw[c].w);
+                for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
+                    uint32_t p0[4], p1[4];
+                    nib_pairs<T>(q0[c], z0, p0);
+                    nib_pairs<T>(q1[c], z1, p1);
+                    const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+                    const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+                    mma<T>(d, a1, xw[c].x, xw[c].y);
+                    mma<T>(d, a2, xw[c].z, xw[c].w);
+                }
+            } else {
+                float dh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    uint32_t p0[4], p1[4];
+                    nib_raw<T>(q0[c], p0);
+                    nib_raw<T>(q1[c], p1);
+                    const uint32_t ae[4] = {p0[0], p1[0], p0[2], p1[2]};  // even nibbles: x (v0, v4), (v2, v6)
+                    const uint32_t ao[4] = {p0[1], p1[1], p0[3], p1[3]};  // odd: (v1, v5), (v3, v7)
+                    mma<T>(d, ae, xw[c].x, xw[c].y);  // (staged by t1_reorder_sums in this order)
+                    mma<T>(dh, ao, xw[c].z, xw[c].w);
+                }
+                constexpr float H = std::is_same<T, __half>::value ? 0.0625f : 1.f;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d[e] = fmaf(dh[e], H, d[e]);
             }
             // d[0], d[1]: row g, piece slots 2t, 2t + 1 (0 for t >= 2); d[2], d[3]: row g + 8.
             auto sc = [&](int r, int gi) { return __half2float(__ushort_as_half(ss[r * groups + gi])); };
@@ -1005,15 +1067,68 @@ __device__ __forceinline__ void t1_stage_async(uint4 *xs, unsigned short *ss, ui
     }
 }
 
+// t1's int4 MODE 2, after x is staged (xwords words of 8 values, xdata of them x, the rest
+// zero) and before its barrier: puts each word in nib_pair_order_eo in place and sums x per group of wpg = group / 8 words (4, 8 or 16, so a group's words are held by
+// consecutive lanes of one warp: every lane takes part in each step's shuffles): gq[gi] =
+// nib_raw_even * (sum of the even values) + nib_raw_odd * (odd values), plus 8 * (all) without
+// zero point (the offsets (M + z) x of the group's raw products, for z = 8); gs[gi] = the sum
+// of all (int4 with zero point, for the rows' z). f32 sums in a fixed order (deterministic).
+template <int F, typename T>
+__device__ __forceinline__ void t1_reorder_sums(uint4 *xs, int xwords, int xdata, int wpg, float *gq, float *gs) {
+    // Per word: q = the offsets' sum (M_even + z0) even + (M_odd + z0) odd, z0 = 8 without
+    // zero point, 0 with it; s = the sum of all (with zero point); then summed over the group.
+    constexpr float Z0 = F == I4Z ? 0.f : 8.f;
+    for (int b = 0; b < xwords; b += blockDim.x) {
+        const int i = b + (int)threadIdx.x;
+        float q = 0.f, sum = 0.f;
+        if (i < xwords) {
+            const uint4 v = xs[i];
+            if (i < xdata) {
+                const float2 a = widen2<T>(v.x), c = widen2<T>(v.y), e = widen2<T>(v.z), h = widen2<T>(v.w);
+                const float se = (a.x + c.x) + (e.x + h.x), so = (a.y + c.y) + (e.y + h.y);
+                q = fmaf(nib_raw_even<T>() + Z0, se, (nib_raw_odd<T>() + Z0) * so);
+                sum = se + so;
+            }
+            xs[i] = nib_pair_order_eo(v);
+        }
+        for (int o = 1; o < wpg; o <<= 1) {
+            q += __shfl_xor_sync(0xffffffffu, q, o);
+            if constexpr (F == I4Z) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }
+        if (i < xdata && (i & (wpg - 1)) == 0) {
+            gq[i / wpg] = q;
+            if constexpr (F == I4Z) gs[i / wpg] = sum;
+        }
+    }
+}
+// ... and after that barrier: each row's offset, -sum over groups of scale * (gq + z gs), into
+// corr[r] (R rows; blockDim.x / R consecutive lanes per row, a power of 2 <= 32), for the
+// epilogue (after its barrier). Staged scales of rows past n are 0.
+template <int F, int R>
+__device__ __forceinline__ void t1_row_offsets(const unsigned short *ss, const uint8_t *zs, const float *gq,
+                                               const float *gs, int groups, float *corr) {
+    const int tpr = blockDim.x / R, r = threadIdx.x / tpr, sub = threadIdx.x % tpr;
+    float v = 0.f;
+#pragma unroll 4
+    for (int gi = sub; gi < groups; gi += tpr) {
+        float o = gq[gi];
+        if constexpr (F == I4Z) o = fmaf((float)zs[r * groups + gi], gs[gi], o);
+        v = fmaf(__half2float(__ushort_as_half(ss[r * groups + gi])), o, v);
+    }
+    for (int o = 1; o < tpr; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (sub == 0) corr[r] = -v;
+}
+
 // The one-token kernels' epilogue. acc[j] holds this lane's sums of rows g and g + 8 of 16-row
 // tile j0 + j in two D columns each (acc[j][0..1] and acc[j][2..3]): they are added, then
 // summed over the 4 lanes t (xor 1, 2), into red[grp] (the CTA's R row sums of this warp's
 // group; a group's warps hold disjoint rows). After one barrier, thread r < R adds the NG
-// groups' row r in order (deterministic), applies int8's row scale (f32 `scales`), and writes
-// y[base + r] when that row is < n.
+// groups' row r in order (deterministic) and corr[r] when corr is given (t1's int4 MODE 2),
+// applies int8's row scale (f32 `scales`), and writes y[base + r] when that row is < n.
 template <int F, typename T, int NJ, int R, int NG>
 __device__ __forceinline__ void t1_epilogue(const float (&acc)[NJ][4], float (&red)[NG][R], int grp, int j0, int g,
-                                            int t, const void *scales, T *y, int64_t base, int64_t n) {
+                                            int t, const void *scales, T *y, int64_t base, int64_t n,
+                                            const float *corr = nullptr) {
 #pragma unroll
     for (int j = 0; j < NJ; ++j)
 #pragma unroll
@@ -1030,13 +1145,14 @@ __device__ __forceinline__ void t1_epilogue(const float (&acc)[NJ][4], float (&r
             float v = 0.f;
 #pragma unroll
             for (int u = 0; u < NG; ++u) v += red[u][threadIdx.x];
+            if (corr) v += corr[threadIdx.x];
             if constexpr (F == I8) v *= __ldg(static_cast<const float *>(scales) + col);
             y[col] = from_f32<T>(v);
         }
     }
 }
 
-template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
+template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps, int MODE = 0>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const void *__restrict__ scales,
                const uint8_t *__restrict__ zeros, T *__restrict__ y, int64_t n, int64_t k, int group) {
@@ -1044,6 +1160,9 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     constexpr int PV = t1_piece_values<F>();   // values per piece (16 bytes)
     constexpr int XV = PV / 8;                 // uint4s of staged x per piece
     static_assert(S >= 2, "a ring of at least two superchunks");
+    static_assert(MODE == 0 || (I4S && ASYNC && (32 * W) % (8 * NT) == 0 && (32 * W) / (8 * NT) <= 32),
+                  "int4 modes 1 and 2: cp.async staging, a power-of-2 count of threads per row");
+    constexpr bool OFF = MODE == 2;  // t1_unit's raw pairs: offsets subtracted per row
     extern __shared__ __align__(16) unsigned char t1_raw[];
     __shared__ float red[W][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1058,7 +1177,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const int xwords = t1_x_bytes<F>(k) / 16;
     unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw + t1_x_bytes<F>(k));
     uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
-    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups)) + warp * (S * NT * 32);
+    float *gq = reinterpret_cast<float *>(zs + t1_zero_bytes<F, NT>(groups));  // MODE 2: group offsets,
+    float *gs = gq + groups;                                                    // x sums (int4zp),
+    float *corr = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(gq) +
+                                            t1_offset_bytes<F, NT, MODE>(groups) - 32 * NT);  // row offsets
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups) + t1_offset_bytes<F, NT, MODE>(groups)) +
+                  warp * (S * NT * 32);
 
     // This lane's weight row in each tile (tiles 2j and 2j + 1: A rows g and g + 8); rows
     // past n read row n - 1 (valid memory), the epilogue drops them.
@@ -1095,7 +1219,9 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 
     if constexpr (ASYNC) {
         cp_async_wait<S - 1>();  // the staging group (the S - 1 ring groups after it may be in flight)
-        if constexpr (I4S) {  // each thread reorders the words it copied: no barrier needed
+        if constexpr (OFF) {  // each thread reorders the words it copied (and sums x per group)
+            t1_reorder_sums<F, T>(xs, xwords, (int)(k / 8), group / 8, gq, gs);
+        } else if constexpr (I4S) {  // each thread reorders the words it copied: no barrier needed
             for (int i = threadIdx.x; i < xwords; i += blockDim.x) xs[i] = nib_pair_order(xs[i]);
         }
     } else {
@@ -1115,6 +1241,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         }
     }
     __syncthreads();
+    if constexpr (OFF) t1_row_offsets<F, 8 * NT>(ss, zs, gq, gs, groups, corr);
     // Lanes with g == t read their piece's x; the others the zero tail.
     const uint4 *xv = xs + (g == t ? XV * t : xwords - 4);
     const int xstep = g == t ? 4 * XV : 0;  // uint4s per superchunk
@@ -1129,11 +1256,13 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_wait<S - 1>();  // superchunk i is in (the S - 1 later ones may not be)
         const int sci = warp + i * W;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
-        t1_unit<F, T, NT / 2, 32>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, 0, acc);
+        t1_unit<F, T, NT / 2, 32, MODE>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, 0,
+                                        acc);
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
-    t1_epilogue<F, T, NT / 2, NT * 8, W>(acc, red, warp, 0, g, t, scales, y, base, n);  // warps in order
+    t1_epilogue<F, T, NT / 2, NT * 8, W>(acc, red, warp, 0, g, t, scales, y, base, n,
+                                          OFF ? corr : nullptr);  // warps in order
 }
 
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
@@ -1181,6 +1310,32 @@ inline int t1_config() {
 }
 constexpr int kT1Ring = 4;
 constexpr int64_t kT1MaxSmem = 160 << 10;
+// int4's product in t1 (t1_unit's MODE): FL_GEMV_T1_INT4 (read once; A/B runs) = 0: one
+// chain of (q - z) pairs (MODE 0) everywhere; 1 (default): raw pairs with the offsets per row
+// (MODE 2) in t1_variant 3 (4-warp CTAs of 4 tiles, ring 4), MODE 0 in the others; 2 (lab):
+// MODE 2 in variants 2, 3 and 5.
+// Measured on the H100 (bench/RESULTS.md, session 17, quick bench, us at m = 1, two runs each):
+// MODE 2 in variant 3 took int4 g128 at 11008 x 4096 from 13.17-13.18 to 12.43-12.61 and int4zp
+// g128 from 13.61-13.66 to 13.11-13.35, and int4zp at 32000 x 4096 from 30.87-30.91 to
+// 29.25-29.27; in the 8-warp CTAs of variant 5 it was slower (int4 g128 4096 x 11008 13.96-14.09
+// against 12.35-12.36, 32000 x 4096 31.71-31.74 against 29.96-29.99), and in variant 2 (int4zp
+// 4096 x 4096) 8.87-12.36 against 7.27-7.47. ncu (4096 x 11008, variant 5): 3.59 M instructions
+// against 3.50 M, 116 registers against 94: the per-CTA sums of x cost more there (one CTA per
+// SM, nothing to hide them) than the product saves. Two chains of (q - z) pairs alone (no raw
+// pairs) and offsets by mma (A = -(M + z), 8 more mma per superchunk) were slower everywhere.
+inline int t1_int4_mode() {
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}};
+    static const int v = env_choice("FL_GEMV_T1_INT4", choices, 1);
+    return v;
+}
+template <int F> inline int t1_mode(int v) {
+    if (!(F == I4 || F == I4Z)) return 0;
+    switch (t1_int4_mode()) {
+    case 1: return v == 3 ? 2 : 0;
+    case 2: return v == 2 || v == 3 || v == 5 ? 2 : 0;
+    default: return 0;
+    }
+}
 // The kernel a call takes: 0: 2 tiles, 8 warps, register staging; 1: 2 tiles, 8 warps,
 // cp.async; 2: 2 tiles, 4 warps, cp.async; 3: 4 tiles, 4 warps, cp.async; 4 (lab): 6 tiles,
 // 4 warps, cp.async; 5: 4 tiles, 8 warps, a ring of 3, cp.async (the others: a ring of 4).
@@ -1200,10 +1355,11 @@ template <int F> inline int t1_variant(int64_t n, int64_t k) {
     }
 }
 template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {
-    return v == 5 ? t1_smem<F, 4, 3, 8>(k, group)
+    const bool off = t1_mode<F>(v) == 2;
+    return v == 5 ? (off ? t1_smem<F, 4, 3, 8, 2>(k, group) : t1_smem<F, 4, 3, 8>(k, group))
          : v == 4 ? t1_smem<F, 6, kT1Ring, 4>(k, group)
-         : v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group)
-         : v == 2 ? t1_smem<F, 2, kT1Ring, 4>(k, group)
+         : v == 3 ? (off ? t1_smem<F, 4, kT1Ring, 4, 2>(k, group) : t1_smem<F, 4, kT1Ring, 4>(k, group))
+         : v == 2 ? (off ? t1_smem<F, 2, kT1Ring, 4, 2>(k, group) : t1_smem<F, 2, kT1Ring, 4>(k, group))
                   : t1_smem<F, 2, kT1Ring, 8>(k, group);
 }
 // Whether a call takes it: m = 1, int8 / int4, its shared memory (x, scales, rings) <= 160 KB
@@ -1263,23 +1419,36 @@ bool launch_ring(void (*kernel)(P...), int64_t smem, int64_t n, int rows, int th
 
 // Launches the one-token kernel (launch_ring: false when the device refuses its shared memory,
 // and the caller then takes the general kernels).
-template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps>
+template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps, int MODE = 0>
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, W>;
-    const int64_t smem = t1_smem<F, NT, S, W>(k, group);
+    const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, W, MODE>;
+    const int64_t smem = t1_smem<F, NT, S, W, MODE>(k, group);
     return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, scales, zeros, y, n, k, group);
+}
+// launch_t1 in int4 MODE t1_mode(v) (0 for int8).
+template <int F, typename T, int NT, int S, int W>
+bool launch_t1_mode(int v, const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
+                    int64_t k, int group, cudaStream_t s, fl_status &st) {
+    if constexpr (F == I4 || F == I4Z) {
+        switch (t1_mode<F>(v)) {
+        case 2: return launch_t1<F, T, NT, S, true, W, 2>(x, w, scales, zeros, y, n, k, group, s, st);
+        default: break;
+        }
+    }
+    return launch_t1<F, T, NT, S, true, W>(x, w, scales, zeros, y, n, k, group, s, st);
 }
 template <int F, typename T>
 bool launch_t1_config(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y,
                       int64_t n, int64_t k, int group, cudaStream_t s, fl_status &st) {
-    switch (t1_variant<F>(n, k)) {
+    const int v = t1_variant<F>(n, k);
+    switch (v) {
     case 0: return launch_t1<F, T, 2, kT1Ring, false, 8>(x, w, scales, zeros, y, n, k, group, s, st);
     case 1: return launch_t1<F, T, 2, kT1Ring, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
-    case 2: return launch_t1<F, T, 2, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 2: return launch_t1_mode<F, T, 2, kT1Ring, 4>(v, x, w, scales, zeros, y, n, k, group, s, st);
     case 4: return launch_t1<F, T, 6, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-    case 5: return launch_t1<F, T, 4, 3, true, 8>(x, w, scales, zeros, y, n, k, group, s, st);
-    default: return launch_t1<F, T, 4, kT1Ring, true, 4>(x, w, scales, zeros, y, n, k, group, s, st);
+    case 5: return launch_t1_mode<F, T, 4, 3, 8>(v, x, w, scales, zeros, y, n, k, group, s, st);
+    default: return launch_t1_mode<F, T, 4, kT1Ring, 4>(v, x, w, scales, zeros, y, n, k, group, s, st);
     }
 }
 

@@ -67,6 +67,10 @@
 #            tests whole, the one-token int tests under FL_GEMV_T1T 0 and lab 2-5 (lab 5 three
 #            times), the engine GPU tests (summary in a-summary.txt), the m = 1 int lines with
 #            FL_GEMV_T1T 1 / 0 twice; s16t the several-host-threads test per FL_GEMV_T1T; s16e llama-2-7b int8 batch-1 decode with FL_GEMV_T1T 1 / 0
+#   s17      session 17: int4's product in the one-token kernel (FL_GEMV_T1_INT4): memcheck and
+#            tests of mode FL_S17_MODE (each of t1's int4 kernels forced), the m = 1 int4 lines
+#            per mode (FL_S17_MODES), llama-2-7b int4 decode per mode (FL_S17_DECODE); s17n ncu
+#            of one launch per mode; s17f the final code: tests, memcheck, m = 1 int4 A/B, decode
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -388,6 +392,53 @@ s16r)
   run_tests fl-engine__engine_gpu s16r-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
   wait; cat "$OUT/memcheck-s16r.txt"
   quick_bench 1 "int8|int4_g128"; quick_bench gguf "q8_0|q4_0" ;;
+s17)
+  # session 17: int4's product in the one-token kernel (FL_GEMV_T1_INT4 0 / 2 / 3): memcheck of
+  # mode M = FL_S17_MODE (default 3) in the background; the GEMV tests whole under M, the
+  # one-token int tests under M with each of t1's int4 kernels forced (FL_GEMV_T1 4 / 5 / 7),
+  # the engine's quantised tests under M; then the m = 1 int4 lines per mode in FL_S17_MODES,
+  # and llama-2-7b int4 decode per mode in FL_S17_DECODE
+  M=${FL_S17_MODE:-3}
+  (FL_GEMV_T1_INT4=$M timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_kernel --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck FL_GEMV_T1_INT4=$M: /" > "$OUT/memcheck-s17.txt") &
+  {
+    ( export FL_GEMV_T1_INT4=$M; run_tests "gemv FL_GEMV_T1_INT4=$M" s17-gemv$M 300 "$B/tests/fl-kernels__gemv" --test-threads=2 )
+    ( export FL_GEMV_T1_INT4=$M; lab_tests FL_GEMV_T1 "4 5 7" one_token_kernel "one-token int, mode $M," s17-t1m$M- )
+    ( export FL_GEMV_T1_INT4=$M; run_tests "quant_gpu FL_GEMV_T1_INT4=$M" s17-quant$M 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2 )
+    wait; cat "$OUT/memcheck-s17.txt"
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  lab_runs FL_GEMV_T1_INT4 "${FL_S17_MODES:-0 3 0 3}" qbench-m quick_bench 1 "int4"
+  for v in ${FL_S17_DECODE:-0 3 0 3}; do echo "int4 FL_GEMV_T1_INT4=$v $(FL_GEMV_T1_INT4=$v decode_line int4)"; done ;;
+s17n)
+  # ncu of one launch of the one-token int4 kernel per FL_GEMV_T1_INT4 mode and shape (optable
+  # keys; FL_S17N_KEYS, FL_S17N_MODES): time, issue, stalls per issued instruction, instructions
+  for key in ${FL_S17N_KEYS:-"gemv_int4_g128|f16|1x4096x11008" "gemv_int4_g128|f16|1x11008x4096"}; do
+    for v in ${FL_S17N_MODES:-0 2}; do
+      tag=$(echo "$key" | tr '|' '_')-m$v
+      FL_GEMV_T1_INT4=$v timeout 200 ncu --kernel-name regex:gemv_t1_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats --section InstructionStats \
+        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__inst_executed_pipe_tensor.sum" \
+        "$B/bin/optable" "$key" > "$OUT/ncu-$tag.log" 2>&1
+      echo "--- $key mode $v rc=$?"
+      grep -E "Duration|DRAM Throughput|Registers Per|Dynamic Shared|Warp Cycles Per Issued|Issued Warp Per|Active Warps Per|Eligible Warps|Executed Instructions |inst_executed" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g' | head -14
+      grep -E "issue_stalled" "$OUT/ncu-$tag.log" | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | awk '$NF+0 >= 0.1' | head -10
+    done
+  done ;;
+s17f)
+  # session 17, final code: memcheck of the one-token tests in the background; the GEMV tests
+  # whole, the one-token tests under FL_GEMV_T1_INT4 0 and 2, the engine GPU tests (summary in
+  # a-summary.txt); the m = 1 int4 lines with FL_GEMV_T1_INT4 1 / 0 twice and once with t1's
+  # 4-warp CTAs forced (FL_GEMV_T1=5); llama-2-7b int4 decode per FL_S17F_DECODE
+  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token: /" > "$OUT/memcheck-s17f.txt") &
+  {
+    run_tests fl-kernels__gemv s17f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    lab_tests FL_GEMV_T1_INT4 "0 2" one_token "one-token" s17f-m
+    run_tests fl-engine__quant_gpu s17f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s17f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    wait; cat "$OUT/memcheck-s17f.txt"
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  lab_runs FL_GEMV_T1_INT4 "1 0 1 0" qbench-f quick_bench 1 "int4"
+  echo "FL_GEMV_T1=5"; FL_GEMV_T1=5 quick_bench 1 "int4"
+  for v in ${FL_S17F_DECODE:-1 0 1}; do echo "int4 FL_GEMV_T1_INT4=$v $(FL_GEMV_T1_INT4=$v decode_line int4)"; done ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)

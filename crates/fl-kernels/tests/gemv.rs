@@ -419,6 +419,55 @@ fn gemv_one_token_kernel_many_ctas() {
 }
 
 #[test]
+fn gemv_one_token_int4_raw_pairs() {
+    // int4 at one token where the one-token kernel's 4-warp CTAs of 4 tiles take it (on a
+    // 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at least 2 with
+    // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
+    // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
+    // default). 11011 rows (a partial last tile), k = 2304 (4.5 superchunks per warp pair:
+    // uneven shares), every group size (4, 8 and 16 staged words per group in the sums), with
+    // and without zero point, both activation types; x with one large value per 64 (the
+    // offsets then dwarf the products: the sums must cancel in f32).
+    let Some(gpu) = gpu_or_skip("gemv_one_token_int4_raw_pairs") else {
+        return;
+    };
+    let mut r = rng("gemv_t1_raw");
+    let (n, k) = (11011usize, 2304usize);
+    for group in [32, 64, 128] {
+        for zero_point in [false, true] {
+            let f = QuantFormat::Int4 { group, zero_point };
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
+            check_path::<f16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
+            check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, GemvPath::Auto);
+            check_outliers::<f16>(&gpu, &q, &dw, &mut r);
+            check_outliers::<bf16>(&gpu, &q, &dw, &mut r);
+        }
+    }
+}
+
+/// One launch at m = 1 on x with every 64th value 100 times the others (activation outliers),
+/// against the reference.
+fn check_outliers<T: HalfDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight, r: &mut impl rand::Rng) {
+    let s = gpu.stream();
+    let (n, k) = (q.n(), q.k());
+    let mut x: Vec<T> = random(r, k);
+    for v in x.iter_mut().step_by(64) {
+        *v = T::from_f32(v.to_f32() * 100.0);
+    }
+    let dx = DeviceTensor::from_host(s, &x, &[1, k]).unwrap();
+    let mut y = DeviceTensor::filled(s, &[1, n], T::from_f32(f32::NAN)).unwrap();
+    gemv::gemv_with_path(s, &dx, dw, &mut y, GemvPath::Auto).unwrap();
+    let got: Vec<T> = y.to_host(s).unwrap();
+    let err = rel_l2(&got, &reference::gemv::gemv(&x, 1, q));
+    assert!(
+        err < bound::<T>(),
+        "gemv {} <{}> outliers n={n} k={k}: rel L2 {err:e}",
+        q.format().name(),
+        T::NAME
+    );
+}
+
+#[test]
 fn gemv_one_token_kernel_with_unaligned_scales() {
     // The C ABI takes int4 scales 2-byte and zeros 1-byte aligned; the one-token kernel stages
     // them 16 bytes at a time by cp.async when they are 16-byte aligned, else by element loads.
