@@ -872,7 +872,10 @@ gemv_tc_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 //   by register loads in a loop, one round trip per step and per 2-byte scale: int4 g128 at
 //   4096 x 11008 went from 16.7 to 13.6 us with one batch (bench/RESULTS.md, session 11).
 // - Dequantisation is nib_pairs / byte_pairs (exact); the (q - z) x products are exact in the
-//   mma's f32 accumulation, as in the kernel above.
+//   mma's f32 accumulation, as in the kernel above. int4 in the 4-warp CTAs of 4 tiles instead
+//   multiplies the raw nibbles (nib_raw: 1024 + q, half the instructions) and subtracts the
+//   offsets per row at the end (t1_unit's MODE 2, t1_int4_mode): f32 rounding of those sums
+//   replaces the exact products there.
 // The warps of a CTA take superchunks w, w + W, ... of its NT tiles (adjacent 64-byte pieces
 // of each row at a time) and are summed in warp order at the end (deterministic).
 // grid.x = ceil(n / (8 * NT)) (NT even), block = 32 * W (W warps: 8, or 4 for int4, see
