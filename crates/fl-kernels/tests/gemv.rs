@@ -447,7 +447,12 @@ fn gemv_one_token_int4_raw_pairs() {
 
 /// One launch at m = 1 on x with every 64th value 100 times the others (activation outliers),
 /// against the reference.
-fn check_outliers<T: HalfDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight, r: &mut impl rand::Rng) {
+fn check_outliers<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    r: &mut impl rand::Rng,
+) {
     let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
     let mut x: Vec<T> = random(r, k);
