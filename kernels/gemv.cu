@@ -981,8 +981,7 @@ template <typename T> __host__ __device__ constexpr float nib_raw_odd() {
 template <int F, typename T, int NJ, int TS, int MODE = 0>
 __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, const unsigned short *ss,
                                         const uint8_t *zs, NibZ zsym, int groups, int p4, int pieces,
-                                        int gshift, int g, int t, int j0, float (&acc)[NJ][4],
-                                        const uint4 *xsc = nullptr) {
+                                        int gshift, int g, int t, int j0, float (&acc)[NJ][4]) {
     constexpr bool I4S = F == I4 || F == I4Z;
     constexpr int XV = t1_piece_values<F>() / 8;
     uint4 xw[XV];
@@ -991,26 +990,6 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
     auto group_of = [&](int p) { return I4S ? (p < pieces ? p : pieces - 1) >> gshift : 0; };
     const int gb = group_of(p4 + t);                                          // this lane's piece
     const int g0 = group_of(p4 + ((2 * t) & 3)), g1 = group_of(p4 + ((2 * t + 1) & 3));  // D columns
-    // MODE 4 (int4 without zero point): the offsets (M + 8) x of the superchunk's 4 pieces,
-    // from its 16 staged x words (xsc, nib_pair_order_eo: even pairs in .x / .y), one word
-    // per lane 0..15, summed over each piece's 4 lanes; lane (g, t) takes those of its D
-    // columns' pieces 2t, 2t + 1 (0 for t >= 2, whose columns are 0).
-    float qc0 = 0.f, qc1 = 0.f;
-    if constexpr (MODE == 4) {
-        const int l = 4 * g + t;
-        float q = 0.f;
-        if (l < 16) {
-            const uint4 v = xsc[l];
-            const float2 a = widen2<T>(v.x), b = widen2<T>(v.y), c = widen2<T>(v.z), e = widen2<T>(v.w);
-            q = fmaf(nib_raw_even<T>() + 8.f, (a.x + a.y) + (b.x + b.y),
-                     (nib_raw_odd<T>() + 8.f) * ((c.x + c.y) + (e.x + e.y)));
-        }
-        q += __shfl_xor_sync(0xffffffffu, q, 1);
-        q += __shfl_xor_sync(0xffffffffu, q, 2);
-        const float q0 = __shfl_sync(0xffffffffu, q, 8 * t), q1 = __shfl_sync(0xffffffffu, q, 8 * t + 4);
-        qc0 = t < 2 ? q0 : 0.f;
-        qc1 = t < 2 ? q1 : 0.f;
-    }
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
         const uint4 w0 = slot[TS * (2 * (j0 + j))], w1 = slot[TS * (2 * (j0 + j) + 1)];  // rows g, g + 8
@@ -1049,9 +1028,6 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
                 constexpr float H = std::is_same<T, __half>::value ? 0.0625f : 1.f;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) d[e] = fmaf(dh[e], H, d[e]);
-                if constexpr (MODE == 4) {  // this superchunk's offsets, per D column
-                    d[0] -= qc0, d[1] -= qc1, d[2] -= qc0, d[3] -= qc1;
-                }
             }
             // d[0], d[1]: row g, piece slots 2t, 2t + 1 (0 for t >= 2); d[2], d[3]: row g + 8.
             auto sc = [&](int r, int gi) { return __half2float(__ushort_as_half(ss[r * groups + gi])); };
@@ -1187,8 +1163,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     constexpr int PV = t1_piece_values<F>();   // values per piece (16 bytes)
     constexpr int XV = PV / 8;                 // uint4s of staged x per piece
     static_assert(S >= 2, "a ring of at least two superchunks");
-    static_assert(MODE == 0 || (I4S && ASYNC && (32 * W) % (8 * NT) == 0 && (32 * W) / (8 * NT) <= 32 &&
-                                (MODE != 4 || F == I4)),
+    static_assert(MODE == 0 || (I4S && ASYNC && (32 * W) % (8 * NT) == 0 && (32 * W) / (8 * NT) <= 32),
                   "int4 modes 1 and 2: cp.async staging, a power-of-2 count of threads per row");
     constexpr bool OFF = MODE == 2;  // t1_unit's raw pairs: offsets subtracted per row
     extern __shared__ __align__(16) unsigned char t1_raw[];
@@ -1249,8 +1224,6 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         cp_async_wait<S - 1>();  // the staging group (the S - 1 ring groups after it may be in flight)
         if constexpr (OFF) {  // each thread reorders the words it copied (and sums x per group)
             t1_reorder_sums<F, T>(xs, xwords, (int)(k / 8), group / 8, gq, gs);
-        } else if constexpr (MODE == 4) {
-            for (int i = threadIdx.x; i < xwords; i += blockDim.x) xs[i] = nib_pair_order_eo(xs[i]);
         } else if constexpr (I4S) {  // each thread reorders the words it copied: no barrier needed
             for (int i = threadIdx.x; i < xwords; i += blockDim.x) xs[i] = nib_pair_order(xs[i]);
         }
@@ -1287,7 +1260,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         const int sci = warp + i * W;
         const uint4 *slot = ring + (i % S) * (NT * 32) + lane;
         t1_unit<F, T, NT / 2, 32, MODE>(slot, xv + sci * xstep, ss, zs, zsym, groups, 4 * sci, pieces, gshift, g, t, 0,
-                                        acc, xs + 4 * XV * sci);
+                                        acc);
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's are empty)
 
@@ -1354,7 +1327,7 @@ constexpr int64_t kT1MaxSmem = 160 << 10;
 // SM, nothing to hide them) than the product saves. Two chains of (q - z) pairs alone (no raw
 // pairs) and offsets by mma (A = -(M + z), 8 more mma per superchunk) were slower everywhere.
 inline int t1_int4_mode() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}};
     static const int v = env_choice("FL_GEMV_T1_INT4", choices, 1);
     return v;
 }
@@ -1363,7 +1336,6 @@ template <int F> inline int t1_mode(int v) {
     switch (t1_int4_mode()) {
     case 1: return v == 3 ? 2 : 0;
     case 2: return v == 2 || v == 3 || v == 5 ? 2 : 0;
-    case 3: return v == 2 || v == 3 || v == 5 ? (F == I4 ? 4 : v == 3 ? 2 : 0) : 0;
     default: return 0;
     }
 }
@@ -1464,9 +1436,6 @@ bool launch_t1_mode(int v, const T *x, const uint8_t *w, const void *scales, con
     if constexpr (F == I4 || F == I4Z) {
         switch (t1_mode<F>(v)) {
         case 2: return launch_t1<F, T, NT, S, true, W, 2>(x, w, scales, zeros, y, n, k, group, s, st);
-        case 4:
-            if constexpr (F == I4) return launch_t1<F, T, NT, S, true, W, 4>(x, w, scales, zeros, y, n, k, group, s, st);
-            break;
         default: break;
         }
     }

@@ -439,11 +439,6 @@ s17f)
   lab_runs FL_GEMV_T1_INT4 "1 0 1 0" qbench-f quick_bench 1 "int4"
   echo "FL_GEMV_T1=5"; FL_GEMV_T1=5 quick_bench 1 "int4"
   for v in ${FL_S17F_DECODE:-1 0 1}; do echo "int4 FL_GEMV_T1_INT4=$v $(FL_GEMV_T1_INT4=$v decode_line int4)"; done ;;
-s17g)
-  # int4 without zero point, offsets per superchunk (FL_GEMV_T1_INT4=3): the one-token tests,
-  # then the m = 1 int4 lines against the default, alternated
-  lab_tests FL_GEMV_T1_INT4 "3" one_token "one-token" s17g-m
-  lab_runs FL_GEMV_T1_INT4 "${FL_S17G_MODES:-1 3 1 3}" qbench-g quick_bench 1 "int4_g" ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)
