@@ -1325,7 +1325,10 @@ constexpr int64_t kT1MaxSmem = 160 << 10;
 // 4096 x 4096) 8.87-12.36 against 7.27-7.47. ncu (4096 x 11008, variant 5): 3.59 M instructions
 // against 3.50 M, 116 registers against 94: the per-CTA sums of x cost more there (one CTA per
 // SM, nothing to hide them) than the product saves. Two chains of (q - z) pairs alone (no raw
-// pairs) and offsets by mma (A = -(M + z), 8 more mma per superchunk) were slower everywhere.
+// pairs), offsets by mma (A = -(M + z), 8 more mma per superchunk) and offsets per superchunk
+// (each warp summing its superchunk's x, then one FADD per D value; call 7: 11008 x 4096
+// 13.51-13.78 against 12.47-12.67, 4096 x 11008 12.50-12.52 against 12.08-12.37) were slower
+// everywhere.
 inline int t1_int4_mode() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}};
     static const int v = env_choice("FL_GEMV_T1_INT4", choices, 1);
