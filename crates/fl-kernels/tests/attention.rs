@@ -224,10 +224,14 @@ fn decode_mha_wide_batch_on_the_tensor_core_kernel() {
         return;
     };
     let mut r = rng("decode_mha_wide");
-    let mut long: Vec<usize> = (0..16).map(|i| [1usize, 7, 129, 300, 1000, 16][i % 6] + i).collect();
+    let mut long: Vec<usize> = (0..16)
+        .map(|i| [1usize, 7, 129, 300, 1000, 16][i % 6] + i)
+        .collect();
     long[5] = 4100;
     check::<f16>(&gpu, &case(16, 32, 32, 128, long), &mut r);
-    let lens: Vec<usize> = (0..16).map(|i| [1usize, 7, 129, 300, 1000, 16][i % 6] + i).collect();
+    let lens: Vec<usize> = (0..16)
+        .map(|i| [1usize, 7, 129, 300, 1000, 16][i % 6] + i)
+        .collect();
     let mut c = case(16, 32, 32, 128, lens.clone());
     c.paged_block = Some(16);
     check::<bf16>(&gpu, &c, &mut r);
