@@ -5,14 +5,21 @@
 #
 # Builds every crate (so every kernel compiles for every target architecture), runs all
 # tests: CPU references, proptests, parsers; GPU tests run when a GPU is present and print
-# a SKIP notice otherwise (FL_REQUIRE_GPU=1 turns a missing GPU into a failure). Then
-# clippy (-D warnings) and rustdoc (warnings are errors).
+# a SKIP notice otherwise (FL_REQUIRE_GPU=1 turns a missing GPU into a failure). Also
+# rustfmt --check (first; skipped with a notice where rustfmt is missing), clippy (-D
+# warnings) and rustdoc (warnings are errors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup-cuda.sh
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fasterllama/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
+echo "== fmt"
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  echo "SKIP fmt: rustfmt is not installed (rustup component add rustfmt)"
+fi
 echo "== build (FL_CUDA_ARCHS=${FL_CUDA_ARCHS:-all supported})"
 cargo build --workspace --all-targets --locked
 echo "== clippy"
