@@ -424,8 +424,8 @@ fn gemv_one_token_int4_raw_pairs() {
     // 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at least 2 with
     // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
     // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
-    // default). 11011 rows (a partial last tile), k = 2304 (4.5 superchunks per warp pair:
-    // uneven shares), every group size (4, 8 and 16 staged words per group in the sums), with
+    // default). 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
+    // warps: uneven shares), every group size (4, 8 and 16 staged words per group in the sums), with
     // and without zero point, both activation types; x with one large value per 64 (the
     // offsets then dwarf the products: the sums must cancel in f32).
     let Some(gpu) = gpu_or_skip("gemv_one_token_int4_raw_pairs") else {
