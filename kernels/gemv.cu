@@ -471,7 +471,7 @@ template <typename T> __device__ __forceinline__ NibZ nib_z(uint32_t z) {
 // (a & MASK) | OR as one LOP3: written in C++, the compiler emits an AND and an OR (a LOP3
 // instruction takes one immediate), and these two ops were a fifth of the int4 kernel's
 // instructions.
-template <uint32_t MASK, uint32_t OR> __device__ __forceinline__ uint32_t and_or(uint32_t a) {
+template <uint32_t MASK, uint32_t OR> __host__ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
 #if defined(__CUDA_ARCH__)
     uint32_t d;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "n"(MASK), "n"(OR));
@@ -944,7 +944,7 @@ __device__ __forceinline__ uint4 nib_pair_order_eo(uint4 v) {
 // scaling: f16 leaves an odd nibble at bits 4..7, 1024 + 16 q, which the caller scales by
 // 1/16 after the mma (64 + q): one LOP3 per pair and one shift per word; bf16 (7-bit
 // mantissa) shifts every nibble down, 128 + q.
-template <typename T> __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
+template <typename T> __host__ __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
     constexpr uint32_t mg = Bits<T>::magic;
     const uint32_t w8 = w >> 8;
     if constexpr (std::is_same<T, __half>::value) {
@@ -966,6 +966,10 @@ template <typename T> __host__ __device__ constexpr float nib_raw_even() {
 }
 template <typename T> __host__ __device__ constexpr float nib_raw_odd() {
     return std::is_same<T, __half>::value ? 64.f : 128.f;
+}
+// The factor the odd chain's sums take (f16: the nibble sat at bits 4..7, 16 q).
+template <typename T> __host__ __device__ constexpr float nib_raw_odd_scale() {
+    return std::is_same<T, __half>::value ? 0.0625f : 1.f;
 }
 // One unit of the one-token kernels: NJ 16-row tiles (j0, j0 + 1, ...) of the superchunk whose
 // piece this lane reads at `slot` (this lane's row g of 8-row tile 0; 8-row tile u at slot[TS
@@ -1025,7 +1029,7 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
                     mma<T>(d, ae, xw[c].x, xw[c].y);  // (staged by t1_reorder_sums in this order)
                     mma<T>(dh, ao, xw[c].z, xw[c].w);
                 }
-                constexpr float H = std::is_same<T, __half>::value ? 0.0625f : 1.f;
+                constexpr float H = nib_raw_odd_scale<T>();
 #pragma unroll
                 for (int e = 0; e < 4; ++e) d[e] = fmaf(dh[e], H, d[e]);
             }
@@ -2824,6 +2828,32 @@ template <int F> void unpack_unit_host(const uint8_t *quants, float z, float *ou
     for (int e = 0; e < 32; ++e) out[e] = f[e] * (1.f / (float)(1 << (4 * value_class<F>(e))));
 }
 
+// Host run of nib_raw on one word (see fl_gemv_raw_nibbles_host): out[i] = nibble i's 16-bit
+// value, times nib_raw_odd_scale for odd nibbles, less nib_raw_even / nib_raw_odd.
+template <typename T> void raw_nibbles_host(uint32_t w, float *out) {
+    uint32_t b[4];
+    tc::nib_raw<T>(w, b);
+    auto value = [](uint32_t h) {  // a normal 16-bit float's bits as f32
+        uint32_t bits;
+        if (std::is_same<T, __half>::value) {
+            const uint32_t e = (h >> 10) & 31, m = h & 1023;  // f16: 5-bit exponent, 10-bit mantissa
+            bits = ((h & 0x8000u) << 16) | ((e - 15 + 127) << 23) | (m << 13);
+        } else {
+            bits = h << 16;  // bf16: f32's top half
+        }
+        float f;
+        std::memcpy(&f, &bits, 4);
+        return f;
+    };
+    for (int p = 0; p < 4; ++p)  // pair p = (nibble p, nibble p + 4)
+        for (int half = 0; half < 2; ++half) {
+            const int i = p + 4 * half;
+            const bool odd = p & 1;
+            const float v = value((b[p] >> (16 * half)) & 0xFFFFu);
+            out[i] = odd ? v * tc::nib_raw_odd_scale<T>() - tc::nib_raw_odd<T>() : v - tc::nib_raw_even<T>();
+        }
+}
+
 // ---------------------------------------------------------------- dequantise (prefill)
 // Past FL_GEMV_MAX_M tokens the weight is dequantised once into a dense buffer and a tensor-core
 // GEMM reads it. One thread per unit (16 int8 values, 32 int4 values, one 32-value GGUF block);
@@ -3095,6 +3125,15 @@ extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, c
     if (dtype == FL_DTYPE_F16)
         return gemv::dispatch_format<__half>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
     return gemv::dispatch_format<__nv_bfloat16>(format, x, w, scales, zeros, y, (int)m, n, k, group_size, mma, s);
+}
+
+extern "C" fl_status fl_gemv_raw_nibbles_host(fl_dtype dtype, uint32_t word, float *out) {
+    if (!out) return FL_ERR_INVALID_ARGUMENT;
+    switch (dtype) {
+    case FL_DTYPE_F16: fl::gemv::raw_nibbles_host<__half>(word, out); return FL_OK;
+    case FL_DTYPE_BF16: fl::gemv::raw_nibbles_host<__nv_bfloat16>(word, out); return FL_OK;
+    default: return FL_ERR_INVALID_ARGUMENT;
+    }
 }
 
 extern "C" fl_status fl_gemv_unpack_unit_host(fl_gemv_format format, const uint8_t *quants,

@@ -120,6 +120,14 @@ fl_status fl_gemv_dequantize_host(fl_gemv_format format, const void *w, const vo
 fl_status fl_gemv_unpack_unit_host(fl_gemv_format format, const uint8_t *quants, int32_t zero,
                                    float *out);
 
+/* Test hook, runs on the HOST: the one-token kernel's raw-nibble unpacking (int4 at m = 1 in
+ * its 4-warp CTAs of 4 tiles) of one 32-bit word of 8 nibbles (nibble i = bits 4i..4i+3), for
+ * dtype FL_DTYPE_F16 or FL_DTYPE_BF16 activations: out[i] (8 floats) = the 16-bit value the
+ * kernel feeds the mma for nibble i, times the odd chain's scale for odd i, less the offset
+ * that the kernel subtracts per row (through x's group sums); so out[i] = nibble i exactly
+ * when the offsets are right. FL_ERR_INVALID_ARGUMENT for another dtype or a NULL out. */
+fl_status fl_gemv_raw_nibbles_host(fl_dtype dtype, uint32_t word, float *out);
+
 #ifdef __cplusplus
 }
 #endif

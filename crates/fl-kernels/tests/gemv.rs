@@ -1359,6 +1359,46 @@ fn kernel_nibble_unpacking_matches_the_formats_on_every_byte() {
     assert!(host_unpack(zp, &b, -1).is_none());
 }
 
+/// CPU test of the one-token kernel's raw-nibble unpacking (int4 at m = 1 in its 4-warp CTAs
+/// of 4 tiles), run on the host through `fl_gemv_raw_nibbles_host`: for every 16-bit low half
+/// of a word (beside a varying high half), each nibble's 16-bit value, scaled and less the
+/// offset that the kernel subtracts per row through x's group sums, is the nibble exactly,
+/// for f16 and bf16 activations. Runs without a GPU.
+#[test]
+fn kernel_raw_nibbles_less_their_offsets_are_the_nibbles() {
+    use fl_kernels_sys::fl_dtype as D;
+    for dtype in [D::FL_DTYPE_F16, D::FL_DTYPE_BF16] {
+        for a in 0..=0xFFFFu32 {
+            let word = a | ((a.wrapping_mul(0x9E37) ^ 0x5A5A) & 0xFFFF) << 16;
+            let mut out = [f32::NAN; 8];
+            // SAFETY: a host-only function; `out` holds 8 floats.
+            let st =
+                unsafe { fl_kernels_sys::fl_gemv_raw_nibbles_host(dtype, word, out.as_mut_ptr()) };
+            assert_eq!(st, fl_kernels_sys::FL_OK as i32, "{dtype:?} refused");
+            for (i, &v) in out.iter().enumerate() {
+                let q = ((word >> (4 * i)) & 15) as f32;
+                assert!(
+                    v == q,
+                    "{dtype:?} word {word:#010x} nibble {i}: {v} (want {q})"
+                );
+            }
+        }
+    }
+    // Another dtype and a NULL output are refused.
+    let mut out = [0f32; 8];
+    // SAFETY: as above; the calls only check their arguments.
+    unsafe {
+        assert_ne!(
+            fl_kernels_sys::fl_gemv_raw_nibbles_host(D::FL_DTYPE_F32, 0, out.as_mut_ptr()),
+            fl_kernels_sys::FL_OK as i32
+        );
+        assert_ne!(
+            fl_kernels_sys::fl_gemv_raw_nibbles_host(D::FL_DTYPE_F16, 0, std::ptr::null_mut()),
+            fl_kernels_sys::FL_OK as i32
+        );
+    }
+}
+
 /// `fl_gemv_dequantize_host`: the GPU dequantisation kernel's own per-unit code, run on the
 /// host over `q`'s buffers; `Err(status)` when the launcher's checks refuse.
 fn host_dequantize(q: &QuantizedHost, k_override: Option<i64>) -> Result<Vec<f32>, i32> {
