@@ -461,13 +461,6 @@ template <typename T> __device__ __forceinline__ NibZ nib_z(uint32_t z) {
     }
 }
 
-// The 8 nibbles of word w as 4 pairs of exact 16-bit floats (nib - z):
-//   b[0] = (nibble 0, nibble 4), b[1] = (nibble 1, nibble 5), b[2] = (nibble 2, nibble 6),
-//   b[3] = (nibble 3, nibble 7),  nibble i = bits 4i..4i+3 of w.
-// f16: (w & 0x000f000f) | 1024 = 1024 + q, exact (q < 1024 in the 10-bit mantissa); a nibble
-// left at bits 4..7 gives 1024 + 16 q, which one fma scales by 1/16 (exact) and offsets.
-// bf16 (7-bit mantissa): bits 4..7 would reach the exponent, so every nibble is shifted to
-// bits 0..3 first: 128 + q.
 // (a & MASK) | OR as one LOP3: written in C++, the compiler emits an AND and an OR (a LOP3
 // instruction takes one immediate), and these two ops were a fifth of the int4 kernel's
 // instructions.
@@ -480,20 +473,40 @@ template <uint32_t MASK, uint32_t OR> __host__ __device__ __forceinline__ uint32
     return (a & MASK) | OR;
 #endif
 }
-template <typename T> __device__ __forceinline__ void nib_pairs(uint32_t w, NibZ z, uint32_t (&b)[4]) {
-    constexpr uint32_t mg = Bits<T>::magic, one = Bits<T>::one;
-    const uint32_t w8 = w >> 8;
+// The 8 nibbles of word w as 4 pairs of raw 16-bit floats (no zero point subtracted):
+//   b[0] = (nibble 0, nibble 4), b[1] = (nibble 1, nibble 5), b[2] = (nibble 2, nibble 6),
+//   b[3] = (nibble 3, nibble 7),  nibble i = bits 4i..4i+3 of w.
+// f16: (w & 0x000f000f) | 1024 = 1024 + q, exact (q < 1024 in the 10-bit mantissa); an odd
+// nibble is left at bits 4..7: 1024 + 16 q (one LOP3 per pair, one shift per word). bf16
+// (7-bit mantissa): bits 4..7 would reach the exponent, so every nibble is shifted to bits
+// 0..3 first: 128 + q. nib_pairs below takes them to (q - z); t1_unit's MODE 2 multiplies them
+// as they are (the odd chain scaled by 1/16 after the mma for f16) and subtracts the offsets.
+// Pair P of them (w8 = w >> 8).
+template <typename T, int P> __host__ __device__ __forceinline__ uint32_t nib_raw_pair(uint32_t w, uint32_t w8) {
+    constexpr uint32_t mg = Bits<T>::magic;
     if constexpr (std::is_same<T, __half>::value) {
-        b[0] = fma2<T>(and_or<0x000F000Fu, mg>(w), one, z.lo);
-        b[1] = fma2<T>(and_or<0x00F000F0u, mg>(w), Bits<T>::sixteenth, z.hi);
-        b[2] = fma2<T>(and_or<0x000F000Fu, mg>(w8), one, z.lo);
-        b[3] = fma2<T>(and_or<0x00F000F0u, mg>(w8), Bits<T>::sixteenth, z.hi);
+        return and_or<(P & 1) ? 0x00F000F0u : 0x000F000Fu, mg>(P < 2 ? w : w8);
     } else {
-        b[0] = fma2<T>(and_or<0x000F000Fu, mg>(w), one, z.lo);
-        b[1] = fma2<T>(and_or<0x000F000Fu, mg>(w >> 4), one, z.lo);
-        b[2] = fma2<T>(and_or<0x000F000Fu, mg>(w8), one, z.lo);
-        b[3] = fma2<T>(and_or<0x000F000Fu, mg>(w >> 12), one, z.lo);
+        return and_or<0x000F000Fu, mg>(P == 0 ? w : P == 1 ? w >> 4 : P == 2 ? w8 : w >> 12);
     }
+}
+template <typename T> __host__ __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
+    const uint32_t w8 = w >> 8;
+    b[0] = nib_raw_pair<T, 0>(w, w8);
+    b[1] = nib_raw_pair<T, 1>(w, w8);
+    b[2] = nib_raw_pair<T, 2>(w, w8);
+    b[3] = nib_raw_pair<T, 3>(w, w8);
+}
+// The same pairs as exact 16-bit floats (nib - z): one fma each, which for f16 also scales an
+// odd nibble's 16 q by 1/16 (exact).
+template <typename T> __device__ __forceinline__ void nib_pairs(uint32_t w, NibZ z, uint32_t (&b)[4]) {
+    constexpr bool F16 = std::is_same<T, __half>::value;
+    constexpr uint32_t one = Bits<T>::one, odd = F16 ? Bits<T>::sixteenth : one;
+    const uint32_t zo = F16 ? z.hi : z.lo, w8 = w >> 8;
+    b[0] = fma2<T>(nib_raw_pair<T, 0>(w, w8), one, z.lo);
+    b[1] = fma2<T>(nib_raw_pair<T, 1>(w, w8), odd, zo);
+    b[2] = fma2<T>(nib_raw_pair<T, 2>(w, w8), one, z.lo);
+    b[3] = fma2<T>(nib_raw_pair<T, 3>(w, w8), odd, zo);
 }
 
 // The 4 signed bytes of word q as 2 pairs of exact 16-bit floats: b[0] = (byte 0, byte 1),
@@ -899,13 +912,14 @@ template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups
 template <int NT, int S, int W = kT1Warps> __host__ __device__ constexpr int t1_ring_bytes() { return W * S * NT * 512; }
 // int4 MODE 2 (t1_unit): per group the offset sums (and the x sums, with zero point), per row
 // its offset.
-template <int F, int NT, int MODE> __host__ __device__ inline int t1_offset_bytes(int groups) {
-    return MODE == 2 && (F == I4 || F == I4Z) ? round16(groups * 4 * (F == I4Z ? 2 : 1)) + 32 * NT : 0;
+template <int F, int NT> __host__ __device__ inline int t1_offset_bytes(int groups, bool off) {
+    return off && (F == I4 || F == I4Z) ? round16(groups * 4 * (F == I4Z ? 2 : 1)) + 32 * NT : 0;
 }
-template <int F, int NT, int S, int W = kT1Warps, int MODE = 0> inline int64_t t1_smem(int64_t k, int group) {
+// off: MODE 2's offsets.
+template <int F, int NT, int S, int W = kT1Warps> inline int64_t t1_smem(int64_t k, int group, bool off = false) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
     return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F, NT>(groups) + t1_zero_bytes<F, NT>(groups) +
-           t1_offset_bytes<F, NT, MODE>(groups) + t1_ring_bytes<NT, S, W>();
+           t1_offset_bytes<F, NT>(groups, off) + t1_ring_bytes<NT, S, W>();
 }
 
 // Copies `valid` elements of E (2 or 1 bytes) from src to the shared run dst of `slots`
@@ -938,27 +952,6 @@ __device__ __forceinline__ uint4 nib_pair_order_eo(uint4 v) {
                       __byte_perm(v.y, v.w, 0x7632));
 }
 
-// The raw 16-bit pairs of int4 word w for MODE 2 of t1_unit (no zero point subtracted):
-//   b[0] = (nibble 0, nibble 4), b[1] = (1, 5), b[2] = (2, 6), b[3] = (3, 7), as nib_pairs.
-// Even nibbles (b[0], b[2]) read M + q, odd ones (b[1], b[3]) M_odd + q after the caller's
-// scaling: f16 leaves an odd nibble at bits 4..7, 1024 + 16 q, which the caller scales by
-// 1/16 after the mma (64 + q): one LOP3 per pair and one shift per word; bf16 (7-bit
-// mantissa) shifts every nibble down, 128 + q.
-template <typename T> __host__ __device__ __forceinline__ void nib_raw(uint32_t w, uint32_t (&b)[4]) {
-    constexpr uint32_t mg = Bits<T>::magic;
-    const uint32_t w8 = w >> 8;
-    if constexpr (std::is_same<T, __half>::value) {
-        b[0] = and_or<0x000F000Fu, mg>(w);
-        b[1] = and_or<0x00F000F0u, mg>(w);
-        b[2] = and_or<0x000F000Fu, mg>(w8);
-        b[3] = and_or<0x00F000F0u, mg>(w8);
-    } else {
-        b[0] = and_or<0x000F000Fu, mg>(w);
-        b[1] = and_or<0x000F000Fu, mg>(w >> 4);
-        b[2] = and_or<0x000F000Fu, mg>(w8);
-        b[3] = and_or<0x000F000Fu, mg>(w >> 12);
-    }
-}
 // The offsets nib_raw leaves in even and odd values: the products sum M_EVEN x (even k) +
 // M_ODD x (odd k) over and above sum q x; t1's MODE 2 subtracts them per row at the end.
 template <typename T> __host__ __device__ constexpr float nib_raw_even() {
@@ -1075,8 +1068,9 @@ __device__ __forceinline__ void t1_stage_async(uint4 *xs, unsigned short *ss, ui
 }
 
 // t1's int4 MODE 2, after x is staged (xwords words of 8 values, xdata of them x, the rest
-// zero) and before its barrier: puts each word in nib_pair_order_eo in place and sums x per group of wpg = group / 8 words (4, 8 or 16, so a group's words are held by
-// consecutive lanes of one warp: every lane takes part in each step's shuffles): gq[gi] =
+// zero) and before its barrier: puts each word in nib_pair_order_eo in place and sums x per
+// group of wpg = group / 8 words (4, 8 or 16, so a group's words are held by consecutive
+// lanes of one warp: every lane takes part in each step's shuffles): gq[gi] =
 // nib_raw_even * (sum of the even values) + nib_raw_odd * (odd values), plus 8 * (all) without
 // zero point (the offsets (M + z) x of the group's raw products, for z = 8); gs[gi] = the sum
 // of all (int4 with zero point, for the rows' z). f32 sums in a fixed order (deterministic).
@@ -1168,7 +1162,7 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     constexpr int XV = PV / 8;                 // uint4s of staged x per piece
     static_assert(S >= 2, "a ring of at least two superchunks");
     static_assert(MODE == 0 || (I4S && ASYNC && (32 * W) % (8 * NT) == 0 && (32 * W) / (8 * NT) <= 32),
-                  "int4 modes 1 and 2: cp.async staging, a power-of-2 count of threads per row");
+                  "int4 mode 2: cp.async staging, a power-of-2 count of threads per row");
     constexpr bool OFF = MODE == 2;  // t1_unit's raw pairs: offsets subtracted per row
     extern __shared__ __align__(16) unsigned char t1_raw[];
     __shared__ float red[W][NT * 8];
@@ -1184,12 +1178,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     const int xwords = t1_x_bytes<F>(k) / 16;
     unsigned short *ss = reinterpret_cast<unsigned short *>(t1_raw + t1_x_bytes<F>(k));
     uint8_t *zs = reinterpret_cast<uint8_t *>(ss) + t1_scale_bytes<F, NT>(groups);
-    float *gq = reinterpret_cast<float *>(zs + t1_zero_bytes<F, NT>(groups));  // MODE 2: group offsets,
-    float *gs = gq + groups;                                                    // x sums (int4zp),
-    float *corr = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(gq) +
-                                            t1_offset_bytes<F, NT, MODE>(groups) - 32 * NT);  // row offsets
-    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups) + t1_offset_bytes<F, NT, MODE>(groups)) +
-                  warp * (S * NT * 32);
+    unsigned char *off = zs + t1_zero_bytes<F, NT>(groups);  // MODE 2's offsets (else empty)
+    const int off_bytes = t1_offset_bytes<F, NT>(groups, OFF);
+    float *gq = reinterpret_cast<float *>(off);                     // per group: offsets,
+    float *gs = gq + groups;                                        // x sums (int4zp);
+    float *corr = reinterpret_cast<float *>(off + off_bytes - 32 * NT);  // per row: offsets
+    uint4 *ring = reinterpret_cast<uint4 *>(zs + t1_zero_bytes<F, NT>(groups) + off_bytes) + warp * (S * NT * 32);
 
     // This lane's weight row in each tile (tiles 2j and 2j + 1: A rows g and g + 8); rows
     // past n read row n - 1 (valid memory), the epilogue drops them.
@@ -1366,10 +1360,10 @@ template <int F> inline int t1_variant(int64_t n, int64_t k) {
 }
 template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {
     const bool off = t1_mode<F>(v) == 2;
-    return v == 5 ? (off ? t1_smem<F, 4, 3, 8, 2>(k, group) : t1_smem<F, 4, 3, 8>(k, group))
+    return v == 5 ? t1_smem<F, 4, 3, 8>(k, group, off)
          : v == 4 ? t1_smem<F, 6, kT1Ring, 4>(k, group)
-         : v == 3 ? (off ? t1_smem<F, 4, kT1Ring, 4, 2>(k, group) : t1_smem<F, 4, kT1Ring, 4>(k, group))
-         : v == 2 ? (off ? t1_smem<F, 2, kT1Ring, 4, 2>(k, group) : t1_smem<F, 2, kT1Ring, 4>(k, group))
+         : v == 3 ? t1_smem<F, 4, kT1Ring, 4>(k, group, off)
+         : v == 2 ? t1_smem<F, 2, kT1Ring, 4>(k, group, off)
                   : t1_smem<F, 2, kT1Ring, 8>(k, group);
 }
 // Whether a call takes it: m = 1, int8 / int4, its shared memory (x, scales, rings) <= 160 KB
@@ -1433,19 +1427,15 @@ template <int F, typename T, int NT, int S, bool ASYNC, int W = kT1Warps, int MO
 bool launch_t1(const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                int64_t k, int group, cudaStream_t s, fl_status &st) {
     const auto kernel = gemv_t1_kernel<F, T, NT, S, ASYNC, W, MODE>;
-    const int64_t smem = t1_smem<F, NT, S, W, MODE>(k, group);
+    const int64_t smem = t1_smem<F, NT, S, W>(k, group, MODE == 2);
     return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, scales, zeros, y, n, k, group);
 }
 // launch_t1 in int4 MODE t1_mode(v) (0 for int8).
 template <int F, typename T, int NT, int S, int W>
 bool launch_t1_mode(int v, const T *x, const uint8_t *w, const void *scales, const uint8_t *zeros, T *y, int64_t n,
                     int64_t k, int group, cudaStream_t s, fl_status &st) {
-    if constexpr (F == I4 || F == I4Z) {
-        switch (t1_mode<F>(v)) {
-        case 2: return launch_t1<F, T, NT, S, true, W, 2>(x, w, scales, zeros, y, n, k, group, s, st);
-        default: break;
-        }
-    }
+    if constexpr (F == I4 || F == I4Z)
+        if (t1_mode<F>(v) == 2) return launch_t1<F, T, NT, S, true, W, 2>(x, w, scales, zeros, y, n, k, group, s, st);
     return launch_t1<F, T, NT, S, true, W>(x, w, scales, zeros, y, n, k, group, s, st);
 }
 template <int F, typename T>

@@ -596,20 +596,19 @@ pub fn gemv<T: HalfDType>(
 /// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
 /// the same result up to f32 rounding: the summation order, and for int4 at `m = 1` where the
 /// one-token kernel runs 4-warp CTAs of 4 tiles, a product on raw nibbles whose offsets, x's
-/// group sums times `M + z`, are subtracted per row in f32; `FL_GEMV_T1_INT4=0` turns that off). [`GemvPath::Auto`] is what [`gemv`] does: the
-/// `FL_GEMV_PATH` environment variable (`fma` or `mma`, read once per process) if set, else
-/// the tensor-core side for `m >= 2` and for int8 / int4 at `m = 1` (where a one-token kernel
-/// of its own runs: whole 16-byte pieces per lane, loads several pieces ahead; `FL_GEMV_T1=0`
-/// turns it off, and int8 at `m = 1` then takes the CUDA-core kernel; on sm_90+ int8 takes a
-/// variant whose ring the TMA engine fills at most shapes, `FL_GEMV_T1T=0` turns that off), and
-/// for Q8_0 / Q4_0 at
-/// `m = 1` when `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows
-/// on 16-byte boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0, and Q4_0 at
-/// `k >= 8192` or `n <= 32 x SMs`, take a variant whose rings the TMA engine fills,
-/// `FL_GEMV_T1B=0` turns that off), otherwise the CUDA-core kernel (see
-/// `fl_gemv.h`); f16 and bf16 activations alike. Q8_0 / Q4_0 at `m = 2..=16` with
-/// `k % 256 == 0` take a multi-token kernel of the same kind (`FL_GEMV_TMG=0` turns it off),
-/// and so do int8 / int4 (`FL_GEMV_TMI=0`).
+/// group sums times `M + z`, are subtracted per row in f32; `FL_GEMV_T1_INT4=0` turns that
+/// off). [`GemvPath::Auto`] is what [`gemv`] does: the `FL_GEMV_PATH` environment variable
+/// (`fma` or `mma`, read once per process) if set, else the tensor-core side for `m >= 2` and
+/// for int8 / int4 at `m = 1` (where a one-token kernel of its own runs: whole 16-byte pieces
+/// per lane, loads several pieces ahead; `FL_GEMV_T1=0` turns it off, and int8 at `m = 1` then
+/// takes the CUDA-core kernel; on sm_90+ int8 takes a variant whose ring the TMA engine fills
+/// at most shapes, `FL_GEMV_T1T=0` turns that off), and for Q8_0 / Q4_0 at `m = 1` when
+/// `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows on 16-byte
+/// boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0, and Q4_0 at `k >= 8192` or
+/// `n <= 32 x SMs`, take a variant whose rings the TMA engine fills, `FL_GEMV_T1B=0` turns that
+/// off), otherwise the CUDA-core kernel (see `fl_gemv.h`); f16 and bf16 activations alike. Q8_0
+/// / Q4_0 at `m = 2..=16` with `k % 256 == 0` take a multi-token kernel of the same kind
+/// (`FL_GEMV_TMG=0` turns it off), and so do int8 / int4 (`FL_GEMV_TMI=0`).
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvPath {

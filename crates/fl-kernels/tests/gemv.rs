@@ -86,13 +86,25 @@ fn run_gemv<T: HalfDType>(
     r: &mut impl rand::Rng,
     path: GemvPath,
 ) -> (Vec<T>, Vec<f64>) {
+    let x: Vec<T> = random(r, m * q.k());
+    run_gemv_on(gpu, q, dw, &x, m, path)
+}
+
+/// `run_gemv` on the given `x [m, k]`.
+fn run_gemv_on<T: HalfDType>(
+    gpu: &Gpu,
+    q: &QuantizedHost,
+    dw: &QuantWeight,
+    x: &[T],
+    m: usize,
+    path: GemvPath,
+) -> (Vec<T>, Vec<f64>) {
     let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
-    let x: Vec<T> = random(r, m * k);
-    let dx = DeviceTensor::from_host(s, &x, &[m, k]).unwrap();
+    let dx = DeviceTensor::from_host(s, x, &[m, k]).unwrap();
     let mut y = DeviceTensor::filled(s, &[m, n], T::from_f32(f32::NAN)).unwrap();
     gemv::gemv_with_path(s, &dx, dw, &mut y, path).unwrap();
-    (y.to_host(s).unwrap(), reference::gemv::gemv(&x, m, q))
+    (y.to_host(s).unwrap(), reference::gemv::gemv(x, m, q))
 }
 
 /// `check` with the kernel forced (`GemvPath::Auto`: what `gemv::gemv` does).
@@ -425,9 +437,9 @@ fn gemv_one_token_int4_raw_pairs() {
     // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
     // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
     // default). 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
-    // warps: uneven shares), every group size (4, 8 and 16 staged words per group in the sums), with
-    // and without zero point, both activation types; x with one large value per 64 (the
-    // offsets then dwarf the products: the sums must cancel in f32).
+    // warps: uneven shares), every group size (4, 8 and 16 staged words per group in the
+    // sums), with and without zero point, both activation types; x with one large value per 64
+    // (the offsets then dwarf the products: the sums must cancel in f32).
     let Some(gpu) = gpu_or_skip("gemv_one_token_int4_raw_pairs") else {
         return;
     };
@@ -453,17 +465,13 @@ fn check_outliers<T: HalfDType>(
     dw: &QuantWeight,
     r: &mut impl rand::Rng,
 ) {
-    let s = gpu.stream();
     let (n, k) = (q.n(), q.k());
     let mut x: Vec<T> = random(r, k);
     for v in x.iter_mut().step_by(64) {
         *v = T::from_f32(v.to_f32() * 100.0);
     }
-    let dx = DeviceTensor::from_host(s, &x, &[1, k]).unwrap();
-    let mut y = DeviceTensor::filled(s, &[1, n], T::from_f32(f32::NAN)).unwrap();
-    gemv::gemv_with_path(s, &dx, dw, &mut y, GemvPath::Auto).unwrap();
-    let got: Vec<T> = y.to_host(s).unwrap();
-    let err = rel_l2(&got, &reference::gemv::gemv(&x, 1, q));
+    let (got, want) = run_gemv_on(gpu, q, dw, &x, 1, GemvPath::Auto);
+    let err = rel_l2(&got, &want);
     assert!(
         err < bound::<T>(),
         "gemv {} <{}> outliers n={n} k={k}: rel L2 {err:e}",
