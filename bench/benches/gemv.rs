@@ -10,7 +10,8 @@
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
 //! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only; `FL_GEMV_BENCH_QUICK=gguf`: m = 1 and
-//! Q8_0 / Q4_0 only. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
+//! Q8_0 / Q4_0 only; `FL_GEMV_BENCH_QUICK=q4`: m = 1, int4 g32 (the bytes per value of Q4_0) and
+//! Q4_0. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
 //! instead (quick or not).
 //! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
 //! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
@@ -27,11 +28,12 @@ const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), 
 const ROTATE_BYTES: usize = 256 << 20;
 
 /// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only; `=gguf`: one token and Q8_0 /
-/// Q4_0 only (kernel A/B sweeps in one GPU call).
+/// Q4_0 only; `=q4`: int4 g32 and Q4_0, the same bytes per value in two layouts (kernel A/B
+/// sweeps in one GPU call).
 fn quick_mode() -> Option<String> {
     std::env::var("FL_GEMV_BENCH_QUICK")
         .ok()
-        .filter(|v| v == "1" || v == "gguf")
+        .filter(|v| v == "1" || v == "gguf" || v == "q4")
 }
 fn quick() -> bool {
     quick_mode().is_some()
@@ -72,6 +74,15 @@ fn formats() -> Vec<QuantFormat> {
     ];
     match quick_mode().as_deref() {
         Some("1") => v.retain(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)),
+        Some("q4") => {
+            v = vec![
+                QuantFormat::Int4 {
+                    group: 32,
+                    zero_point: false,
+                },
+                QuantFormat::Q4_0,
+            ]
+        }
         Some(_) => v.retain(|f| matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)),
         None => {}
     }
