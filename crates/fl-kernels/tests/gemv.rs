@@ -213,7 +213,10 @@ fn gemv_one_token_gguf_kernel() {
     // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 17 x 2816 (11: one warp
     // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
     // 16901 x 1536 (n >= 128 x 132 SMs with k % 512 == 0: superchunks of 16 blocks, 3 per row
-    // over 4 warps; partial last tile); both activation types.
+    // over 4 warps; partial last tile); both activation types. Q4_0 also on x with 100x
+    // outliers: the default kernels multiply its raw nibbles (1024 + q) and subtract each
+    // block's offset (1032 times its x sum) per D value (FL_GEMV_T1G_RAW=1), so the f32 sums
+    // must cancel.
     let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_kernel") else {
         return;
     };
@@ -231,6 +234,10 @@ fn gemv_one_token_gguf_kernel() {
             for path in [GemvPath::Auto, GemvPath::Fma] {
                 check_path::<f16>(&gpu, &q, &dw, 1, &mut r, path);
                 check_path::<bf16>(&gpu, &q, &dw, 1, &mut r, path);
+            }
+            if f == QuantFormat::Q4_0 {
+                check_outliers::<f16>(&gpu, &q, &dw, &mut r);
+                check_outliers::<bf16>(&gpu, &q, &dw, &mut r);
             }
         }
     }
@@ -433,7 +440,7 @@ fn gemv_one_token_kernel_many_ctas() {
 #[test]
 fn gemv_one_token_int4_raw_pairs() {
     // int4 at one token where the one-token kernel's 4-warp CTAs of 4 tiles take it (on a
-    // 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at least 2 with
+    // 132-SM H100: more than 2 CTAs of 32 rows per SM without zero point, at least 2 with
     // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
     // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
     // default). 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
