@@ -903,11 +903,18 @@ __host__ __device__ constexpr int round16(int b) { return (b + 15) & ~15; }
 template <int F> __host__ __device__ inline int t1_x_bytes(int64_t k) {
     return t1_superchunks<F>(k) * 8 * t1_piece_values<F>() + 64;
 }
+// Row strides of the staged int4 scales (halves) and zeros (bytes) in t1 / t1t: a row whose
+// length is a multiple of 32 bytes is padded by 16, so that the 8 rows g that a warp's lanes
+// read at once (row stride 4 mod 8 words) fall in 8 different groups of 4 banks. Unpadded, k =
+// 4096 gives 8-way conflicts for g32 / g64 (a row of 256 / 128 bytes) and 4-way for g128 (64).
+__host__ __device__ inline int t1_srow(int groups) { return groups % 16 == 0 ? groups + 8 : groups; }
+__host__ __device__ inline int t1_zrow(int groups) { return groups % 32 == 0 ? groups + 16 : groups; }
+// (Also the sizes tmi stages its unpadded rows into.)
 template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int groups) {
-    return (F == I4 || F == I4Z) ? round16(8 * NT * groups * 2) : 0;
+    return (F == I4 || F == I4Z) ? round16(8 * NT * t1_srow(groups) * 2) : 0;
 }
 template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) {
-    return F == I4Z ? round16(8 * NT * groups) : 0;
+    return F == I4Z ? round16(8 * NT * t1_zrow(groups)) : 0;
 }
 template <int NT, int S, int W = kT1Warps> __host__ __device__ constexpr int t1_ring_bytes() { return W * S * NT * 512; }
 // int4 MODE 2 (t1_unit): per group the offset sums (and the x sums, with zero point), per row
@@ -937,6 +944,30 @@ template <typename E> __device__ __forceinline__ void stage_run(E *dst, const E 
                 dst[e] = e < valid ? __ldg(src + e) : E(0);
     } else {
         for (int e = threadIdx.x; e < slots; e += blockDim.x) dst[e] = e < valid ? __ldg(src + e) : E(0);
+    }
+}
+// `rows` rows of `cols` elements (row r at src + r cols) to dst at a row stride of `stride`
+// elements, then zero rows up to `slots` rows: one run (stage_run, `bytes` of dst) when stride
+// == cols; else (a padded stride, t1_srow / t1_zrow: cols a whole number of 16-byte words) by
+// cp.async per 16-byte word when src is 16-byte aligned, by element loads otherwise.
+template <typename E>
+__device__ __forceinline__ void stage_rows(E *dst, const E *src, int rows, int cols, int stride, int slots, int bytes) {
+    if (stride == cols) {
+        stage_run(dst, src, rows * cols, bytes / (int)sizeof(E));
+        return;
+    }
+    constexpr int PER = 16 / sizeof(E);
+    if (aligned16(src)) {
+        const int words = cols / PER;
+        for (int c = threadIdx.x; c < slots * words; c += blockDim.x) {
+            const int r = c / words, e = (c - r * words) * PER;
+            cp_async16(dst + r * stride + e, r < rows ? src + r * cols + e : src, r < rows ? 16 : 0);
+        }
+    } else {
+        for (int c = threadIdx.x; c < slots * cols; c += blockDim.x) {
+            const int r = c / cols, e = c - r * cols;
+            dst[r * stride + e] = r < rows ? __ldg(src + c) : E(0);
+        }
     }
 }
 
@@ -997,8 +1028,8 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
             if constexpr (MODE == 0) {
                 NibZ z0 = zsym, z1 = zsym;
                 if constexpr (F == I4Z) {
-                    z0 = nib_z<T>((uint32_t)zs[r0 * groups + gb]);
-                    z1 = nib_z<T>((uint32_t)zs[r1 * groups + gb]);
+                    z0 = nib_z<T>((uint32_t)zs[r0 * t1_zrow(groups) + gb]);
+                    z1 = nib_z<T>((uint32_t)zs[r1 * t1_zrow(groups) + gb]);
                 }
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {  // word c: values 8c..8c+7 of the piece
@@ -1027,7 +1058,7 @@ __device__ __forceinline__ void t1_unit(const uint4 *slot, const uint4 *xp, cons
                 for (int e = 0; e < 4; ++e) d[e] = fmaf(dh[e], H, d[e]);
             }
             // d[0], d[1]: row g, piece slots 2t, 2t + 1 (0 for t >= 2); d[2], d[3]: row g + 8.
-            auto sc = [&](int r, int gi) { return __half2float(__ushort_as_half(ss[r * groups + gi])); };
+            auto sc = [&](int r, int gi) { return __half2float(__ushort_as_half(ss[r * t1_srow(groups) + gi])); };
             acc[j][0] = fmaf(d[0], sc(r0, g0), acc[j][0]);
             acc[j][1] = fmaf(d[1], sc(r0, g1), acc[j][1]);
             acc[j][2] = fmaf(d[2], sc(r1, g0), acc[j][2]);
@@ -1060,10 +1091,12 @@ __device__ __forceinline__ void t1_stage_async(uint4 *xs, unsigned short *ss, ui
     if constexpr (F == I4 || F == I4Z) {
         const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
         // The CTA's scales (zeros) are one contiguous run of rows * groups values, 16-byte
-        // aligned when the tensor is (base is a multiple of 16 rows).
-        stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
-                  t1_scale_bytes<F, NT>(groups) / 2);
-        if constexpr (F == I4Z) stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
+        // aligned when the tensor is (base is a multiple of 16 rows), staged at t1_srow
+        // (t1_zrow) per row.
+        stage_rows(ss, static_cast<const unsigned short *>(scales) + base * groups, rows, groups, t1_srow(groups),
+                   8 * NT, t1_scale_bytes<F, NT>(groups));
+        if constexpr (F == I4Z)
+            stage_rows(zs, zeros + base * groups, rows, groups, t1_zrow(groups), 8 * NT, t1_zero_bytes<F, NT>(groups));
     }
 }
 
@@ -1113,8 +1146,8 @@ __device__ __forceinline__ void t1_row_offsets(const unsigned short *ss, const u
 #pragma unroll 4
     for (int gi = sub; gi < groups; gi += tpr) {
         float o = gq[gi];
-        if constexpr (F == I4Z) o = fmaf((float)zs[r * groups + gi], gs[gi], o);
-        v = fmaf(__half2float(__ushort_as_half(ss[r * groups + gi])), o, v);
+        if constexpr (F == I4Z) o = fmaf((float)zs[r * t1_zrow(groups) + gi], gs[gi], o);
+        v = fmaf(__half2float(__ushort_as_half(ss[r * t1_srow(groups) + gi])), o, v);
     }
     for (int o = 1; o < tpr; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (sub == 0) corr[r] = -v;
@@ -1236,8 +1269,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
             for (int e = threadIdx.x; e < 8 * NT * groups; e += blockDim.x) {
                 const int r = e / groups, gi = e - r * groups;
                 const int64_t row = base + r < n ? base + r : n - 1;
-                ss[e] = __ldg(sc16 + row * groups + gi);
-                if constexpr (F == I4Z) zs[e] = __ldg(zeros + row * groups + gi);
+                ss[r * t1_srow(groups) + gi] = __ldg(sc16 + row * groups + gi);
+                if constexpr (F == I4Z) zs[r * t1_zrow(groups) + gi] = __ldg(zeros + row * groups + gi);
             }
         }
     }
@@ -1506,8 +1539,8 @@ template <int SC> __host__ __device__ constexpr int t1t_row_stride() { return 64
 // (t1's), 2 s mbarriers, up to 112 bytes to align the ring to 128, the ring.
 template <int F> inline int64_t t1t_smem(int nt, int sc, int s, int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
-    const int scale_bytes = (F == I4 || F == I4Z) ? round16(8 * nt * groups * 2) : 0;
-    const int zero_bytes = F == I4Z ? round16(8 * nt * groups) : 0;
+    const int scale_bytes = (F == I4 || F == I4Z) ? round16(8 * nt * t1_srow(groups) * 2) : 0;
+    const int zero_bytes = F == I4Z ? round16(8 * nt * t1_zrow(groups)) : 0;
     return (int64_t)t1_x_bytes<F>(k) + scale_bytes + zero_bytes + 16 * s + 128 + (int64_t)s * 8 * nt * (64 * sc + 64);
 }
 

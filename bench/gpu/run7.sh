@@ -75,6 +75,10 @@
 #            tests, the m = 1 int4 g32 and Q4_0 lines (same bytes per value, FL_GEMV_BENCH_QUICK=q4)
 #            per FL_GEMV_T1G_RAW in FL_S18_RAW, the m = 1 int4 lines with FL_GEMV_T1 per
 #            FL_S18_T1 (alternated)
+#            s18b: the same tests (FL_S18_RAW_TESTS for the one-token tests under
+#            FL_GEMV_T1G_RAW), then the m = 1 lines of bundle $FL_S18_A (an earlier build's
+#            benches/gemv) against this one's, alternated (FL_S18_AB rounds), and Q4_0 per
+#            FL_GEMV_T1G_RAW in FL_S18_RAW
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -454,6 +458,20 @@ s18)
   } 2>&1 | tee "$OUT/a-summary.txt"
   for v in ${FL_S18_RAW:-1}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench q4 "int4|q4_0"; done
   for v in ${FL_S18_T1:-}; do echo "FL_GEMV_T1=$v"; FL_GEMV_T1=$v quick_bench 1 "int4"; done
+  for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done ;;
+s18b)
+  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token: /" > "$OUT/memcheck-s18.txt") &
+  {
+    run_tests fl-kernels__gemv s18-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    for v in ${FL_S18_RAW_TESTS:-}; do run_tests "one-token FL_GEMV_T1G_RAW=$v" s18-raw$v 200 env FL_GEMV_T1G_RAW=$v "$B/tests/fl-kernels__gemv" one_token --test-threads=2; done
+    run_tests fl-engine__quant_gpu s18-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s18-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    wait; cat "$OUT/memcheck-s18.txt"
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  for r in $(seq ${FL_S18_AB:-2}); do
+    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb"; B="$bb" quick_bench 1 "int4"; B="$bb" quick_bench q4 "int4"; done
+  done
+  for v in ${FL_S18_RAW:-1 0 1 0}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench gguf "q4_0"; done
   for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
