@@ -909,7 +909,7 @@ template <int F> __host__ __device__ inline int t1_x_bytes(int64_t k) {
 // 4096 gives 8-way conflicts for g32 / g64 (a row of 256 / 128 bytes) and 4-way for g128 (64).
 __host__ __device__ inline int t1_srow(int groups) { return groups % 16 == 0 ? groups + 8 : groups; }
 __host__ __device__ inline int t1_zrow(int groups) { return groups % 32 == 0 ? groups + 16 : groups; }
-// (Also the sizes tmi stages its unpadded rows into.)
+// (tmi stages its scales and zeros the same way.)
 template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int groups) {
     return (F == I4 || F == I4Z) ? round16(8 * NT * t1_srow(groups) * 2) : 0;
 }
@@ -1743,11 +1743,8 @@ template <int F, int BPS = 8> __host__ __device__ constexpr int t1g_row_bytes() 
 template <int F, int NT, int BPS = 8> __host__ __device__ constexpr int t1g_slot_words() { return NT * 8 * t1g_row_bytes<F, BPS>() / 16; }
 // Staged x (k values and 64 zero bytes), the warps' rings, 16 bytes that the last block's
 // shared loads may read past its slot.
-// Q4_0's raw-nibble product (RAW, q40_raw): per block of x the negated offset its raw
-// products carry, then 64 zero floats (the lanes whose D columns hold no block read those).
-inline int64_t gguf_otab_bytes(int64_t k, bool raw) { return raw ? 4 * (k / 32 + 64) : 0; }
-template <int F, int NT, int S, int W, int BPS = 8> inline int64_t t1g_smem(int64_t k, bool raw = false) {
-    return 2 * k + 64 + gguf_otab_bytes(k, raw) + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
+template <int F, int NT, int S, int W, int BPS = 8> inline int64_t t1g_smem(int64_t k) {
+    return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
 }
 
 // The sync of a ring shared by PW warps (see gemv_tmi_kernel): __syncwarp for one warp, else
@@ -1768,13 +1765,7 @@ template <typename T> __device__ __forceinline__ void gguf_stage_x(uint4 *xs, co
     if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
 }
 // Q4_0: each block's staged x (the thread's own copies) in the k order of a_frags<Q40>.
-// RAW (gguf_pass's raw product): per quant word the low-nibble pairs first, (4c, 4c+2),
-// (4c+1, 4c+3), then the high ones, (16+4c, 18+4c), (17+4c, 19+4c) (each chain's B pair in
-// adjacent registers), and otab[b] = -(offset of block b's raw products): -((M_EVEN + 8) x
-// (sum of x[0..15]) + (M_ODD + 8) (sum of x[16..31])), f32 in a fixed order; then the 64
-// zeros past the table's k / 32 entries.
-template <typename T, bool RAW = false>
-__device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata, float *otab = nullptr) {
+__device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata) {
     for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
         uint4 *p = xs + 4 * b;
         const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
@@ -1786,21 +1777,9 @@ __device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata, float *otab = 
             const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
             uint32_t f[4];
             a_frags<Q40>(v, f);
-            p[c] = RAW ? make_uint4(f[0], f[2], f[1], f[3]) : make_uint4(f[0], f[1], f[2], f[3]);
-        }
-        if constexpr (RAW) {
-            float sl = 0.f, sh = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const float2 a = widen2<T>(lo[i]), c = widen2<T>(hi[i]);
-                sl += a.x + a.y;
-                sh += c.x + c.y;
-            }
-            otab[b] = -fmaf(nib_raw_even<T>() + 8.f, sl, (nib_raw_odd<T>() + 8.f) * sh);
+            p[c] = make_uint4(f[0], f[1], f[2], f[3]);
         }
     }
-    if constexpr (RAW)
-        for (int i = threadIdx.x; i < 64; i += blockDim.x) otab[xdata / 4 + i] = 0.f;
 }
 // Pass h of a slot (4 blocks; lane t takes block 4h + t, whose quants start at byte a of the
 // row, sh = 16 when a % 4 == 2) for rows g and g + 8 of one 16-row tile: r0 is row g's run in
@@ -1808,14 +1787,9 @@ __device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata, float *otab = 
 // 16 x 8 product D's column c is block slot c's dot product, scaled by that block's d of each
 // row into acc: d[0], d[1]: row g, block slots c0 = 2t % 4, c1 = (2t + 1) % 4 (t >= 2: columns
 // 4..7, always 0; any valid slot's d is read for them); d[2], d[3]: row g + 8.
-// RAW (Q4_0): the raw nibbles (nib_raw: 1024 + q, 1024 + 16 q; one LOP3 per pair, no zero
-// point per value) in two chains, the low nibbles (values 0..15) and the high ones (16..31,
-// scaled by nib_raw_odd_scale after the mma), x staged by q40_x_order<T, true>; the low chain
-// starts from the negated offsets of D's two blocks, read as a float2 at op (q40_x_order's
-// table, its zeros for t >= 2), so that the sum is the (q - 8) x product up to f32 rounding.
-template <int F, typename T, int RS, bool RAW = false>
+template <int F, typename T, int RS>
 __device__ __forceinline__ void gguf_pass(const unsigned char *r0, const uint4 (&xw)[4], int a, unsigned sh, int h,
-                                          int c0, int c1, NibZ zsym, float (&acc)[4], const float *op = nullptr) {
+                                          int c0, int c1, NibZ zsym, float (&acc)[4]) {
     constexpr int BB = block_bytes<F>(), QW = F == Q80 ? 8 : 4;  // quant words per block
     const uint32_t *w0 = reinterpret_cast<const uint32_t *>(r0 + (a & ~3));
     const uint32_t *w1 = reinterpret_cast<const uint32_t *>(r0 + 8 * RS + (a & ~3));
@@ -1823,42 +1797,24 @@ __device__ __forceinline__ void gguf_pass(const unsigned char *r0, const uint4 (
 #pragma unroll
     for (int c = 0; c <= QW; ++c) raw0[c] = w0[c], raw1[c] = w1[c];
     float d[4] = {0.f, 0.f, 0.f, 0.f};
-    if constexpr (F == Q40 && RAW) {
-        const float2 o = *reinterpret_cast<const float2 *>(op);
-        float dl[4] = {o.x, o.y, o.x, o.y}, dh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int c = 0; c < QW; ++c) {
+    for (int c = 0; c < QW; ++c) {
+        const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
+        const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
+        if constexpr (F == Q40) {  // word c: values 4c..4c+3 and 16+4c..19+4c
             uint32_t p0[4], p1[4];
-            nib_raw<T>(__funnelshift_r(raw0[c], raw0[c + 1], sh), p0);
-            nib_raw<T>(__funnelshift_r(raw1[c], raw1[c + 1], sh), p1);
-            const uint32_t al[4] = {p0[0], p1[0], p0[2], p1[2]};  // low nibbles: (4c, 4c+2), (4c+1, 4c+3)
-            const uint32_t ah[4] = {p0[1], p1[1], p0[3], p1[3]};  // high: (16+4c, 18+4c), (17+4c, 19+4c)
-            mma<T>(dl, al, xw[c].x, xw[c].y);
-            mma<T>(dh, ah, xw[c].z, xw[c].w);
-        }
-        constexpr float H = nib_raw_odd_scale<T>();
-#pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = fmaf(dh[e], H, dl[e]);
-    } else {
-#pragma unroll
-        for (int c = 0; c < QW; ++c) {
-            const uint32_t q0 = __funnelshift_r(raw0[c], raw0[c + 1], sh);
-            const uint32_t q1 = __funnelshift_r(raw1[c], raw1[c + 1], sh);
-            if constexpr (F == Q40) {  // word c: values 4c..4c+3 and 16+4c..19+4c
-                uint32_t p0[4], p1[4];
-                nib_pairs<T>(q0, zsym, p0);
-                nib_pairs<T>(q1, zsym, p1);
-                const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
-                const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
-                mma<T>(d, a1, xw[c].x, xw[c].y);
-                mma<T>(d, a2, xw[c].z, xw[c].w);
-            } else {  // word c: values 4c..4c+3
-                uint32_t p0a, p0b, p1a, p1b;
-                byte_pairs<T>(q0, p0a, p0b);
-                byte_pairs<T>(q1, p1a, p1b);
-                const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
-                mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
-            }
+            nib_pairs<T>(q0, zsym, p0);
+            nib_pairs<T>(q1, zsym, p1);
+            const uint32_t a1[4] = {p0[0], p1[0], p0[1], p1[1]};
+            const uint32_t a2[4] = {p0[2], p1[2], p0[3], p1[3]};
+            mma<T>(d, a1, xw[c].x, xw[c].y);
+            mma<T>(d, a2, xw[c].z, xw[c].w);
+        } else {  // word c: values 4c..4c+3
+            uint32_t p0a, p0b, p1a, p1b;
+            byte_pairs<T>(q0, p0a, p0b);
+            byte_pairs<T>(q1, p1a, p1b);
+            const uint32_t aa[4] = {p0a, p1a, p0b, p1b};
+            mma<T>(d, aa, c & 1 ? xw[c >> 1].z : xw[c >> 1].x, c & 1 ? xw[c >> 1].w : xw[c >> 1].y);
         }
     }
     const unsigned char *s0 = r0 + (4 * h + c0) * BB, *s1 = r0 + (4 * h + c1) * BB;
@@ -1868,7 +1824,7 @@ __device__ __forceinline__ void gguf_pass(const unsigned char *r0, const uint4 (
     acc[3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RS)), acc[3]);
 }
 
-template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1, bool RAW = false>
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
                 int64_t k) {
@@ -1891,8 +1847,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
-    float *otab = reinterpret_cast<float *>(xs + xdata + 4);  // RAW: gguf_otab_bytes
-    uint4 *ring = xs + xdata + 4 + (RAW ? xdata / 16 + 16 : 0) + grp * (S * SW);
+    uint4 *ring = xs + xdata + 4 + grp * (S * SW);
 
     // This thread's copies: word c = tl + GT e of a slot is word c % RW of row c / RW, at
     // byte src[e] from the CTA's first row (32-bit: 8 NT rows); rows past n copy row n - 1
@@ -1923,7 +1878,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) issue(i);
     cp_async_wait<S - 1>();  // the staging group
-    if constexpr (F == Q40) q40_x_order<T, RAW>(xs, xdata, otab);
+    if constexpr (F == Q40) q40_x_order(xs, xdata);
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
     const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
@@ -1938,7 +1893,6 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         ring_sync<PW>(grp);      // ... and every thread's are visible
         const int sci = grp + i * G;
         const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SW);
-        const float *ob = (t < 2 ? otab + BPS * sci : otab + xdata / 4) + c0;  // RAW: D's blocks' offsets
 #pragma unroll
         for (int h = 0; h < BPS / 4; ++h) {
             const int b = 4 * h + t;  // this lane's block
@@ -1948,8 +1902,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
             for (int j = 0; j < NJ; ++j)  // rows g and g + 8 of tile hw NJ + j
-                gguf_pass<F, T, RB, RAW>(slot + (16 * (hw * NJ + j) + g) * RB, xw, a, sh, h, c0, c1, zsym, acc[j],
-                                         ob + 4 * h);
+                gguf_pass<F, T, RB>(slot + (16 * (hw * NJ + j) + g) * RB, xw, a, sh, h, c0, c1, zsym, acc[j]);
         }
     }
     cp_async_wait<0>();  // no copy outlives the kernel (the tail's groups are empty)
@@ -1987,16 +1940,6 @@ inline int t1g_config() {
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
-// Q4_0's product in the one-token GGUF kernels (gguf_pass's RAW): FL_GEMV_T1G_RAW (read once;
-// A/B runs) = 1 (default): raw nibbles in two chains, the blocks' offsets subtracted per D
-// value, in the default kernels (t1g variants 0 and 3, t1b's shapes 0 and 8); 0: (q - 8)
-// pairs everywhere.
-inline bool q40_raw() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}};
-    static const bool v = env_choice("FL_GEMV_T1G_RAW", choices, 1) == 1;
-    return v;
-}
-template <int F> inline bool t1g_raw(int v) { return F == Q40 && (v == 0 || v == 3) && q40_raw(); }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
 // 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
 // warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
@@ -2008,16 +1951,15 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     if (c == 6) return 5;
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
-        t1g_smem<F, 4, 2, 4, 16>(k, t1g_raw<F>(3)) <= kT1MaxSmem)
+        t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
         return c == 7 ? 7 : 3;
     return c == 7 ? 6 : 0;
 }
 // (The W of t1g_smem is the number of rings: warps / warps per ring.)
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
-    const bool raw = t1g_raw<F>(v);
     return v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
-         : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k, raw) : t1g_smem<F, 4, 2, 4>(k, raw);
+         : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
 // shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 with 8 blocks; 16
@@ -2026,21 +1968,15 @@ template <int F> inline bool t1g_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0 || t1g_config() == 0) return false;
     return t1g_variant_smem<F>(t1g_variant<F>(n, k), k) <= kT1MaxSmem;
 }
-template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1, bool RAW = false>
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW, RAW>;
-    const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS>(k, RAW);
+    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW>;
+    const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS>(k);
     return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, n, k);
 }
 template <int F, typename T>
 bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const int v = t1g_variant<F>(n, k);
-    if constexpr (F == Q40) {
-        if (t1g_raw<F>(v))
-            return v == 3 ? launch_t1g<F, T, 4, 2, 4, 16, 1, true>(x, w, y, n, k, s, st)
-                          : launch_t1g<F, T, 4, 2, 4, 8, 1, true>(x, w, y, n, k, s, st);
-    }
-    switch (v) {
+    switch (t1g_variant<F>(n, k)) {
     case 1: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
     case 2: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
     case 3: return launch_t1g<F, T, 4, 2, 4, 16>(x, w, y, n, k, s, st);
@@ -2086,8 +2022,8 @@ __host__ __device__ constexpr int t1b_stage_bytes(int bb, int nt, int bps) { ret
 // Bytes of shared memory: staged x (k values and 64 zero bytes), 2 S mbarriers per ring (nr
 // rings), the rings of s stages (128-byte aligned: up to 112 bytes of padding), 16 bytes that
 // the last block's shared loads may read past them.
-inline int64_t t1b_smem(int stage_bytes, int s, int nr, int64_t k, bool raw = false) {
-    return 2 * k + 64 + gguf_otab_bytes(k, raw) + 16 * s * nr + 128 + (int64_t)nr * s * stage_bytes + 16;
+inline int64_t t1b_smem(int stage_bytes, int s, int nr, int64_t k) {
+    return 2 * k + 64 + 16 * s * nr + 128 + (int64_t)nr * s * stage_bytes + 16;
 }
 
 // TM: one TMA tensor copy per stage (the box of R rows x t1b_row_stride bytes at the stage's
@@ -2095,7 +2031,7 @@ inline int64_t t1b_smem(int stage_bytes, int s, int nr, int64_t k, bool raw = fa
 // and are copied too, rows past n and bytes past a row's end read 0) in place of R bulk
 // copies. WR (lab): a ring per warp, as in t1g (warp w takes stages w, w + W, ... whole, no
 // other warp waits for it), in place of one per CTA.
-template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false, bool RAW = false>
+template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
                 int64_t k, const __grid_constant__ CUtensorMap wmap) {
@@ -2125,8 +2061,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     const int64_t base = (int64_t)blockIdx.x * R;
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
-    float *otab = reinterpret_cast<float *>(xs + xdata + 4);  // RAW: gguf_otab_bytes
-    const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(xs + xdata + 4 + (RAW ? xdata / 16 + 16 : 0)));
+    const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(xs + xdata + 4));
     const uint32_t ring_s = ((bars + 16 * S * NR + 127) & ~127u) + (uint32_t)(rg * S * SB);  // this ring's
     const unsigned char *ring = t1_raw + (ring_s - static_cast<uint32_t>(__cvta_generic_to_shared(t1_raw)));
     auto full = [&](int s) { return bars + 8u * (uint32_t)(rg * S + s); };
@@ -2170,7 +2105,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     gguf_stage_x(xs, x, xdata);
     cp_async_commit();
     cp_async_wait<0>();
-    if constexpr (F == Q40) q40_x_order<T, RAW>(xs, xdata, otab);
+    if constexpr (F == Q40) q40_x_order(xs, xdata);
     __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
     const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
@@ -2184,7 +2119,6 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         mbar_wait(full(s), (i / S) & 1);
         const int passes = (nb - st * BPS < BPS ? nb - st * BPS : BPS) / 4;
         const unsigned char *slot = ring + s * SB;
-        const float *ob = (t < 2 ? otab + BPS * st : otab + xdata / 4) + c0;  // RAW: D's blocks' offsets
 #pragma unroll
         for (int hh = 0; hh < HP; ++hh) {
             const int h = pg + hh * WG;
@@ -2196,8 +2130,7 @@ gemv_t1b_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
                 const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
                 for (int j = 0; j < NJ; ++j)
-                    gguf_pass<F, T, RS, RAW>(slot + (16 * (hw * NJ + j) + g) * RS, xw, a, sh, h, c0, c1, zsym,
-                                             acc[j], ob + 4 * h);
+                    gguf_pass<F, T, RS>(slot + (16 * (hw * NJ + j) + g) * RS, xw, a, sh, h, c0, c1, zsym, acc[j]);
             }
         }
         __syncwarp();
@@ -2260,12 +2193,10 @@ template <int F> inline int t1b_variant(int64_t n, int64_t k) {
     if (k >= 8192) return 0;
     return one_wave ? 8 : -1;
 }
-// Whether kT1bShapes[v] takes Q4_0's raw-nibble product (q40_raw): the default's shapes.
-template <int F> inline bool t1b_raw(int v) { return F == Q40 && (v == 0 || v == 8) && q40_raw(); }
 // t1b_smem of kT1bShapes[v].
 template <int F> inline int64_t t1b_variant_smem(int v, int64_t k) {
     const T1bShape &c = kT1bShapes[v];
-    return t1b_smem(t1b_stage_bytes(block_bytes<F>(), c.nt, c.bps), c.s, c.wr ? c.w : 1, k, t1b_raw<F>(v));
+    return t1b_smem(t1b_stage_bytes(block_bytes<F>(), c.nt, c.bps), c.s, c.wr ? c.w : 1, k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, a variant for the format and k, k % 256 == 0,
 // an sm_90+ device, its shared memory <= 160 KB (the default: k up to ~11.1k values for Q8_0,
@@ -2279,13 +2210,13 @@ template <int F> inline bool t1b_applies(int m, int64_t n, int64_t k) {
     if (!c.tm) return true;
     return n < 0x7fffffffLL && odd_words(c.bps * block_bytes<F>()) / 8 <= 256 && encode_fn() != nullptr;
 }
-template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false, bool RAW = false>
+template <int F, typename T, int NT, int BPS, int S, int W, bool TM = false, bool WR = false>
 bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     if constexpr (TM && t1b_row_stride<F, BPS>() / 8 > 256) {
         return false;  // (t1b_applies already refused it)
     } else {
-        const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W, TM, WR, RAW>;
-        const int64_t smem = t1b_smem(t1b_stage_bytes(block_bytes<F>(), NT, BPS), S, WR ? W : 1, k, RAW);
+        const auto kernel = gemv_t1b_kernel<F, T, NT, BPS, S, W, TM, WR>;
+        const int64_t smem = t1b_smem(t1b_stage_bytes(block_bytes<F>(), NT, BPS), S, WR ? W : 1, k);
         CUtensorMap map;
         std::memset(&map, 0, sizeof(map));
         // (The box: the stage's run and, when the row stride is longer, the next 16 bytes.)
@@ -2296,15 +2227,7 @@ bool launch_t1b(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaSt
 template <int F, typename T>
 bool launch_t1b_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
     constexpr size_t kShapes = sizeof(kT1bShapes) / sizeof(kT1bShapes[0]);
-    const int v = t1b_variant<F>(n, k);
-    if constexpr (F == Q40) {
-        if (t1b_raw<F>(v)) {
-            constexpr T1bShape c0 = kT1bShapes[0], c8 = kT1bShapes[8];
-            return v == 0 ? launch_t1b<F, T, c0.nt, c0.bps, c0.s, c0.w, c0.tm, c0.wr, true>(x, w, y, n, k, s, st)
-                          : launch_t1b<F, T, c8.nt, c8.bps, c8.s, c8.w, c8.tm, c8.wr, true>(x, w, y, n, k, s, st);
-        }
-    }
-    return with_index<kShapes>(v, [&](auto i) {
+    return with_index<kShapes>(t1b_variant<F>(n, k), [&](auto i) {
         constexpr T1bShape c = kT1bShapes[decltype(i)::value];
         return launch_t1b<F, T, c.nt, c.bps, c.s, c.w, c.tm, c.wr>(x, w, y, n, k, s, st);
     });
@@ -2685,9 +2608,10 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
     // int4: the scales (and zeros) of the CTA's rows, one commit group ahead of the ring's.
     if constexpr (I4S) {
         const int rows = n - base < 8 * NT ? (int)(n - base) : 8 * NT;
-        stage_run(ss, static_cast<const unsigned short *>(scales) + base * groups, rows * groups,
-                  t1_scale_bytes<F, NT>(groups) / 2);
-        if constexpr (F == I4Z) stage_run(zs, zeros + base * groups, rows * groups, t1_zero_bytes<F, NT>(groups));
+        stage_rows(ss, static_cast<const unsigned short *>(scales) + base * groups, rows, groups, t1_srow(groups),
+                   8 * NT, t1_scale_bytes<F, NT>(groups));
+        if constexpr (F == I4Z)
+            stage_rows(zs, zeros + base * groups, rows, groups, t1_zrow(groups), 8 * NT, t1_zero_bytes<F, NT>(groups));
     }
     cp_async_commit();
     // Tokens m.. of every slot: zero, once.
@@ -2763,16 +2687,16 @@ gemv_tmi_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const vo
                 } else {
                     NibZ z0 = zsym, z1 = zsym;
                     if constexpr (F == I4Z) {
-                        z0 = nib_z<T>((uint32_t)zs[r0 * groups + gi]);
-                        z1 = nib_z<T>((uint32_t)zs[r1 * groups + gi]);
+                        z0 = nib_z<T>((uint32_t)zs[r0 * t1_zrow(groups) + gi]);
+                        z1 = nib_z<T>((uint32_t)zs[r1 * t1_zrow(groups) + gi]);
                     }
                     uint32_t p0[4], p1[4];
                     nib_pairs<T>(q0, z0, p0);
                     nib_pairs<T>(q1, z1, p1);
                     const uint32_t a0[4] = {p0[0], p1[0], p0[1], p1[1]};
                     const uint32_t a1[4] = {p0[2], p1[2], p0[3], p1[3]};
-                    const float s0 = __half2float(__ushort_as_half(ss[r0 * groups + gi]));
-                    const float s1 = __half2float(__ushort_as_half(ss[r1 * groups + gi]));
+                    const float s0 = __half2float(__ushort_as_half(ss[r0 * t1_srow(groups) + gi]));
+                    const float s1 = __half2float(__ushort_as_half(ss[r1 * t1_srow(groups) + gi]));
                     tm_scaled_pair<T, NG>(acc[j], a0, a1, xb, s0, s1);
                 }
             }

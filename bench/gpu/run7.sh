@@ -79,6 +79,10 @@
 #            FL_GEMV_T1G_RAW), then the m = 1 lines of bundle $FL_S18_A (an earlier build's
 #            benches/gemv) against this one's, alternated (FL_S18_AB rounds), and Q4_0 per
 #            FL_GEMV_T1G_RAW in FL_S18_RAW
+#            s18f: the final code: memcheck of the one-token and multi-token int tests, the
+#            GEMV / quant / engine tests (a-summary.txt); the int4 lines of bundle $FL_S18_A
+#            against this one's at m = 1 (FL_S18_AB rounds) and at FL_S18_M tokens (one round);
+#            the m = 1 table of every format; llama-2-7b int4 / q4_0 decode
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -473,6 +477,22 @@ s18b)
   done
   for v in ${FL_S18_RAW:-1 0 1 0}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench gguf "q4_0"; done
   for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done ;;
+s18f)
+  for f in one_token multi_token_int; do
+    (timeout 300 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /" > "$OUT/memcheck-$f.txt") &
+  done
+  {
+    run_tests fl-kernels__gemv s18f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    run_tests fl-engine__quant_gpu s18f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s18f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    wait; cat "$OUT"/memcheck-*.txt
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  for r in $(seq ${FL_S18_AB:-2}); do
+    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb"; B="$bb" quick_bench 1 "int4"; B="$bb" quick_bench q4 "int4"; done
+  done
+  for bb in "$FL_S18_A" "$B"; do echo "bundle $bb m=${FL_S18_M:-4,16}"; B="$bb" m_bench 1 "int4" "${FL_S18_M:-4,16}"; B="$bb" m_bench q4 "int4" "${FL_S18_M:-4,16}"; done
+  echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"
+  for q in int4 q4_0; do echo "$q $(decode_line $q)"; done ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)

@@ -59,8 +59,7 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
 /* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 rounding: the
  * summation order, and for int4 at m = 1 in the one-token kernel's 4-warp CTAs of 4 tiles, a
  * product on raw nibbles whose offsets (M + z) times x's group sums are subtracted per row in
- * f32, FL_GEMV_T1_INT4=0 turns that off; likewise Q4_0 at m = 1 in the one-token GGUF kernels,
- * each block's offset subtracted from its dot product, FL_GEMV_T1G_RAW=0 turns that off):
+ * f32; FL_GEMV_T1_INT4=0 turns that off):
  *   AUTO  the environment's FL_GEMV_PATH if set (fma, mma; read once per process), else the
  *         tensor-core side for m >= 2, or with m = 1 and FL_GEMV_INT8 / FL_GEMV_INT4 /
  *         FL_GEMV_INT4_ZP, or FL_GEMV_Q8_0 / FL_GEMV_Q4_0 with k % 256 == 0 (f16 and bf16 x);

@@ -596,9 +596,8 @@ pub fn gemv<T: HalfDType>(
 /// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
 /// the same result up to f32 rounding: the summation order, and for int4 at `m = 1` where the
 /// one-token kernel runs 4-warp CTAs of 4 tiles, a product on raw nibbles whose offsets, x's
-/// group sums times `M + z`, are subtracted per row in f32, `FL_GEMV_T1_INT4=0` turns that
-/// off; likewise Q4_0 at `m = 1` in the one-token GGUF kernels, with each block's offset
-/// subtracted from its dot product, `FL_GEMV_T1G_RAW=0` turns that off). [`GemvPath::Auto`] is what [`gemv`] does: the `FL_GEMV_PATH` environment variable
+/// group sums times `M + z`, are subtracted per row in f32; `FL_GEMV_T1_INT4=0` turns that
+/// off). [`GemvPath::Auto`] is what [`gemv`] does: the `FL_GEMV_PATH` environment variable
 /// (`fma` or `mma`, read once per process) if set, else the tensor-core side for `m >= 2` and
 /// for int8 / int4 at `m = 1` (where a one-token kernel of its own runs: whole 16-byte pieces
 /// per lane, loads several pieces ahead; `FL_GEMV_T1=0` turns it off, and int8 at `m = 1` then
@@ -619,7 +618,7 @@ pub enum GemvPath {
     Fma,
     /// The tensor-core kernel: `mma.sync` m16n8k16 on the exact integers `q − zero` in
     /// f16 / bf16 (the activations' type), scales applied in f32 outside the mma (int4 at
-    /// `m = 1` and Q4_0 at `m = 1`: on raw nibbles in some kernels, see above).
+    /// `m = 1`: on raw nibbles in some CTA shapes, see above).
     Mma,
 }
 

@@ -214,9 +214,7 @@ fn gemv_one_token_gguf_kernel() {
     // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
     // 16901 x 1536 (n >= 128 x 132 SMs with k % 512 == 0: superchunks of 16 blocks, 3 per row
     // over 4 warps; partial last tile); both activation types. Q4_0 also on x with 100x
-    // outliers: the default kernels multiply its raw nibbles (1024 + q) and subtract each
-    // block's offset (1032 times its x sum) per D value (FL_GEMV_T1G_RAW=1), so the f32 sums
-    // must cancel.
+    // outliers (every 64th value).
     let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_kernel") else {
         return;
     };
