@@ -1302,8 +1302,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // The one-token kernel's configuration: FL_GEMV_T1 (read once; A/B runs) = 0: off (int8 at
 // m = 1 takes the CUDA-core kernel, int4 the kernel above); 1 (default): int4 without zero
 // point: 4 tiles (32 rows) per CTA, staging by cp.async; CTAs of 8 warps and a ring of 3
-// superchunks, except when the grid has more than 2 CTAs per SM (then 4 warps and a ring of
-// 4; sessions 16 and 18, below); int4 with zero point: the 8-warp CTAs only when the grid has at
+// superchunks, except when the grid has between 2 and 4 CTAs per SM (then 4 warps and a ring
+// of 4; session 16, below); int4 with zero point: the 8-warp CTAs only when the grid has at
 // most 2 CTAs per SM and k >= 8192, else 4-warp CTAs (ring 4) of 4 tiles when n >= 64 x SMs,
 // of 2 below; int8 (a ring of 4): 2 tiles, CTAs of 8 warps, staging
 // by cp.async except with k <= 4096 (register staging), but CTAs of 4 warps (cp.async) when
@@ -1335,10 +1335,12 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // with a ring of 4 (8 warps) or of 6 (4 warps) it was slower at 11008 x 4096 and no faster
 // elsewhere. int4 with zero point gained only at 4096 x 11008 (12.74-12.80 against 13.23-13.38,
 // call 7) and lost 1-3% at 4096 x 4096 (7.41-7.46 against 7.16-7.28, call 6) and 32000 x 4096
-// (31.12-31.17 against 30.62-30.84, calls 6-7), hence its own rule. Session 18 (call 1):
-// with MODE 2 in variant 3 (session 17), int4 g128 at 32000 x 4096 (1000 CTAs) ran there in
-// 29.02-29.04 us against variant 5's 29.79-29.99 (two runs each, alternated), so int4 now
-// takes variant 3 whenever the grid has more than 2 CTAs per SM.
+// (31.12-31.17 against 30.62-30.84, calls 6-7), hence its own rule. Session 18: with MODE 2
+// in variant 3 (session 17), int4 g128 at 32000 x 4096 (1000 CTAs) ran there in 29.02-29.04
+// us against variant 5's 29.79-29.99 (call 1, alternated), but with variant 3 for every grid
+// of more than 2 CTAs per SM llama-2-7b int4 decode fell from 469.4-470.0 to 451.7 tokens/s
+// (call 3): its fused gate / up GEMV (22016 rows, 688 CTAs) then fills 5 CTAs per SM and a
+// sliver of a second wave. The rule stays.
 inline int t1_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3},
                                         {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
@@ -1391,7 +1393,7 @@ template <int F> inline int t1_variant(int64_t n, int64_t k) {
         if (F == I8) return ceil_div(n, 16) < 2 * (int64_t)sm_count() ? 2 : k <= 4096 ? 0 : 1;
         const int64_t ctas = ceil_div(n, 32), sms = sm_count();
         if (F == I4Z) return ctas <= 2 * sms && k >= 8192 ? 5 : ctas >= 2 * sms ? 3 : 2;
-        return ctas > 2 * sms ? 3 : 5;
+        return ctas > 2 * sms && ctas < 4 * sms ? 3 : 5;
     }
 }
 template <int F> inline int64_t t1_variant_smem(int v, int64_t k, int group) {

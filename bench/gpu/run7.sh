@@ -83,6 +83,9 @@
 #            GEMV / quant / engine tests (a-summary.txt); the int4 lines of bundle $FL_S18_A
 #            against this one's at m = 1 (FL_S18_AB rounds) and at FL_S18_M tokens (one round);
 #            the m = 1 table of every format; llama-2-7b int4 / q4_0 decode
+#            s18g: the GEMV tests whole, the m = 1 int4 / Q4_0 lines, llama-2-7b int4 decode
+#            FL_S18_RUNS times and q4_0 once; with FL_S18_A, the int4 lines at FL_S18_M tokens
+#            of that bundle against this one's, two rounds
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -493,6 +496,16 @@ s18f)
   for bb in "$FL_S18_A" "$B"; do echo "bundle $bb m=${FL_S18_M:-4,16}"; B="$bb" m_bench 1 "int4" "${FL_S18_M:-4,16}"; B="$bb" m_bench q4 "int4" "${FL_S18_M:-4,16}"; done
   echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"
   for q in int4 q4_0; do echo "$q $(decode_line $q)"; done ;;
+s18g)
+  run_tests fl-kernels__gemv s18g-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2 | tee "$OUT/a-summary.txt"
+  quick_bench 1 "int4"; quick_bench q4 "int4|q4_0"
+  for r in $(seq ${FL_S18_RUNS:-2}); do echo "int4 $(decode_line int4)"; done
+  echo "q4_0 $(decode_line q4_0)"
+  if [ -n "${FL_S18_A:-}" ]; then
+    for r in 1 2; do
+      for bb in "$FL_S18_A" "$B"; do echo "bundle $bb m=${FL_S18_M:-16}"; B="$bb" m_bench 1 "int4" "${FL_S18_M:-16}"; done
+    done
+  fi ;;
 s16e)
   for v in 1 0 1 0; do echo "int8 FL_GEMV_T1T=$v $(FL_GEMV_T1T=$v decode_line int8)"; done ;;
 s14)

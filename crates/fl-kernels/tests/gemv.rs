@@ -438,7 +438,7 @@ fn gemv_one_token_kernel_many_ctas() {
 #[test]
 fn gemv_one_token_int4_raw_pairs() {
     // int4 at one token where the one-token kernel's 4-warp CTAs of 4 tiles take it (on a
-    // 132-SM H100: more than 2 CTAs of 32 rows per SM without zero point, at least 2 with
+    // 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at least 2 with
     // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
     // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
     // default). 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
