@@ -83,7 +83,8 @@
 #            GEMV / quant / engine tests (a-summary.txt); the int4 lines of bundle $FL_S18_A
 #            against this one's at m = 1 (FL_S18_AB rounds) and at FL_S18_M tokens (one round);
 #            the m = 1 table of every format; llama-2-7b int4 / q4_0 decode
-#            s18g: the GEMV tests whole, the m = 1 int4 / Q4_0 lines, llama-2-7b int4 decode
+#            s18g: the GEMV tests whole (and the one-token GGUF test per FL_GEMV_T1G in
+#            FL_T1G_TEST_CONFIGS), the m = 1 int4 / Q4_0 lines (Q4_0 per FL_T1G_CONFIGS), llama-2-7b int4 decode
 #            FL_S18_RUNS times and q4_0 once; with FL_S18_A, the int4 lines at FL_S18_M tokens
 #            of that bundle against this one's, two rounds
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
@@ -497,8 +498,12 @@ s18f)
   echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"
   for q in int4 q4_0; do echo "$q $(decode_line $q)"; done ;;
 s18g)
-  run_tests fl-kernels__gemv s18g-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2 | tee "$OUT/a-summary.txt"
+  {
+    run_tests fl-kernels__gemv s18g-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    for v in ${FL_T1G_TEST_CONFIGS:-}; do run_tests "one-token gguf FL_GEMV_T1G=$v" s18g-t1g$v 200 env FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=2; done
+  } 2>&1 | tee "$OUT/a-summary.txt"
   quick_bench 1 "int4"; quick_bench q4 "int4|q4_0"
+  for v in ${FL_T1G_CONFIGS:-}; do echo "FL_GEMV_T1G=$v"; FL_GEMV_T1G=$v quick_bench gguf "q4_0"; done
   for r in $(seq ${FL_S18_RUNS:-2}); do echo "int4 $(decode_line int4)"; done
   echo "q4_0 $(decode_line q4_0)"
   if [ -n "${FL_S18_A:-}" ]; then
