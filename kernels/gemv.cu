@@ -903,12 +903,14 @@ __host__ __device__ constexpr int round16(int b) { return (b + 15) & ~15; }
 template <int F> __host__ __device__ inline int t1_x_bytes(int64_t k) {
     return t1_superchunks<F>(k) * 8 * t1_piece_values<F>() + 64;
 }
-// Row strides of the staged int4 scales (halves) and zeros (bytes) in t1 / t1t: a row whose
-// length is a multiple of 32 bytes is padded by 16, so that the 8 rows g that a warp's lanes
-// read at once (row stride 4 mod 8 words) fall in 8 different groups of 4 banks. Unpadded, k =
-// 4096 gives 8-way conflicts for g32 / g64 (a row of 256 / 128 bytes) and 4-way for g128 (64).
-__host__ __device__ inline int t1_srow(int groups) { return groups % 16 == 0 ? groups + 8 : groups; }
-__host__ __device__ inline int t1_zrow(int groups) { return groups % 32 == 0 ? groups + 16 : groups; }
+// Row strides of the staged int4 scales (halves) and zeros (bytes) in t1 / t1t / tmi: a row
+// whose length is a multiple of 128 bytes is padded by 16, so that the 8 rows g that a warp's
+// lanes read at once (row stride 4 mod 8 words) fall in 8 different groups of 4 banks instead
+// of one bank (8-way conflicts: scales of g32 / g64 at k = 4096, rows of 256 / 128 bytes).
+// Rows of 64 bytes (g128 at k = 4096: 4-way conflicts) stay unpadded: padded, they measured the
+// same at one token and 1-10% slower at 16 tokens (bench/RESULTS.md, session 18).
+__host__ __device__ inline int t1_srow(int groups) { return groups % 64 == 0 ? groups + 8 : groups; }
+__host__ __device__ inline int t1_zrow(int groups) { return groups % 128 == 0 ? groups + 16 : groups; }
 // (tmi stages its scales and zeros the same way.)
 template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int groups) {
     return (F == I4 || F == I4Z) ? round16(8 * NT * t1_srow(groups) * 2) : 0;
@@ -1938,18 +1940,15 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // per ring (lab 7, 8 warps) tied at 4096 x 4096 and 32000 x 4096, Q4_0 at 4096 x 11008
 // 14.8-14.9 against 15.2-15.3 but at 11008 x 4096 16.7-16.8 against 15.8-16.0: not taken.
 inline int t1g_config() {
-    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4},
-                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}};
+    static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
 // 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
-// warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring; 8: 3
-// with 3 warps (a third less shared memory per CTA: 3 CTAs per SM where 3 would take 2).
+// warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
 template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     const int c = t1g_config();
-    if (c == 8 && k % 512 == 0 && t1g_smem<F, 4, 2, 3, 16>(k) <= kT1MaxSmem) return 8;
     if (c == 2) return 1;
     if (c == 3) return 2;
     if (c == 5) return 4;
@@ -1964,8 +1963,7 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
     return v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
-         : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : v == 8 ? t1g_smem<F, 4, 2, 3, 16>(k)
-                                                     : t1g_smem<F, 4, 2, 4>(k);
+         : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
 // Whether a call takes it: m = 1, Q8_0 / Q4_0, k % 256 == 0 (rows on 16-byte boundaries), its
 // shared memory <= 160 KB (k up to ~63k values for Q4_0, ~47k for Q8_0 with 8 blocks; 16
@@ -1990,7 +1988,6 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 5: return launch_t1g<F, T, 8, 2, 4>(x, w, y, n, k, s, st);
     case 6: return launch_t1g<F, T, 4, 2, 8, 8, 2>(x, w, y, n, k, s, st);
     case 7: return launch_t1g<F, T, 4, 2, 8, 16, 2>(x, w, y, n, k, s, st);
-    case 8: return launch_t1g<F, T, 4, 2, 3, 16>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }
