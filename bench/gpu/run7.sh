@@ -120,6 +120,30 @@ decode_line() {
 m_bench() {
   FL_GEMV_BENCH_QUICK=$1 FL_GEMV_BENCH_M=$3 timeout 200 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=[0-9]+ +($2)" | grep -v fma | shorten
 }
+# gemv_suite "FILTERS" PREFIX [EXTRA]: memcheck of the GEMV tests matching each filter in the
+# background, the GEMV tests whole, the function EXTRA if given, the engine's quantised and
+# GPU tests; the summary to stdout and $OUT/a-summary.txt.
+gemv_suite() {
+  local f
+  for f in $1; do
+    (timeout 300 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /" > "$OUT/memcheck-$f.txt") &
+  done
+  {
+    run_tests fl-kernels__gemv $2-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    [ -n "${3:-}" ] && $3
+    run_tests fl-engine__quant_gpu $2-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu $2-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    wait; for f in $1; do cat "$OUT/memcheck-$f.txt"; done
+  } 2>&1 | tee "$OUT/a-summary.txt"
+}
+# ab_m1 ROUNDS: the m = 1 int4 lines (g128 / int4zp g128, then g32) of bundle $FL_S18_A and of
+# $B, alternated, ROUNDS times.
+ab_m1() {
+  local r bb
+  for r in $(seq "$1"); do
+    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb"; B="$bb" quick_bench 1 "int4"; B="$bb" quick_bench q4 "int4"; done
+  done
+}
 # lab_tests VAR CONFIGS FILTER LABEL TAG: the gemv tests matching FILTER under VAR=v for each
 # v in CONFIGS (logs TAGv.log).
 lab_tests() {
@@ -455,48 +479,27 @@ s17f)
   lab_runs FL_GEMV_T1_INT4 "1 0 1 0" qbench-f quick_bench 1 "int4"
   echo "FL_GEMV_T1=5"; FL_GEMV_T1=5 quick_bench 1 "int4"
   for v in ${FL_S17F_DECODE:-1 0 1}; do echo "int4 FL_GEMV_T1_INT4=$v $(FL_GEMV_T1_INT4=$v decode_line int4)"; done ;;
-s18)
-  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token: /" > "$OUT/memcheck-s18.txt") &
-  {
-    run_tests fl-kernels__gemv s18-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-    for v in ${FL_S18_RAW_TESTS:-}; do run_tests "one-token gguf FL_GEMV_T1G_RAW=$v" s18-raw$v 200 env FL_GEMV_T1G_RAW=$v "$B/tests/fl-kernels__gemv" one_token --test-threads=2; done
-    run_tests fl-engine__quant_gpu s18-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
-    run_tests fl-engine__engine_gpu s18-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-    wait; cat "$OUT/memcheck-s18.txt"
-  } 2>&1 | tee "$OUT/a-summary.txt"
-  for v in ${FL_S18_RAW:-1}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench q4 "int4|q4_0"; done
-  for v in ${FL_S18_T1:-}; do echo "FL_GEMV_T1=$v"; FL_GEMV_T1=$v quick_bench 1 "int4"; done
-  for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done ;;
-s18b)
-  (timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck one_token: /" > "$OUT/memcheck-s18.txt") &
-  {
-    run_tests fl-kernels__gemv s18-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+s18|s18b|s18f)
+  # session 18 (see the header): calls 1 (s18), 2 (s18b), 3 and 5 (s18f)
+  case $sec in s18f) mc="one_token multi_token_int";; *) mc=one_token;; esac
+  raw_tests() {  # s18 / s18b: the one-token tests per FL_GEMV_T1G_RAW (commit a0d37f5's option)
     for v in ${FL_S18_RAW_TESTS:-}; do run_tests "one-token FL_GEMV_T1G_RAW=$v" s18-raw$v 200 env FL_GEMV_T1G_RAW=$v "$B/tests/fl-kernels__gemv" one_token --test-threads=2; done
-    run_tests fl-engine__quant_gpu s18-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
-    run_tests fl-engine__engine_gpu s18-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-    wait; cat "$OUT/memcheck-s18.txt"
-  } 2>&1 | tee "$OUT/a-summary.txt"
-  for r in $(seq ${FL_S18_AB:-2}); do
-    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb"; B="$bb" quick_bench 1 "int4"; B="$bb" quick_bench q4 "int4"; done
-  done
-  for v in ${FL_S18_RAW:-1 0 1 0}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench gguf "q4_0"; done
-  for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done ;;
-s18f)
-  for f in one_token multi_token_int; do
-    (timeout 300 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" $f --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | sed "s/^/memcheck $f: /" > "$OUT/memcheck-$f.txt") &
-  done
-  {
-    run_tests fl-kernels__gemv s18f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-    run_tests fl-engine__quant_gpu s18f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
-    run_tests fl-engine__engine_gpu s18f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-    wait; cat "$OUT"/memcheck-*.txt
-  } 2>&1 | tee "$OUT/a-summary.txt"
-  for r in $(seq ${FL_S18_AB:-2}); do
-    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb"; B="$bb" quick_bench 1 "int4"; B="$bb" quick_bench q4 "int4"; done
-  done
-  for bb in "$FL_S18_A" "$B"; do echo "bundle $bb m=${FL_S18_M:-4,16}"; B="$bb" m_bench 1 "int4" "${FL_S18_M:-4,16}"; B="$bb" m_bench q4 "int4" "${FL_S18_M:-4,16}"; done
-  echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"
-  for q in int4 q4_0; do echo "$q $(decode_line $q)"; done ;;
+  }
+  gemv_suite "$mc" $sec raw_tests
+  case $sec in
+  s18)
+    for v in ${FL_S18_RAW:-1}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench q4 "int4|q4_0"; done
+    for v in ${FL_S18_T1:-}; do echo "FL_GEMV_T1=$v"; FL_GEMV_T1=$v quick_bench 1 "int4"; done ;;
+  s18b)
+    ab_m1 "${FL_S18_AB:-2}"
+    for v in ${FL_S18_RAW:-1 0 1 0}; do echo "FL_GEMV_T1G_RAW=$v"; FL_GEMV_T1G_RAW=$v quick_bench gguf "q4_0"; done ;;
+  s18f)
+    ab_m1 "${FL_S18_AB:-2}"
+    for bb in "$FL_S18_A" "$B"; do echo "bundle $bb m=${FL_S18_M:-4,16}"; B="$bb" m_bench 1 "int4" "${FL_S18_M:-4,16}"; B="$bb" m_bench q4 "int4" "${FL_S18_M:-4,16}"; done
+    echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0" ;;
+  esac
+  if [ $sec = s18f ]; then for q in int4 q4_0; do echo "$q $(decode_line $q)"; done
+  else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
 s18g)
   {
     run_tests fl-kernels__gemv s18g-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
