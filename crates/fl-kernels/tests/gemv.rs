@@ -183,12 +183,20 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
     // The one-token kernel (gemv_t1_kernel, int8 and int4 at m = 1) at large sizes: odd n (a
     // partial last tile), k with a whole number of 128-value superchunks (4224) and without
     // (4192 = 131 pieces of 32), every group and zero-point option, both activation types, and
-    // the CUDA-core kernel forced for comparison on the same weights.
+    // the CUDA-core kernel forced for comparison on the same weights. k = 4096 stages the
+    // scale rows of g32 / g64 (256 / 128 bytes) and the zero rows of g32 (128 bytes) at a
+    // padded stride (t1_srow / t1_zrow); 11011 rows (345 CTAs of 32 rows on a 132-SM H100)
+    // take the 4-warp CTAs whose int4 product subtracts offsets per row, 8195 the others.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_on_large_int4_and_int8") else {
         return;
     };
     let mut r = rng("gemv_t1_large");
-    for &(n, k) in &[(8195usize, 4224usize), (8197, 4192)] {
+    for &(n, k) in &[
+        (8195usize, 4224usize),
+        (8197, 4192),
+        (8195, 4096),
+        (11011, 4096),
+    ] {
         for f in all_formats() {
             if k % f.k_multiple() != 0 || matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0) {
                 continue;
@@ -489,20 +497,29 @@ fn check_outliers<T: HalfDType>(
 fn gemv_one_token_kernel_with_unaligned_scales() {
     // The C ABI takes int4 scales 2-byte and zeros 1-byte aligned; the one-token kernel stages
     // them 16 bytes at a time by cp.async when they are 16-byte aligned, else by element loads.
-    // Scales at +2 bytes and zeros at +1 byte of their buffers, against the reference.
+    // Scales at +2 bytes and zeros at +1 byte of their buffers, against the reference: group
+    // 64 at k = 2048 (rows staged as one run) and group 32 at k = 4096 (rows of 256 / 128
+    // bytes staged at a padded stride).
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_with_unaligned_scales") else {
         return;
     };
+    let mut r = rng("gemv_t1_unaligned");
+    for (n, k, group) in [(16411usize, 2048usize, 64usize), (4103, 4096, 32)] {
+        check_unaligned_scales(&gpu, &mut r, n, k, group);
+    }
+}
+
+/// One int4-with-zero-point launch at m = 1 through the C ABI with the scales at +2 bytes
+/// and the zeros at +1 byte of their buffers, against the reference.
+fn check_unaligned_scales(gpu: &Gpu, r: &mut impl rand::Rng, n: usize, k: usize, group: usize) {
     use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
     use fl_kernels_sys::{fl_dtype, fl_gemv_format, fl_gemv_quant};
     let s = gpu.stream();
-    let mut r = rng("gemv_t1_unaligned");
-    let (n, k) = (16411usize, 2048usize);
     let f = QuantFormat::Int4 {
-        group: 64,
+        group,
         zero_point: true,
     };
-    let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+    let q = gemv::quantize(&random_weights(r, n, k), n, k, f).unwrap();
     let Scales::F16(sc) = q.scales() else {
         unreachable!()
     };
@@ -513,7 +530,7 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
     let dw = DeviceTensor::from_host(s, q.data(), &[q.data().len()]).unwrap();
     let ds = DeviceTensor::from_host(s, &sc1, &[sc1.len()]).unwrap();
     let dz = DeviceTensor::from_host(s, &z1, &[z1.len()]).unwrap();
-    let x: Vec<f16> = random(&mut r, k);
+    let x: Vec<f16> = random(r, k);
     let dx = DeviceTensor::from_host(s, &x, &[1, k]).unwrap();
     let mut y = DeviceTensor::filled(s, &[1, n], f16::from_f32(f32::NAN)).unwrap();
     {
@@ -522,9 +539,9 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
         let (pz, _g3) = dz.as_slice().device_ptr(s);
         let (px, _g4) = dx.as_slice().device_ptr(s);
         let (py, _g5) = y.as_slice_mut().device_ptr_mut(s);
-        // SAFETY: w holds n * k / 2 bytes, the scales n * k / 64 halves after the first, the
-        // zeros n * k / 64 bytes after the first, x k and y n halves; all live until the
-        // guards drop, after the launch is queued on `s`.
+        // SAFETY: w holds n * k / 2 bytes, the scales n * k / group halves after the first,
+        // the zeros n * k / group bytes after the first, x k and y n halves; all live until
+        // the guards drop, after the launch is queued on `s`.
         let st = unsafe {
             fl_gemv_quant(
                 fl_dtype::FL_DTYPE_F16,
@@ -533,7 +550,7 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
                 pw as _,
                 (ps + 2) as _,
                 (pz + 1) as _,
-                64,
+                group as i32,
                 py as _,
                 1,
                 n as i64,
@@ -546,7 +563,10 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
     let got = y.to_host(s).unwrap();
     let want = reference::gemv::gemv(&x, 1, &q);
     let err = rel_l2(&got, &want);
-    assert!(err < bound::<f16>(), "unaligned scales: rel L2 {err:e}");
+    assert!(
+        err < bound::<f16>(),
+        "unaligned scales, {n} x {k} group {group}: rel L2 {err:e}"
+    );
 }
 
 #[test]
