@@ -1341,8 +1341,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
 // in variant 3 (session 17), int4 g128 at 32000 x 4096 (1000 CTAs) ran there in 29.02-29.04
 // us against variant 5's 29.79-29.99 (call 1, alternated), but with variant 3 for every grid
 // of more than 2 CTAs per SM llama-2-7b int4 decode fell from 469.4-470.0 to 451.7 tokens/s
-// (call 3): its fused gate / up GEMV (22016 rows, 688 CTAs) then fills 5 CTAs per SM and a
-// sliver of a second wave. The rule stays.
+// (call 3), presumably because its fused gate / up GEMV (22016 rows, 688 CTAs) then fills 5
+// CTAs per SM and a sliver of a second wave (not profiled). The rule stays.
 inline int t1_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3},
                                         {"4", 4}, {"5", 5}, {"6", 6}, {"7", 7}};
