@@ -911,13 +911,17 @@ template <int F> __host__ __device__ inline int t1_x_bytes(int64_t k) {
 // same at one token and 1-10% slower at 16 tokens (bench/RESULTS.md, session 18).
 __host__ __device__ inline int t1_srow(int groups) { return groups % 64 == 0 ? groups + 8 : groups; }
 __host__ __device__ inline int t1_zrow(int groups) { return groups % 128 == 0 ? groups + 16 : groups; }
-// (tmi stages its scales and zeros the same way.)
+// (tmi stages its scales and zeros the same way.) Their bytes for nt tiles (8 nt rows):
+template <int F> __host__ __device__ inline int t1_scale_bytes(int nt, int groups) {
+    return (F == I4 || F == I4Z) ? round16(8 * nt * t1_srow(groups) * 2) : 0;
+}
+template <int F> __host__ __device__ inline int t1_zero_bytes(int nt, int groups) {
+    return F == I4Z ? round16(8 * nt * t1_zrow(groups)) : 0;
+}
 template <int F, int NT> __host__ __device__ inline int t1_scale_bytes(int groups) {
-    return (F == I4 || F == I4Z) ? round16(8 * NT * t1_srow(groups) * 2) : 0;
+    return t1_scale_bytes<F>(NT, groups);
 }
-template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) {
-    return F == I4Z ? round16(8 * NT * t1_zrow(groups)) : 0;
-}
+template <int F, int NT> __host__ __device__ inline int t1_zero_bytes(int groups) { return t1_zero_bytes<F>(NT, groups); }
 template <int NT, int S, int W = kT1Warps> __host__ __device__ constexpr int t1_ring_bytes() { return W * S * NT * 512; }
 // int4 MODE 2 (t1_unit): per group the offset sums (and the x sums, with zero point), per row
 // its offset.
@@ -1543,9 +1547,8 @@ template <int SC> __host__ __device__ constexpr int t1t_row_stride() { return 64
 // (t1's), 2 s mbarriers, up to 112 bytes to align the ring to 128, the ring.
 template <int F> inline int64_t t1t_smem(int nt, int sc, int s, int64_t k, int group) {
     const int groups = (F == I4 || F == I4Z) ? (int)(k / group) : 0;
-    const int scale_bytes = (F == I4 || F == I4Z) ? round16(8 * nt * t1_srow(groups) * 2) : 0;
-    const int zero_bytes = F == I4Z ? round16(8 * nt * t1_zrow(groups)) : 0;
-    return (int64_t)t1_x_bytes<F>(k) + scale_bytes + zero_bytes + 16 * s + 128 + (int64_t)s * 8 * nt * (64 * sc + 64);
+    return (int64_t)t1_x_bytes<F>(k) + t1_scale_bytes<F>(nt, groups) + t1_zero_bytes<F>(nt, groups) + 16 * s + 128 +
+           (int64_t)s * 8 * nt * (64 * sc + 64);
 }
 
 template <int F, typename T, int NT, int SC, int S, int W>
@@ -2864,17 +2867,16 @@ template <int F> void unpack_unit_host(const uint8_t *quants, float z, float *ou
 template <typename T> void raw_nibbles_host(uint32_t w, float *out) {
     uint32_t b[4];
     tc::nib_raw<T>(w, b);
-    auto value = [](uint32_t h) {  // a normal 16-bit float's bits as f32
-        uint32_t bits;
-        if (std::is_same<T, __half>::value) {
-            const uint32_t e = (h >> 10) & 31, m = h & 1023;  // f16: 5-bit exponent, 10-bit mantissa
-            bits = ((h & 0x8000u) << 16) | ((e - 15 + 127) << 23) | (m << 13);
+    auto value = [](uint32_t h) {  // a 16-bit float's bits as f32 (host conversions, as f16_bytes)
+        if constexpr (std::is_same<T, __half>::value) {
+            __half_raw r;
+            r.x = (unsigned short)h;
+            return __half2float(__half(r));
         } else {
-            bits = h << 16;  // bf16: f32's top half
+            __nv_bfloat16_raw r;
+            r.x = (unsigned short)h;
+            return __bfloat162float(__nv_bfloat16(r));
         }
-        float f;
-        std::memcpy(&f, &bits, 4);
-        return f;
     };
     for (int p = 0; p < 4; ++p)  // pair p = (nibble p, nibble p + 4)
         for (int half = 0; half < 2; ++half) {
