@@ -1748,10 +1748,10 @@ bool launch_t1t_config(const T *x, const uint8_t *w, const void *scales, const u
 // BPS: blocks per row per superchunk (8; lab: 16).
 template <int F, int BPS = 8> __host__ __device__ constexpr int t1g_row_bytes() { return BPS * block_bytes<F>(); }
 template <int F, int NT, int BPS = 8> __host__ __device__ constexpr int t1g_slot_words() { return NT * 8 * t1g_row_bytes<F, BPS>() / 16; }
-// Staged x (k values and 64 zero bytes; none with XG: x read from global memory), the warps'
-// rings, 16 bytes that the last block's shared loads may read past its slot.
-template <int F, int NT, int S, int W, int BPS = 8, bool XG = false> inline int64_t t1g_smem(int64_t k) {
-    return (XG ? 0 : 2 * k + 64) + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
+// Staged x (k values and 64 zero bytes), the warps' rings, 16 bytes that the last block's
+// shared loads may read past its slot.
+template <int F, int NT, int S, int W, int BPS = 8> inline int64_t t1g_smem(int64_t k) {
+    return 2 * k + 64 + (int64_t)W * S * t1g_slot_words<F, NT, BPS>() * 16 + 16;
 }
 
 // The sync of a ring shared by PW warps (see gemv_tmi_kernel): __syncwarp for one warp, else
@@ -1771,28 +1771,21 @@ template <typename T> __device__ __forceinline__ void gguf_stage_x(uint4 *xs, co
         for (int q = 0; q < 4; ++q) cp_async16(xs + 4 * b + q, x4 + 4 * b + q, 16);
     if (threadIdx.x < 4) xs[xdata + threadIdx.x] = make_uint4(0u, 0u, 0u, 0u);
 }
-// Q4_0: one block's x (32 values, v[0..3]) in the k order of a_frags<Q40>, into p[0..3].
-__device__ __forceinline__ void q40_x_block(const uint4 (&v)[4], uint4 (&p)[4]) {
-    // Quant word c: x[4c..4c+3] (half of v[c / 2]) and x[16+4c..19+4c] (of v[2 + c / 2]).
-    const uint32_t lo[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
-    const uint32_t hi[8] = {v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        const uint32_t u[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
-        uint32_t f[4];
-        a_frags<Q40>(u, f);
-        p[c] = make_uint4(f[0], f[1], f[2], f[3]);
-    }
-}
 // Q4_0: each block's staged x (the thread's own copies) in the k order of a_frags<Q40>.
 __device__ __forceinline__ void q40_x_order(uint4 *xs, int xdata) {
     for (int b = threadIdx.x; b < xdata / 4; b += blockDim.x) {
         uint4 *p = xs + 4 * b;
-        const uint4 v[4] = {p[0], p[1], p[2], p[3]};
-        uint4 o[4];
-        q40_x_block(v, o);
+        const uint4 v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
+        // Quant word c: x[4c..4c+3] (half of v[c / 2]) and x[16+4c..19+4c] (of v[2 + c / 2]).
+        const uint32_t lo[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        const uint32_t hi[8] = {v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
 #pragma unroll
-        for (int c = 0; c < 4; ++c) p[c] = o[c];
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t v[4] = {lo[2 * c], lo[2 * c + 1], hi[2 * c], hi[2 * c + 1]};
+            uint32_t f[4];
+            a_frags<Q40>(v, f);
+            p[c] = make_uint4(f[0], f[1], f[2], f[3]);
+        }
     }
 }
 // Pass h of a slot (4 blocks; lane t takes block 4h + t, whose quants start at byte a of the
@@ -1838,7 +1831,7 @@ __device__ __forceinline__ void gguf_pass(const unsigned char *r0, const uint4 (
     acc[3] = fmaf(d[3], __half2float(*reinterpret_cast<const __half *>(s1 + 8 * RS)), acc[3]);
 }
 
-template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1, bool XG = false>
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 __global__ void __launch_bounds__(W * 32)
 gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int64_t n,
                 int64_t k) {
@@ -1847,8 +1840,9 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     constexpr int G = W / PW, GT = 32 * PW;      // rings, threads per ring
     constexpr int CP = (SW + GT - 1) / GT;       // copies per thread per superchunk
     constexpr int NP = NT / 2, NJ = NP / PW;     // 16-row tiles: per CTA, per warp
-    static_assert(S >= 2 && RB % 16 == 0 && NT % 2 == 0 && W % PW == 0 && NP % PW == 0,
-                  "a ring of at least two superchunks of whole words, 16-row tiles, whole rings");
+    // (S = 1: a single slot, refilled only after it is consumed; for rings of one superchunk.)
+    static_assert(S >= 1 && RB % 16 == 0 && NT % 2 == 0 && W % PW == 0 && NP % PW == 0,
+                  "a ring of superchunks of whole words, 16-row tiles, whole rings");
     extern __shared__ __align__(16) unsigned char t1_raw[];
     __shared__ float red[G][NT * 8];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1861,7 +1855,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     const int64_t base = (int64_t)blockIdx.x * (8 * NT);
     const int xdata = (int)(k >> 3);            // uint4s of x
     uint4 *xs = reinterpret_cast<uint4 *>(t1_raw);
-    uint4 *ring = (XG ? xs : xs + xdata + 4) + grp * (S * SW);
+    uint4 *ring = xs + xdata + 4 + grp * (S * SW);
 
     // This thread's copies: word c = tl + GT e of a slot is word c % RW of row c / RW, at
     // byte src[e] from the CTA's first row (32-bit: 8 NT rows); rows past n copy row n - 1
@@ -1876,11 +1870,9 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     }
     const int mine = nsc > grp ? (nsc - grp + G - 1) / G : 0;  // this ring's superchunks
 
-    // Stage x, one commit group ahead of the ring's (XG: none).
-    if constexpr (!XG) {
-        gguf_stage_x(xs, x, xdata);
-        cp_async_commit();
-    }
+    // Stage x, one commit group ahead of the ring's.
+    gguf_stage_x(xs, x, xdata);
+    cp_async_commit();
     auto issue = [&](int i) {
         if (i < mine) {
             const uint8_t *wsc = wcta + (int64_t)(grp + i * G) * RB;
@@ -1891,14 +1883,12 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
         }
         cp_async_commit();  // (an empty group past the ring's share)
     };
+    constexpr int PRE = S > 1 ? S - 1 : 1;  // superchunks issued before the loop
 #pragma unroll
-    for (int i = 0; i < S - 1; ++i) issue(i);
-    if constexpr (!XG) {
-        cp_async_wait<S - 1>();  // the staging group
-        if constexpr (F == Q40) q40_x_order(xs, xdata);
-        __syncthreads();
-    }
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    for (int i = 0; i < PRE; ++i) issue(i);
+    cp_async_wait<PRE>();  // the staging group
+    if constexpr (F == Q40) q40_x_order(xs, xdata);
+    __syncthreads();
     const NibZ zsym = nib_z<T>(8u);
     const int c0 = (2 * t) & 3, c1 = (2 * t + 1) & 3;  // block slots of this lane's D columns
 
@@ -1906,38 +1896,19 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 #pragma unroll
     for (int j = 0; j < NJ; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     for (int i = 0; i < mine; ++i) {
-        ring_sync<PW>(grp);      // every thread is done with slot (i - 1) % S (step i - 1)
-        issue(i + S - 1);        // into that slot
-        const int sci = grp + i * G;
-        // XG: x of this lane's blocks of superchunk i (lanes with g == t; the others zeros), from
-        // global memory (L1 / L2 after the CTA's first warp), loaded before the wait.
-        uint4 xg[XG ? BPS / 4 : 1][4];
-        if constexpr (XG) {
-#pragma unroll
-            for (int h = 0; h < BPS / 4; ++h)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    xg[h][q] = g == t ? __ldg(x4 + 4 * (BPS * sci + 4 * h + t) + q) : make_uint4(0u, 0u, 0u, 0u);
+        if (S > 1 || i > 0) {
+            ring_sync<PW>(grp);  // every thread is done with slot (i - 1) % S (step i - 1)
+            issue(i + PRE - 1);  // into that slot (S = 1: superchunk i into the only one)
         }
         cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
         ring_sync<PW>(grp);      // ... and every thread's are visible
+        const int sci = grp + i * G;
         const unsigned char *slot = reinterpret_cast<const unsigned char *>(ring + (i % S) * SW);
 #pragma unroll
         for (int h = 0; h < BPS / 4; ++h) {
             const int b = 4 * h + t;  // this lane's block
-            uint4 xw[4];
-            if constexpr (XG) {
-                if constexpr (F == Q40) {
-                    q40_x_block(xg[h], xw);
-                } else {
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) xw[q] = xg[h][q];
-                }
-            } else {
-                const uint4 *xv = g == t ? xs + 4 * (BPS * sci + b) : xs + xdata;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) xw[q] = xv[q];
-            }
+            const uint4 *xv = g == t ? xs + 4 * (BPS * sci + b) : xs + xdata;
+            const uint4 xw[4] = {xv[0], xv[1], xv[2], xv[3]};
             const int a = b * BB + 2;  // its quants' first byte in the row
             const unsigned sh = (a & 2) ? 16u : 0u;
 #pragma unroll
@@ -1977,12 +1948,10 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // 14.8-14.9 against 15.2-15.3 but at 11008 x 4096 16.7-16.8 against 15.8-16.0: not taken.
 inline int t1g_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4},
-                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}};
+                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
-// Whether t1g reads x from global memory instead of staging it (XG; lab FL_GEMV_T1G=8).
-inline bool t1g_xg() { return t1g_config() == 8; }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
 // 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
 // warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
@@ -1992,6 +1961,12 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     if (c == 3) return 2;
     if (c == 5) return 4;
     if (c == 6) return 5;
+    if (c == 8 || c == 9) {  // lab: rings of one slot, 8 warps (16 blocks where 3 would take them; 9: 8 warps, 8 blocks)
+        if (c == 8 && k % 512 == 0 && n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count() &&
+            t1g_smem<F, 4, 1, 8, 16>(k) <= kT1MaxSmem)
+            return 8;
+        return 9;
+    }
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
         t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
@@ -2000,8 +1975,8 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
 }
 // (The W of t1g_smem is the number of rings: warps / warps per ring.)
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
-    if (t1g_xg()) return v == 3 ? t1g_smem<F, 4, 2, 4, 16, true>(k) : t1g_smem<F, 4, 2, 4, 8, true>(k);
-    return v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
+    return v == 8 ? t1g_smem<F, 4, 1, 8, 16>(k) : v == 9 ? t1g_smem<F, 4, 2, 8>(k)
+         : v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
          : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
 }
@@ -2012,23 +1987,14 @@ template <int F> inline bool t1g_applies(int m, int64_t n, int64_t k) {
     if (!(F == Q80 || F == Q40) || m != 1 || k % 256 != 0 || t1g_config() == 0) return false;
     return t1g_variant_smem<F>(t1g_variant<F>(n, k), k) <= kT1MaxSmem;
 }
-template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1, bool XG = false>
+template <int F, typename T, int NT, int S, int W, int BPS = 8, int PW = 1>
 bool launch_t1g(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW, XG>;
-    const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS, XG>(k);
-    if constexpr (XG) {  // the whole shared memory for as many CTAs per SM as fit (once)
-        static const bool carved =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)cudaSharedmemCarveoutMaxShared) == cudaSuccess || (cudaGetLastError(), true);
-        (void)carved;
-    }
+    const auto kernel = gemv_t1g_kernel<F, T, NT, S, W, BPS, PW>;
+    const int64_t smem = t1g_smem<F, NT, S, W / PW, BPS>(k);
     return launch_ring(kernel, smem, n, 8 * NT, 32 * W, s, st, x, w, y, n, k);
 }
 template <int F, typename T>
 bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k, cudaStream_t s, fl_status &st) {
-    if (t1g_xg())
-        return t1g_variant<F>(n, k) == 3 ? launch_t1g<F, T, 4, 2, 4, 16, 1, true>(x, w, y, n, k, s, st)
-                                         : launch_t1g<F, T, 4, 2, 4, 8, 1, true>(x, w, y, n, k, s, st);
     switch (t1g_variant<F>(n, k)) {
     case 1: return launch_t1g<F, T, 4, 3, 4>(x, w, y, n, k, s, st);
     case 2: return launch_t1g<F, T, 2, 3, 4>(x, w, y, n, k, s, st);
@@ -2037,6 +2003,8 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 5: return launch_t1g<F, T, 8, 2, 4>(x, w, y, n, k, s, st);
     case 6: return launch_t1g<F, T, 4, 2, 8, 8, 2>(x, w, y, n, k, s, st);
     case 7: return launch_t1g<F, T, 4, 2, 8, 16, 2>(x, w, y, n, k, s, st);
+    case 8: return launch_t1g<F, T, 4, 1, 8, 16>(x, w, y, n, k, s, st);
+    case 9: return launch_t1g<F, T, 4, 2, 8>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }

@@ -501,13 +501,14 @@ s18|s18b|s18f)
   if [ $sec = s18f ]; then for q in int4 q4_0; do echo "$q $(decode_line $q)"; done
   else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
 s19)
-  # session 19, call 1: t1g with x read from global memory (FL_GEMV_T1G=8, XG) against the
-  # default. The GGUF tests under T1G=8 with and without the copy-engine kernel (T1B=0 sends
-  # every Q8_0 / Q4_0 one-token call to t1g), memcheck of them, the GEMV tests whole, then the
-  # Q8_0 / Q4_0 one-token lines per configuration, alternated, and q4_0 decode per T1G.
+  # session 19: lab t1g variants (FL_S19_TESTS; call 1: 8 = x read from global memory, since
+  # removed; call 2: 8 / 9 = rings of one slot / 8 warps) against the default. The GEMV tests
+  # whole, the GGUF tests per variant with and without the copy-engine kernel (T1B=0 sends
+  # every Q8_0 / Q4_0 one-token call to t1g), memcheck of them, then the Q8_0 / Q4_0 one-token
+  # lines per configuration (FL_S19_T1G), alternated, and q4_0 decode per FL_S19_DECODE.
   {
     run_tests fl-kernels__gemv s19-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-    for v in 8; do
+    for v in ${FL_S19_TESTS:-8 9}; do
       run_tests "gguf FL_GEMV_T1G=$v" s19-t1g$v 200 env FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
       run_tests "gguf FL_GEMV_T1G=$v T1B=0" s19-t1g$v-b0 200 env FL_GEMV_T1B=0 FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
       echo "memcheck T1G=$v T1B=0: $(FL_GEMV_T1B=0 FL_GEMV_T1G=$v timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
@@ -515,7 +516,7 @@ s19)
     run_tests fl-engine__quant_gpu s19-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
   } 2>&1 | tee "$OUT/a-summary.txt"
   for r in $(seq ${FL_S19_AB:-2}); do
-    for v in ${FL_S19_T1G:-1 8}; do
+    for v in ${FL_S19_T1G:-1 8 9}; do
       echo "T1G=$v"; FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"
       echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"
     done
