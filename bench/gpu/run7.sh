@@ -507,7 +507,7 @@ s19)
   # every Q8_0 / Q4_0 one-token call to t1g), memcheck of them, then the Q8_0 / Q4_0 one-token
   # lines per configuration (FL_S19_T1G), alternated, and q4_0 decode per FL_S19_DECODE.
   {
-    run_tests fl-kernels__gemv s19-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    [ -z "${FL_S19_NO_GEMV:-}" ] && run_tests fl-kernels__gemv s19-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
     for v in ${FL_S19_TESTS:-8 9}; do
       run_tests "gguf FL_GEMV_T1G=$v" s19-t1g$v 200 env FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
       run_tests "gguf FL_GEMV_T1G=$v T1B=0" s19-t1g$v-b0 200 env FL_GEMV_T1B=0 FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
