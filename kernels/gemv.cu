@@ -1898,7 +1898,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     for (int i = 0; i < mine; ++i) {
         if (S > 1 || i > 0) {
             ring_sync<PW>(grp);  // every thread is done with slot (i - 1) % S (step i - 1)
-            issue(i + PRE - 1);  // into that slot (S = 1: superchunk i into the only one)
+            issue(S > 1 ? i + S - 1 : i);  // into that slot (S = 1: superchunk i, the only slot)
         }
         cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
         ring_sync<PW>(grp);      // ... and every thread's are visible
@@ -1946,14 +1946,22 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // 11008 x 4096 17.1 / 18.6 against 15.6 us, Q8_0 only 25.2 against 25.7 there); pairs of warps
 // per ring (lab 7, 8 warps) tied at 4096 x 4096 and 32000 x 4096, Q4_0 at 4096 x 11008
 // 14.8-14.9 against 15.2-15.3 but at 11008 x 4096 16.7-16.8 against 15.8-16.0: not taken.
+// Session 19 (calls 2-3): Q4_0 at k = 4096, where the 16-block superchunks are 8 per row, takes
+// 8 warps with a ring of one slot each (variant 8): every warp copies one superchunk, waits,
+// computes it; the same 82 KB per CTA as 4 warps with two slots, but twice the warps per
+// scheduler and half the serial work per warp. 11008 x 4096 14.4-14.6 against 15.7-15.8 us,
+// 32000 x 4096 32.3-32.5 against 32.9; lab 8 keeps session 18's rule (variant 3) for A/B. Not
+// taken for other k: a ring of one slot serialises a warp's second superchunk. (Call 1: x read
+// from global memory instead of staged, 3 CTAs per SM, was slower: removed.)
 inline int t1g_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4},
-                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}};
+                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
-// 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; lab: 4: 6 tiles, ring 2, 4
+// 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; 8: 4 tiles, 8 warps, a ring of
+// one 16-block slot each (Q4_0 at k = 4096 where 3 would apply); lab: 4: 6 tiles, ring 2, 4
 // warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
 template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     const int c = t1g_config();
@@ -1961,21 +1969,15 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     if (c == 3) return 2;
     if (c == 5) return 4;
     if (c == 6) return 5;
-    if (c == 8 || c == 9) {  // lab: rings of one slot, 8 warps (16 blocks where 3 would take them; 9: 8 warps, 8 blocks)
-        if (c == 8 && k % 512 == 0 && n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count() &&
-            t1g_smem<F, 4, 1, 8, 16>(k) <= kT1MaxSmem)
-            return 8;
-        return 9;
-    }
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
         t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
-        return c == 7 ? 7 : 3;
+        return c == 7 ? 7 : (c == 1 && F == Q40 && k == 16 * 32 * 8) ? 8 : 3;
     return c == 7 ? 6 : 0;
 }
 // (The W of t1g_smem is the number of rings: warps / warps per ring.)
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
-    return v == 8 ? t1g_smem<F, 4, 1, 8, 16>(k) : v == 9 ? t1g_smem<F, 4, 2, 8>(k)
+    return v == 8 ? t1g_smem<F, 4, 1, 8, 16>(k)
          : v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
          : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
@@ -2004,7 +2006,6 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 6: return launch_t1g<F, T, 4, 2, 8, 8, 2>(x, w, y, n, k, s, st);
     case 7: return launch_t1g<F, T, 4, 2, 8, 16, 2>(x, w, y, n, k, s, st);
     case 8: return launch_t1g<F, T, 4, 1, 8, 16>(x, w, y, n, k, s, st);
-    case 9: return launch_t1g<F, T, 4, 2, 8>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }

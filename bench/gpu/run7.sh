@@ -502,7 +502,9 @@ s18|s18b|s18f)
   else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
 s19)
   # session 19: lab t1g variants (FL_S19_TESTS; call 1: 8 = x read from global memory, since
-  # removed; call 2: 8 / 9 = rings of one slot / 8 warps) against the default. The GEMV tests
+  # removed; call 2: 8 / 9 = rings of one slot / 8 warps; call 3: 8 = session 18's rule, the
+  # one-slot rings being the default) against the default. FL_S19_FINAL adds the engine tests,
+  # memcheck of the default and the final table; FL_S19_NO_B0 drops the T1B=0 lines. The GEMV tests
   # whole, the GGUF tests per variant with and without the copy-engine kernel (T1B=0 sends
   # every Q8_0 / Q4_0 one-token call to t1g), memcheck of them, then the Q8_0 / Q4_0 one-token
   # lines per configuration (FL_S19_T1G), alternated, and q4_0 decode per FL_S19_DECODE.
@@ -514,13 +516,16 @@ s19)
       echo "memcheck T1G=$v T1B=0: $(FL_GEMV_T1B=0 FL_GEMV_T1G=$v timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
     done
     run_tests fl-engine__quant_gpu s19-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    [ -n "${FL_S19_FINAL:-}" ] && run_tests fl-engine__engine_gpu s19-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+    [ -n "${FL_S19_FINAL:-}" ] && echo "memcheck default: $(timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
   } 2>&1 | tee "$OUT/a-summary.txt"
   for r in $(seq ${FL_S19_AB:-2}); do
     for v in ${FL_S19_T1G:-1 8 9}; do
       echo "T1G=$v"; FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"
-      echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"
+      [ -z "${FL_S19_NO_B0:-}" ] && { echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"; }
     done
   done
+  [ -n "${FL_S19_FINAL:-}" ] && { echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"; }
   for v in ${FL_S19_DECODE:-1 8 1 8}; do echo "q4_0 T1G=$v $(FL_GEMV_T1G=$v decode_line q4_0)"; done ;;
 s18g)
   {
