@@ -220,8 +220,7 @@ fn gemv_one_token_gguf_kernel() {
     // partial 16-row tile),
     // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 8451 x 4096 (n >= 64 x 132
     // SMs: Q4_0 on 8 warps with one 16-block superchunk each, rings of one slot; partial tile),
-    // 17 x 2816 (11: one warp
-    // with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
+    // 17 x 2816 (11: one warp with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
     // 16901 x 1536 (n >= 128 x 132 SMs with k % 512 == 0: superchunks of 16 blocks, 3 per row
     // over 4 warps; partial last tile); both activation types. Q4_0 also on x with 100x
     // outliers (every 64th value).
