@@ -525,6 +525,7 @@ s19)
       [ -z "${FL_S19_NO_B0:-}" ] && { echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"; }
     done
   done
+  for r in $(seq ${FL_S19_B0_AB:-0}); do for v in 1 9; do echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0"; echo "default"; quick_bench gguf "q4_0"; done; done
   [ -n "${FL_S19_FINAL:-}" ] && { echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"; }
   for v in ${FL_S19_DECODE:-1 8 1 8}; do echo "q4_0 T1G=$v $(FL_GEMV_T1G=$v decode_line q4_0)"; done ;;
 s18g)
