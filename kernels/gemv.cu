@@ -1955,14 +1955,13 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
 // from global memory instead of staged, 3 CTAs per SM, was slower: removed.)
 inline int t1g_config() {
     static const EnvChoice choices[] = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3}, {"4", 4},
-                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}, {"9", 9}};
+                                        {"5", 5}, {"6", 6}, {"7", 7}, {"8", 8}};
     static const int v = env_choice("FL_GEMV_T1G", choices, 1);
     return v;
 }
 // The kernel a call takes: 0: 4 tiles, ring 2, 4 warps, 8 blocks; 1: the same with ring 3;
 // 2: 2 tiles, ring 3; 3: 4 tiles, ring 2, 4 warps, 16 blocks; 8: 4 tiles, 8 warps, a ring of
-// one 16-block slot each (Q4_0 at k = 4096 where 3 would apply); lab: 9: 8 with 2 tiles (Q4_0
-// at k = 4096, any n); 4: 6 tiles, ring 2, 4
+// one 16-block slot each (Q4_0 at k = 4096 where 3 would apply); lab: 4: 6 tiles, ring 2, 4
 // warps, 8 blocks; 5: 8 tiles, the same; 6 / 7: 0 / 3 with 8 warps in pairs per ring.
 template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     const int c = t1g_config();
@@ -1970,7 +1969,6 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
     if (c == 3) return 2;
     if (c == 5) return 4;
     if (c == 6) return 5;
-    if (c == 9 && F == Q40 && k == 16 * 32 * 8) return 9;  // lab: variant 8 with 2 tiles per CTA
     // (16 blocks only where their larger ring fits: see t1g_applies.)
     if (k % 512 == 0 && (c == 4 || n >= (F == Q40 ? 64 : 128) * (int64_t)sm_count()) &&
         t1g_smem<F, 4, 2, 4, 16>(k) <= kT1MaxSmem)
@@ -1979,7 +1977,7 @@ template <int F> inline int t1g_variant(int64_t n, int64_t k) {
 }
 // (The W of t1g_smem is the number of rings: warps / warps per ring.)
 template <int F> inline int64_t t1g_variant_smem(int v, int64_t k) {
-    return v == 8 ? t1g_smem<F, 4, 1, 8, 16>(k) : v == 9 ? t1g_smem<F, 2, 1, 8, 16>(k)
+    return v == 8 ? t1g_smem<F, 4, 1, 8, 16>(k)
          : v == 4 ? t1g_smem<F, 6, 2, 4>(k) : v == 5 ? t1g_smem<F, 8, 2, 4>(k)
          : v == 1 ? t1g_smem<F, 4, 3, 4>(k) : v == 2 ? t1g_smem<F, 2, 3, 4>(k)
          : v == 3 || v == 7 ? t1g_smem<F, 4, 2, 4, 16>(k) : t1g_smem<F, 4, 2, 4>(k);
@@ -2008,7 +2006,6 @@ bool launch_t1g_config(const T *x, const uint8_t *w, T *y, int64_t n, int64_t k,
     case 6: return launch_t1g<F, T, 4, 2, 8, 8, 2>(x, w, y, n, k, s, st);
     case 7: return launch_t1g<F, T, 4, 2, 8, 16, 2>(x, w, y, n, k, s, st);
     case 8: return launch_t1g<F, T, 4, 1, 8, 16>(x, w, y, n, k, s, st);
-    case 9: return launch_t1g<F, T, 2, 1, 8, 16>(x, w, y, n, k, s, st);
     default: return launch_t1g<F, T, 4, 2, 4>(x, w, y, n, k, s, st);
     }
 }
