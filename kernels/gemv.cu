@@ -1898,7 +1898,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
     for (int i = 0; i < mine; ++i) {
         if (S > 1 || i > 0) {
             ring_sync<PW>(grp);  // every thread is done with slot (i - 1) % S (step i - 1)
-            issue(S > 1 ? i + S - 1 : i);  // into that slot (S = 1: superchunk i, the only slot)
+            issue(i + S - 1);    // into that slot (S = 1: superchunk i, into the only slot)
         }
         cp_async_wait<S - 1>();  // this thread's words of superchunk i are in ...
         ring_sync<PW>(grp);      // ... and every thread's are visible

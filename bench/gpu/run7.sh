@@ -501,31 +501,38 @@ s18|s18b|s18f)
   if [ $sec = s18f ]; then for q in int4 q4_0; do echo "$q $(decode_line $q)"; done
   else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
 s19)
-  # session 19: lab t1g variants (FL_S19_TESTS; call 1: 8 = x read from global memory, since
-  # removed; call 2: 8 / 9 = rings of one slot / 8 warps; call 3: 8 = session 18's rule, the
-  # one-slot rings being the default) against the default. FL_S19_FINAL adds the engine tests,
-  # memcheck of the default and the final table; FL_S19_NO_B0 drops the T1B=0 lines. The GEMV tests
-  # whole, the GGUF tests per variant with and without the copy-engine kernel (T1B=0 sends
-  # every Q8_0 / Q4_0 one-token call to t1g), memcheck of them, then the Q8_0 / Q4_0 one-token
-  # lines per configuration (FL_S19_T1G), alternated, and q4_0 decode per FL_S19_DECODE.
+  # session 19: t1g lab values against the default (call 1: 8 = x read from global memory;
+  # call 2: 8 / 9 = one-slot rings / 8 warps; call 4: 9 = one-slot rings with 2 tiles; all
+  # three since removed; call 3 on: 8 = session 18's rule, the one-slot rings being the
+  # default). The GEMV tests whole (FL_S19_NO_GEMV skips them), the GGUF tests per lab value in
+  # FL_S19_TESTS with and without the copy-engine kernel (T1B=0 sends every Q8_0 / Q4_0
+  # one-token call to t1g) and memcheck of them, the engine's quantised tests; then the Q8_0 /
+  # Q4_0 one-token lines per value in FL_S19_T1G, alternated FL_S19_AB times (FL_S19_NO_B0
+  # drops their T1B=0 lines), the Q4_0 lines per value in FL_S19_B0_T1G under T1B=0 beside
+  # the default's, FL_S19_B0_AB times; q4_0 decode per FL_S19_DECODE. FL_S19_FINAL adds the
+  # engine GPU tests, memcheck of the default and the final table.
+  gguf_memcheck() { timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' '; }
   {
     [ -z "${FL_S19_NO_GEMV:-}" ] && run_tests fl-kernels__gemv s19-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
-    for v in ${FL_S19_TESTS:-8 9}; do
+    for v in ${FL_S19_TESTS:-8}; do
       run_tests "gguf FL_GEMV_T1G=$v" s19-t1g$v 200 env FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
       run_tests "gguf FL_GEMV_T1G=$v T1B=0" s19-t1g$v-b0 200 env FL_GEMV_T1B=0 FL_GEMV_T1G=$v "$B/tests/fl-kernels__gemv" gguf --test-threads=2
-      echo "memcheck T1G=$v T1B=0: $(FL_GEMV_T1B=0 FL_GEMV_T1G=$v timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+      echo "memcheck T1G=$v T1B=0: $(FL_GEMV_T1B=0 FL_GEMV_T1G=$v gguf_memcheck)"
     done
     run_tests fl-engine__quant_gpu s19-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
     [ -n "${FL_S19_FINAL:-}" ] && run_tests fl-engine__engine_gpu s19-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
-    [ -n "${FL_S19_FINAL:-}" ] && echo "memcheck default: $(timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_gguf --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+    [ -n "${FL_S19_FINAL:-}" ] && echo "memcheck default: $(gguf_memcheck)"
   } 2>&1 | tee "$OUT/a-summary.txt"
   for r in $(seq ${FL_S19_AB:-2}); do
-    for v in ${FL_S19_T1G:-1 8 9}; do
+    for v in ${FL_S19_T1G:-1 8}; do
       echo "T1G=$v"; FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"
       [ -z "${FL_S19_NO_B0:-}" ] && { echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0|q8_0"; }
     done
   done
-  for r in $(seq ${FL_S19_B0_AB:-0}); do for v in 1 9; do echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0"; echo "default"; quick_bench gguf "q4_0"; done; done
+  for r in $(seq ${FL_S19_B0_AB:-0}); do
+    for v in ${FL_S19_B0_T1G:-1 8}; do echo "T1G=$v T1B=0"; FL_GEMV_T1B=0 FL_GEMV_T1G=$v quick_bench gguf "q4_0"; done
+    echo "default"; quick_bench gguf "q4_0"
+  done
   [ -n "${FL_S19_FINAL:-}" ] && { echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"; }
   for v in ${FL_S19_DECODE:-1 8 1 8}; do echo "q4_0 T1G=$v $(FL_GEMV_T1G=$v decode_line q4_0)"; done ;;
 s18g)
