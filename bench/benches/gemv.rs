@@ -1,14 +1,18 @@
 //! Weight-only quantised GEMV (`fl_kernels::gemv`, re-exported as `fl_blas::gemv`): time and
-//! GB/s on the weight bytes, next to a device copy of the same bytes and cuBLAS fp16
-//! (`fl_blas::Blas::linear`) on the same matrix.
+//! GB/s on the weight bytes, next to a device copy of the same bytes and cuBLAS in the
+//! activations' dtype (`fl_blas::Blas::linear`, fp16 or bf16) on the same matrix.
 //!
-//! Shapes (n x k): 4096x4096, 11008x4096, 4096x11008, 32000x4096 at m = 1 and 16 tokens, f16
-//! activations; formats int8, int4 (group 128, symmetric and with zero point), Q8_0, Q4_0.
+//! Shapes (n x k): 4096x4096, 11008x4096, 4096x11008, 32000x4096 at m = 1 and 16 tokens;
+//! formats int8, int4 (group 128, symmetric and with zero point), Q8_0, Q4_0.
 //! Throughput is `Throughput::Bytes(weight bytes (values + scales + zeros) + x + y)`; for
-//! cuBLAS its f16 weight + x + y. Weights (and copy buffers) rotate through enough copies to
+//! cuBLAS its 16-bit weight + x + y. Weights (and copy buffers) rotate through enough copies to
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
 //! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
+//! `FL_GEMV_BENCH_SHAPES=22016x4096,12288x4096`: those n x k instead (quick or not).
+//! Activations f16 (default), or per `FL_GEMV_BENCH_DTYPE=bf16` / `=both` (cuBLAS then runs
+//! the same dtype; bf16 rows are named `<format>/bf16` in the summary lines and
+//! `gemv_<n>x<k>_m<m>_bf16` in criterion's groups).
 //! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only; `FL_GEMV_BENCH_QUICK=gguf`: m = 1 and
 //! Q8_0 / Q4_0 only; `FL_GEMV_BENCH_QUICK=q4`: m = 1, int4 g32 (the bytes per value of Q4_0) and
 //! Q4_0. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
@@ -22,7 +26,7 @@ use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
 use fl_blas::gemv::{self, QuantFormat, QuantWeight};
 use fl_blas::Blas;
 use fl_kernels::cudarc::driver::CudaStream;
-use fl_kernels::{f16, DeviceTensor, Gpu};
+use fl_kernels::{bf16, f16, DeviceTensor, Gpu, HalfDType};
 
 const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
 const ROTATE_BYTES: usize = 256 << 20;
@@ -55,6 +59,48 @@ fn token_counts() -> Vec<usize> {
             .collect(),
         Err(_) if quick() => vec![1],
         Err(_) => vec![1, 16],
+    }
+}
+
+/// The shapes to run: `FL_GEMV_BENCH_SHAPES` (comma-separated `NxK`, e.g. `22016x4096,12288x4096`;
+/// entries that do not parse, or with k % 256 != 0, are dropped with a notice), else SHAPES.
+fn shapes() -> Vec<(usize, usize)> {
+    match std::env::var("FL_GEMV_BENCH_SHAPES") {
+        Ok(v) => v
+            .split(',')
+            .filter_map(|e| {
+                let p = e.trim().split_once('x').and_then(|(a, b)| {
+                    Some((
+                        a.trim().parse::<usize>().ok()?,
+                        b.trim().parse::<usize>().ok()?,
+                    ))
+                });
+                match p {
+                    Some((n, k)) if n > 0 && k > 0 && k % 256 == 0 => Some((n, k)),
+                    _ => {
+                        eprintln!(
+                            "FL_GEMV_BENCH_SHAPES: ignoring {e:?} (NxK, k a multiple of 256)"
+                        );
+                        None
+                    }
+                }
+            })
+            .collect(),
+        Err(_) => SHAPES.to_vec(),
+    }
+}
+
+/// The activation types to run: `FL_GEMV_BENCH_DTYPE` = `f16` (default), `bf16` or `both`
+/// (anything else: f16, with a notice).
+fn dtypes() -> (bool, bool) {
+    match std::env::var("FL_GEMV_BENCH_DTYPE").as_deref() {
+        Err(_) | Ok("f16") => (true, false),
+        Ok("bf16") => (false, true),
+        Ok("both") => (true, true),
+        Ok(v) => {
+            eprintln!("FL_GEMV_BENCH_DTYPE: ignoring {v:?} (f16, bf16 or both); running f16");
+            (true, false)
+        }
     }
 }
 
@@ -110,18 +156,30 @@ fn gbps(bytes: usize, t: std::time::Duration, iters: u64) -> f64 {
     bytes as f64 * iters as f64 / t.as_secs_f64() / 1e9
 }
 
-fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize, m: usize) {
+fn shape_group<T: HalfDType + fl_blas::GemmType>(
+    c: &mut Criterion,
+    gpu: &Gpu,
+    blas: &mut Blas,
+    n: usize,
+    k: usize,
+    m: usize,
+) {
     let s = gpu.stream().clone();
-    let mut g = c.benchmark_group(format!("gemv_{n}x{k}_m{m}"));
-    let x = bench_tensor::<f16>(gpu, &[m, k], 1).unwrap();
-    let mut y = DeviceTensor::<f16>::zeros(&s, &[m, n]).unwrap();
+    let bf = T::NAME == "bf16";
+    let sfx = if bf { "/bf16" } else { "" };
+    let mut g = c.benchmark_group(format!(
+        "gemv_{n}x{k}_m{m}{}",
+        if bf { "_bf16" } else { "" }
+    ));
+    let x = bench_tensor::<T>(gpu, &[m, k], 1).unwrap();
+    let mut y = DeviceTensor::<T>::zeros(&s, &[m, n]).unwrap();
     let io = 2 * (m * k + m * n);
     const ITERS: u64 = 50;
 
-    // cuBLAS fp16 on the same matrix.
+    // cuBLAS in the activations' dtype on the same matrix.
     let wbytes16 = 2 * n * k;
-    let ws: Vec<DeviceTensor<f16>> = (0..copies(wbytes16))
-        .map(|i| bench_tensor::<f16>(gpu, &[n, k], 10 + i as u64).unwrap())
+    let ws: Vec<DeviceTensor<T>> = (0..copies(wbytes16))
+        .map(|i| bench_tensor::<T>(gpu, &[n, k], 10 + i as u64).unwrap())
         .collect();
     let mut i = 0usize;
     let mut cublas = || {
@@ -132,7 +190,7 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
         Ok(())
     };
     g.throughput(Throughput::Bytes((wbytes16 + io) as u64));
-    g.bench_function(BenchmarkId::new("cublas_f16", m), |b| {
+    g.bench_function(BenchmarkId::new(format!("cublas_{}", T::NAME), m), |b| {
         b.iter_custom(|it| time_on_device(&s, it, &mut cublas))
     });
     let t_cublas = timed(&s, ITERS, &mut cublas);
@@ -172,11 +230,12 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
         let (bw, bwc) = (gbps(bytes, t, ITERS), gbps(bytes, tc, ITERS));
         eprintln!(
             "gemv {n}x{k} m={m} {:<12} {:8.2} us  {bw:7.0} GB/s on weights = {:5.1}% of copy \
-             ({bwc:.0} GB/s); {:.2}x cuBLAS f16 ({:.2} us)",
-            f.name(),
+             ({bwc:.0} GB/s); {:.2}x cuBLAS {} ({:.2} us)",
+            format!("{}{sfx}", f.name()),
             t.as_secs_f64() * 1e6 / ITERS as f64,
             100.0 * bw / bwc,
             t_cublas.as_secs_f64() / t.as_secs_f64(),
+            T::NAME,
             t_cublas.as_secs_f64() * 1e6 / ITERS as f64,
         );
     }
@@ -212,7 +271,7 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
             }
             eprintln!(
                 "gemv {n}x{k} m={m} {:<12} fma {:8.2} us  mma {:8.2} us  ({:.2}x)",
-                f.name(),
+                format!("{}{sfx}", f.name()),
                 times[0].as_secs_f64() * 1e6 / ITERS as f64,
                 times[1].as_secs_f64() * 1e6 / ITERS as f64,
                 times[0].as_secs_f64() / times[1].as_secs_f64(),
@@ -227,9 +286,15 @@ fn benches(c: &mut Criterion) {
         return;
     };
     let mut blas = Blas::new(&gpu).unwrap();
-    for &(n, k) in SHAPES {
+    let (half, brain) = dtypes();
+    for (n, k) in shapes() {
         for m in token_counts() {
-            shape_group(c, &gpu, &mut blas, n, k, m);
+            if half {
+                shape_group::<f16>(c, &gpu, &mut blas, n, k, m);
+            }
+            if brain {
+                shape_group::<bf16>(c, &gpu, &mut blas, n, k, m);
+            }
         }
     }
 }

@@ -500,6 +500,35 @@ s18|s18b|s18f)
   esac
   if [ $sec = s18f ]; then for q in int4 q4_0; do echo "$q $(decode_line $q)"; done
   else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
+s20)
+  # session 20: the one-token GEMVs (t1, t1t, t1g, t1b) as programmatic dependent launches
+  # (FL_GEMV_PDL=1) against plain launches (0). The GEMV tests whole per value in
+  # FL_S20_TESTS (default 1), memcheck of the chain test under PDL (FL_S20_MC), the engine's
+  # quantised tests per value in FL_S20_QTESTS (default 1), with FL_S20_FINAL the engine GPU
+  # tests; then llama-2-7b batch-1 decode per quantisation in FL_S20_DECODE (default "int4
+  # q4_0") with FL_GEMV_PDL = FL_S20_DV (default 0 1 0 1), and the one-token bench lines of
+  # every format per value, alternated FL_S20_AB times (default 1).
+  {
+    for v in ${FL_S20_TESTS:-1}; do run_tests "gemv FL_GEMV_PDL=$v" s20-gemv$v 300 env FL_GEMV_PDL=$v "$B/tests/fl-kernels__gemv" --test-threads=2; done
+    [ -n "${FL_S20_MC:-}" ] && echo "memcheck chain PDL=1: $(FL_GEMV_PDL=1 timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" chain --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+    for v in ${FL_S20_QTESTS:-1}; do run_tests "quant_gpu FL_GEMV_PDL=$v" s20-quant$v 200 env FL_GEMV_PDL=$v "$B/tests/fl-engine__quant_gpu" --test-threads=2; done
+    [ -n "${FL_S20_FINAL:-}" ] && run_tests fl-engine__engine_gpu s20-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  for q in ${FL_S20_DECODE:-int4 q4_0}; do
+    for v in ${FL_S20_DV:-0 1 0 1}; do echo "$q PDL=$v $(FL_GEMV_PDL=$v decode_line $q)"; done
+  done
+  for r in $(seq ${FL_S20_AB:-1}); do
+    for v in 0 1; do echo "PDL=$v"; FL_GEMV_PDL=$v quick_bench 1 "int8|int4"; FL_GEMV_PDL=$v quick_bench gguf "q8_0|q4_0"; done
+  done ;;
+s20b)
+  # session 20, bf16 activations: the chain test, the one-token bench lines of every format in
+  # f16 and bf16 (FL_GEMV_BENCH_DTYPE=both), llama-2-7b batch-1 decode in bf16 per
+  # quantisation in FL_S20_BF16 (default "int4 q4_0")
+  run_tests "gemv chain" s20b-chain 200 "$B/tests/fl-kernels__gemv" chain --test-threads=2 | tee "$OUT/a-summary.txt"
+  FL_GEMV_BENCH_DTYPE=both quick_bench 1 "int8|int4"; FL_GEMV_BENCH_DTYPE=both quick_bench gguf "q8_0|q4_0"
+  for q in ${FL_S20_BF16:-int4 q4_0}; do
+    echo "$q bf16 $(timeout 100 "$B/bin/fl" bench --model llama-2-7b --dtype bf16 --quant "$q" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')"
+  done ;;
 s19)
   # session 19: t1g lab values against the default (call 1: 8 = x read from global memory;
   # call 2: 8 / 9 = one-slot rings / 8 warps; call 4: 9 = one-slot rings with 2 tiles; all

@@ -5,7 +5,7 @@ use fl_kernels::gemv::{
     self, GemvPath, QuantFormat, QuantWeight, QuantizedHost, Scales, MAX_M, Q4_0_BLOCK_BYTES,
     Q8_0_BLOCK_BYTES,
 };
-use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, tolerance};
+use fl_kernels::testing::{gpu_or_skip, normal, random, rel_l2, rng, strategies, tolerance};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
 use proptest::prelude::*;
 
@@ -248,6 +248,82 @@ fn gemv_one_token_gguf_kernel() {
                 check_outliers::<bf16>(&gpu, &q, &dw, &mut r);
             }
         }
+    }
+}
+
+#[test]
+fn gemv_one_token_chain_reads_each_previous_output() {
+    // One-token GEMVs launched back to back, each reading the output of the one before: the
+    // decode pattern (4096 x 4096, then the MLP's 11008 x 4096 and 4096 x 11008, twice), every
+    // format the one-token kernels take, both activation types. Under FL_GEMV_PDL=1 (sm_90:
+    // programmatic dependent launches) a kernel may be scheduled while the one before it still
+    // runs and must wait for it before reading x or writing y; every output is NaN-poisoned
+    // before the chain is launched and nothing synchronises until its end, so a read that came
+    // early shows. Each link is checked against the reference on its downloaded input. Weights
+    // are N(0, 1 / k) so values keep their scale along the chain.
+    let Some(gpu) = gpu_or_skip("gemv_one_token_chain_reads_each_previous_output") else {
+        return;
+    };
+    let mut r = rng("gemv_chain");
+    let shapes = [(4096usize, 4096usize), (11008, 4096), (4096, 11008)];
+    for f in [
+        QuantFormat::Int8,
+        QuantFormat::Int4 {
+            group: 128,
+            zero_point: false,
+        },
+        QuantFormat::Int4 {
+            group: 64,
+            zero_point: true,
+        },
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+    ] {
+        let links: Vec<(QuantizedHost, QuantWeight)> = shapes
+            .iter()
+            .map(|&(n, k)| {
+                let w = normal(&mut r, n * k, 1.0 / (k as f64).sqrt());
+                let q = gemv::quantize(&w, n, k, f).unwrap();
+                let dw = QuantWeight::upload(gpu.stream(), &q).unwrap();
+                (q, dw)
+            })
+            .collect();
+        check_chain::<f16>(&gpu, &links, &mut r);
+        check_chain::<bf16>(&gpu, &links, &mut r);
+    }
+}
+
+/// The chain of `gemv_one_token_chain_reads_each_previous_output`: links 0, 1, 2, 0, 1, 2 of
+/// `links` (each link's k is the previous link's n), launched with no synchronisation between.
+fn check_chain<T: HalfDType>(
+    gpu: &Gpu,
+    links: &[(QuantizedHost, QuantWeight)],
+    r: &mut impl rand::Rng,
+) {
+    let s = gpu.stream();
+    let order: Vec<usize> = (0..2 * links.len()).map(|i| i % links.len()).collect();
+    let x: Vec<T> = random(r, links[order[0]].0.k());
+    let mut v = vec![DeviceTensor::from_host(s, &x, &[1, x.len()]).unwrap()];
+    for &l in &order {
+        v.push(DeviceTensor::filled(s, &[1, links[l].0.n()], T::from_f32(f32::NAN)).unwrap());
+    }
+    for (i, &l) in order.iter().enumerate() {
+        let (done, rest) = v.split_at_mut(i + 1);
+        gemv::gemv(s, &done[i], &links[l].1, &mut rest[0]).unwrap();
+    }
+    let host: Vec<Vec<T>> = v.iter().map(|t| t.to_host(s).unwrap()).collect();
+    for (i, &l) in order.iter().enumerate() {
+        let q = &links[l].0;
+        let want = reference::gemv::gemv(&host[i], 1, q);
+        let err = rel_l2(&host[i + 1], &want);
+        assert!(
+            err < bound::<T>(),
+            "gemv chain link {i}: {} <{}> n={} k={}: rel L2 {err:e}",
+            q.format().name(),
+            T::NAME,
+            q.n(),
+            q.k()
+        );
     }
 }
 
