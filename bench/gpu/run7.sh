@@ -529,6 +529,33 @@ s20b)
   for q in ${FL_S20_BF16:-int4 q4_0}; do
     echo "$q bf16 $(timeout 100 "$B/bin/fl" bench --model llama-2-7b --dtype bf16 --quant "$q" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')"
   done ;;
+s20c)
+  # session 20, bf16 on the f16 path in the GGUF one-token kernels (FL_GEMV_BF16_F16=1 in
+  # call 5's build; since removed, so the variable no longer exists) against the bf16 path (0): the GEMV tests whole, the GGUF tests under 0, memcheck
+  # of the new bf16 test, the engine's quantised tests; then the Q8_0 / Q4_0 one-token lines in
+  # bf16 (and f16 once) at the issue's shapes and 22016 x 4096 / 12288 x 4096, per value,
+  # alternated FL_S20_AB times (default 2); llama-2-7b bf16 decode per quantisation in
+  # FL_S20_BF16 (default "q4_0 q8_0") per value. FL_S20_NO_TESTS skips the tests.
+  [ -z "${FL_S20_NO_TESTS:-}" ] && {
+    run_tests fl-kernels__gemv s20c-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    run_tests "gguf FL_GEMV_BF16_F16=0" s20c-gguf0 200 env FL_GEMV_BF16_F16=0 "$B/tests/fl-kernels__gemv" gguf --test-threads=2
+    echo "memcheck bf16_far: $(timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" bf16_far --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+    run_tests fl-engine__quant_gpu s20c-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    [ -n "${FL_S20_FINAL:-}" ] && run_tests fl-engine__engine_gpu s20c-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  for r in $(seq ${FL_S20_AB:-2}); do
+    for v in 1 0; do
+      echo "FL_GEMV_BF16_F16=$v"
+      FL_GEMV_BF16_F16=$v FL_GEMV_BENCH_DTYPE=bf16 quick_bench gguf "q8_0|q4_0"
+      FL_GEMV_BF16_F16=$v FL_GEMV_BENCH_DTYPE=bf16 FL_GEMV_BENCH_SHAPES=22016x4096,12288x4096 quick_bench gguf "q8_0|q4_0"
+    done
+  done
+  [ -n "${FL_S20_F16:-}" ] && { echo "f16"; quick_bench gguf "q8_0|q4_0"; }
+  for q in ${FL_S20_BF16:-q4_0 q8_0}; do
+    for v in 1 0; do
+      echo "$q bf16 BF16_F16=$v $(FL_GEMV_BF16_F16=$v timeout 100 "$B/bin/fl" bench --model llama-2-7b --dtype bf16 --quant "$q" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')"
+    done
+  done ;;
 s19)
   # session 19: t1g lab values against the default (call 1: 8 = x read from global memory;
   # call 2: 8 / 9 = one-slot rings / 8 warps; call 4: 9 = one-slot rings with 2 tiles; all

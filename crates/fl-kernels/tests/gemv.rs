@@ -328,6 +328,50 @@ fn check_chain<T: HalfDType>(
 }
 
 #[test]
+fn gemv_one_token_gguf_bf16_far_from_one() {
+    // bf16 activations far from 1 on the GGUF one-token kernels: x scaled by 2^40 (past f16's
+    // range), by 2^-40 (below f16's subnormals), and spread over 2^30 .. 2^-30 within one
+    // vector, so a kernel that passed x through f16 anywhere would fail; Q8_0 and Q4_0 on
+    // shapes that take t1g (37 x 256, 8451 x 4096 for Q4_0) and, on sm_90, t1b (4096 x 4096,
+    // 4099 x 11008, 8451 x 4096 for Q8_0).
+    let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_bf16_far_from_one") else {
+        return;
+    };
+    let mut r = rng("gemv_bf16_far");
+    for &(n, k) in &[
+        (37usize, 256usize),
+        (4096, 4096),
+        (8451, 4096),
+        (4099, 11008),
+    ] {
+        for f in [QuantFormat::Q8_0, QuantFormat::Q4_0] {
+            let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
+            for spread in 0..3 {
+                let x: Vec<bf16> = random::<bf16>(&mut r, k)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        let e = match spread {
+                            0 => 40,
+                            1 => -40,
+                            _ => 30 - 10 * (i % 7) as i32,
+                        };
+                        bf16::from_f32(v.to_f32() * 2f32.powi(e))
+                    })
+                    .collect();
+                let (got, want) = run_gemv_on(&gpu, &q, &dw, &x, 1, GemvPath::Auto);
+                let err = rel_l2(&got, &want);
+                assert!(
+                    err < bound::<bf16>(),
+                    "gemv {} <bf16> spread {spread} n={n} k={k}: rel L2 {err:e}",
+                    q.format().name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn gemv_multi_token_gguf_kernel() {
     // The GGUF kernel for 2..16 tokens (gemv_tmg_kernel, Q8_0 / Q4_0 with k % 256 == 0)
     // against the reference, every token's row of outputs on its own (a wrong token column
