@@ -502,7 +502,8 @@ s18|s18b|s18f)
   else for v in ${FL_S18_DECODE:-}; do echo "q4_0 FL_GEMV_T1G_RAW=$v $(FL_GEMV_T1G_RAW=$v decode_line q4_0)"; done; fi ;;
 s20)
   # session 20: the one-token GEMVs (t1, t1t, t1g, t1b) as programmatic dependent launches
-  # (FL_GEMV_PDL=1) against plain launches (0). The GEMV tests whole per value in
+  # (FL_GEMV_PDL=1, in the builds of calls 1-2 and 6; since removed, so the variable no longer
+  # exists) against plain launches (0). The GEMV tests whole per value in
   # FL_S20_TESTS (default 1), memcheck of the chain test under PDL (FL_S20_MC), the engine's
   # quantised tests per value in FL_S20_QTESTS (default 1), with FL_S20_FINAL the engine GPU
   # tests; then llama-2-7b batch-1 decode per quantisation in FL_S20_DECODE (default "int4
@@ -529,6 +530,16 @@ s20b)
   for q in ${FL_S20_BF16:-int4 q4_0}; do
     echo "$q bf16 $(timeout 100 "$B/bin/fl" bench --model llama-2-7b --dtype bf16 --quant "$q" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')"
   done ;;
+s20f)
+  # session 20's final check of the shipped kernels: the GEMV tests whole, memcheck of the bf16
+  # test, the engine's quantised and GPU tests, then the final one-token table (f16)
+  {
+    run_tests fl-kernels__gemv s20f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    echo "memcheck bf16_far: $(timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" bf16_far --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+    run_tests fl-engine__quant_gpu s20f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s20f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0" ;;
 s20c)
   # session 20, bf16 on the f16 path in the GGUF one-token kernels (FL_GEMV_BF16_F16=1 in
   # call 5's build; since removed, so the variable no longer exists) against the bf16 path (0): the GEMV tests whole, the GGUF tests under 0, memcheck
