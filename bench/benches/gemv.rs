@@ -8,7 +8,8 @@
 //! cuBLAS its 16-bit weight + x + y. Weights (and copy buffers) rotate through enough copies to
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
 //! step (a lone 8 MB weight would stay in the 50 MB L2 across iterations).
-//! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS.
+//! One summary line per case also goes to stderr: GB/s, % of the copy, speed-up vs cuBLAS,
+//! each time the median of three batches of 50 launches.
 //! `FL_GEMV_BENCH_SHAPES=22016x4096,12288x4096`: those n x k instead (quick or not).
 //! Activations f16 (default), or per `FL_GEMV_BENCH_DTYPE=bf16` / `=both` (cuBLAS then runs
 //! the same dtype; bf16 rows are named `<format>/bf16` in the summary lines and
@@ -140,16 +141,20 @@ fn copies(bytes: usize) -> usize {
     ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(1, 64)
 }
 
-/// `ITERS` launches of `f` timed on the device after a few untimed ones, so the printed lines
+/// `iters` launches of `f` timed on the device after a few untimed ones, so the printed lines
 /// hold without criterion's own warm-up (first-call costs: cuBLAS's heuristic and module
-/// loading took ~150 ms on an H100 when criterion's runs were filtered out).
+/// loading took ~150 ms on an H100 when criterion's runs were filtered out): the median of
+/// three such batches, since one batch of cuBLAS or of the copy now and then ran 15-300% off
+/// its usual time on the H100 (bench/RESULTS.md, sessions 19-20), which skewed the ratios.
 fn timed(
     s: &CudaStream,
     iters: u64,
     mut f: impl FnMut() -> fl_kernels::Result<()>,
 ) -> std::time::Duration {
     let _ = time_on_device(s, 5, &mut f);
-    time_on_device(s, iters, &mut f)
+    let mut t = [(); 3].map(|_| time_on_device(s, iters, &mut f));
+    t.sort();
+    t[1]
 }
 
 fn gbps(bytes: usize, t: std::time::Duration, iters: u64) -> f64 {
