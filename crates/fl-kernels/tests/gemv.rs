@@ -255,11 +255,11 @@ fn gemv_one_token_gguf_kernel() {
 fn gemv_one_token_chain_reads_each_previous_output() {
     // One-token GEMVs launched back to back, each reading the output of the one before: the
     // decode pattern (4096 x 4096, then the MLP's 11008 x 4096 and 4096 x 11008, twice), every
-    // format the one-token kernels take, both activation types. Under FL_GEMV_PDL=1 (sm_90:
-    // programmatic dependent launches) a kernel may be scheduled while the one before it still
-    // runs and must wait for it before reading x or writing y; every output is NaN-poisoned
-    // before the chain is launched and nothing synchronises until its end, so a read that came
-    // early shows. Each link is checked against the reference on its downloaded input. Weights
+    // format the one-token kernels take, both activation types. Every output is NaN-poisoned
+    // before the chain is launched and nothing synchronises until its end, so a kernel that
+    // read its x (or wrote its y) before the one before it finished would show: the guard for
+    // any early-launch or overlap scheme (session 20 tried programmatic dependent launches
+    // under it). Each link is checked against the reference on its downloaded input. Weights
     // are N(0, 1 / k) so values keep their scale along the chain.
     let Some(gpu) = gpu_or_skip("gemv_one_token_chain_reads_each_previous_output") else {
         return;
@@ -359,13 +359,7 @@ fn gemv_one_token_gguf_bf16_far_from_one() {
                         bf16::from_f32(v.to_f32() * 2f32.powi(e))
                     })
                     .collect();
-                let (got, want) = run_gemv_on(&gpu, &q, &dw, &x, 1, GemvPath::Auto);
-                let err = rel_l2(&got, &want);
-                assert!(
-                    err < bound::<bf16>(),
-                    "gemv {} <bf16> spread {spread} n={n} k={k}: rel L2 {err:e}",
-                    q.format().name()
-                );
+                check_on(&gpu, &q, &dw, &x, &format!("spread {spread}"));
             }
         }
     }
@@ -600,16 +594,22 @@ fn check_outliers<T: HalfDType>(
     dw: &QuantWeight,
     r: &mut impl rand::Rng,
 ) {
-    let (n, k) = (q.n(), q.k());
-    let mut x: Vec<T> = random(r, k);
+    let mut x: Vec<T> = random(r, q.k());
     for v in x.iter_mut().step_by(64) {
         *v = T::from_f32(v.to_f32() * 100.0);
     }
-    let (got, want) = run_gemv_on(gpu, q, dw, &x, 1, GemvPath::Auto);
+    check_on(gpu, q, dw, &x, "outliers");
+}
+
+/// One token on the given `x [k]` (`gemv::gemv`'s choice of kernel) against the reference;
+/// `what` names the input in the failure message.
+fn check_on<T: HalfDType>(gpu: &Gpu, q: &QuantizedHost, dw: &QuantWeight, x: &[T], what: &str) {
+    let (n, k) = (q.n(), q.k());
+    let (got, want) = run_gemv_on(gpu, q, dw, x, 1, GemvPath::Auto);
     let err = rel_l2(&got, &want);
     assert!(
         err < bound::<T>(),
-        "gemv {} <{}> outliers n={n} k={k}: rel L2 {err:e}",
+        "gemv {} <{}> {what} n={n} k={k}: rel L2 {err:e}",
         q.format().name(),
         T::NAME
     );
