@@ -35,6 +35,8 @@ for line in open(sys.argv[1]):
     m = re.match(r"test result: \w+\. (\d+) passed; (\d+) failed", line)
     if m:
         p += int(m.group(1)); f += int(m.group(2))
-skips = sum(1 for l in open(sys.argv[1]) if l.startswith("SKIP "))
+# (anywhere in a line: tests run in parallel, and a notice on stderr can land inside the test
+# harness's stdout line, even before the test's name)
+skips = sum(len(re.findall(r"\bSKIP ", l)) for l in open(sys.argv[1]))
 print(f"{p} passed, {f} failed" + (f" ({skips} GPU tests skipped: no GPU)" if skips else ""))
 PY
