@@ -126,6 +126,31 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
     fl::cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
 
+// The same with an L2 prefetch-size hint (PF = 64, 128 or 256 bytes: on a miss the L2 fetches
+// the aligned PF bytes around the 16; 0: no hint), for the one-token rings' weight copies: t1
+// takes 256 (its 4 or 8 warps copy adjacent 64-byte pieces of each row at once), t1g 128 (a
+// warp's superchunk is 8 or 16 blocks of a row, 144-544 bytes). Measured on the H100
+// (bench/RESULTS.md, session 21, f16, m = 1, two alternated rounds, us): int4 g128 11008 x 4096
+// 12.40-12.55 -> 12.20-12.29, 4096 x 11008 12.23-12.38 -> 11.94-12.01, 32000 x 4096
+// 29.81-30.04 -> 29.34-29.53, int4zp g128 1-2% likewise (4096 x 4096 within its noise); 128
+// in t1 gained less (12.31-12.38 / 12.10-12.14 / 29.47-29.73); Q4_0 on t1g with 128: 11008 x
+// 4096 14.60-14.62 -> 14.37-14.42, 32000 x 4096 32.46-32.55 -> 31.68-31.80, with 256 no gain
+// (14.55-14.60, 32.75-32.85).
+template <int PF> __device__ __forceinline__ void cp_async16_pf(void *smem, const void *gmem, int src_bytes) {
+    const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    if constexpr (PF == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
+                     : "memory");
+    else if constexpr (PF == 128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
+                     : "memory");
+    else if constexpr (PF == 64)
+        asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
+                     : "memory");
+    else
+        fl::cp_async16(d, gmem, src_bytes);
+}
+
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Two 16-bit floats of a 32-bit word as f32 (low half first).
@@ -1234,7 +1259,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
     }
     const int mine = nsc > warp ? (nsc - warp + W - 1) / W : 0;  // this warp's superchunks
     // The copy of this warp's superchunk i (warp + i * W) into ring slot i % S, as one
-    // commit group (empty past the warp's share, zero-filled past k): `issue` below.
+    // commit group (empty past the warp's share, zero-filled past k; with the 256-byte L2
+    // prefetch hint, cp_async16_pf): `issue` below.
     // Stage x (8 values = 16 bytes at a time; int4 in nib_pair_order); zero past k up to the
     // last superchunk, then 64 zero bytes. int4: the scales and zeros of rows base .. base +
     // 8 NT - 1 (rows past n: 0 with cp.async, row n - 1's with registers; their outputs are
@@ -1251,7 +1277,8 @@ gemv_t1_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, const voi
         const bool win = i < mine && 4 * sci + t < pieces;
         uint4 *slot = ring + (i % S) * (NT * 32) + lane;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) cp_async16(slot + 32 * j, win ? wp[j] + (int64_t)sci * 64 : wp[j], win ? 16 : 0);
+        for (int j = 0; j < NT; ++j)
+            cp_async16_pf<256>(slot + 32 * j, win ? wp[j] + (int64_t)sci * 64 : wp[j], win ? 16 : 0);
         cp_async_commit();
     };
 #pragma unroll
@@ -1879,7 +1906,7 @@ gemv_t1g_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__res
             uint4 *slot = ring + (i % S) * SW + tl;
 #pragma unroll
             for (int e = 0; e < CP; ++e)
-                if (CP * GT == SW || tl + GT * e < SW) cp_async16(slot + GT * e, wsc + src[e], 16);
+                if (CP * GT == SW || tl + GT * e < SW) cp_async16_pf<128>(slot + GT * e, wsc + src[e], 16);
         }
         cp_async_commit();  // (an empty group past the ring's share)
     };
