@@ -5,7 +5,9 @@ use fl_kernels::gemv::{
     self, GemvPath, QuantFormat, QuantWeight, QuantizedHost, Scales, MAX_M, Q4_0_BLOCK_BYTES,
     Q8_0_BLOCK_BYTES,
 };
-use fl_kernels::testing::{gpu_or_skip, normal, random, rel_l2, rng, strategies, tolerance};
+use fl_kernels::testing::{
+    gpu_or_skip, normal, random, rel_l2, rel_l2_floored, rng, strategies, tolerance,
+};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
 use proptest::prelude::*;
 
@@ -453,7 +455,11 @@ fn gemv_multi_token_int_kernel() {
     }
 }
 
-/// `check` with every token's row of `n` outputs held to the bound on its own.
+/// `check` with every token's row of `n` outputs held to the bound on its own, relative to
+/// that row's norm or the tokens' RMS row norm, whichever is larger: with few outputs per
+/// token a row's exact value can nearly cancel (seed 1795599915738307379 drew a 1 x 512 int4zp
+/// g32 token whose product is 1.3e-4 against sum |w x| = 128, so f32 rounding of 3.8e-7
+/// read as a relative error of 3e-3), and a wrong token still misses by its own size.
 fn check_tokens<T: HalfDType>(
     gpu: &Gpu,
     q: &QuantizedHost,
@@ -463,8 +469,13 @@ fn check_tokens<T: HalfDType>(
 ) {
     let (n, k) = (q.n(), q.k());
     let (got, want) = run_gemv::<T>(gpu, q, dw, m, r, GemvPath::Auto);
+    let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
     for tok in 0..m {
-        let err = rel_l2(&got[tok * n..(tok + 1) * n], &want[tok * n..(tok + 1) * n]);
+        let err = rel_l2_floored(
+            &got[tok * n..(tok + 1) * n],
+            &want[tok * n..(tok + 1) * n],
+            rms,
+        );
         assert!(
             err < bound::<T>(),
             "gemv {} <{}> m={m} n={n} k={k} token {tok}: rel L2 {err:e}",
