@@ -22,6 +22,8 @@ else
 fi
 echo "== build (FL_CUDA_ARCHS=${FL_CUDA_ARCHS:-all supported})"
 cargo build --workspace --all-targets --locked
+echo "== bench/gpu/read_floor.cu (a standalone probe the GPU calls build with nvcc: compiled here so it keeps building)"
+nvcc -O3 -std=c++17 -arch=sm_90a -c bench/gpu/read_floor.cu -o "$CARGO_TARGET_DIR/read_floor.o"
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== docs"

@@ -87,6 +87,10 @@
 #            FL_T1G_TEST_CONFIGS), the m = 1 int4 / Q4_0 lines (Q4_0 per FL_T1G_CONFIGS), llama-2-7b int4 decode
 #            FL_S18_RUNS times and q4_0 once; with FL_S18_A, the int4 lines at FL_S18_M tokens
 #            of that bundle against this one's, two rounds
+#   s19-s21  sessions 19-21: each section's comment says what it runs (s20f / s21f: the final
+#            tests of those sessions; s21a: bench/gpu/read_floor.cu's read-only floor, built as
+#            $B/bin/read_floor, beside the int4 one-token lines and ncu of their kernels;
+#            s21t: the final one-token table and llama-2-7b int4 / q4_0 decode)
 #   lab      bench/scripts/prefill_lab.py on the libraries in $FL_LAB_LIBS (check + bench beside
 #            torch's SDPA flash and cuDNN backends)
 # Print to stdout as you go (no `| tail`): a call cut at its time limit returns only the
@@ -110,7 +114,7 @@ shorten() { sed -E 's/ +GB\/s on weights =/ GB\/s =/; s/ of copy \(([0-9]+) GB\/
 # quick_bench MODE FORMATS: the gemv bench's one-token lines (FL_GEMV_BENCH_QUICK=MODE) of the
 # formats matching the regex FORMATS.
 quick_bench() {
-  FL_GEMV_BENCH_QUICK=$1 timeout 150 "$B/benches/gemv" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +($2)" | grep -v fma | shorten
+  FL_GEMV_BENCH_QUICK=$1 timeout 150 "${FL_GEMV_BIN:-$B/benches/gemv}" --bench no_criterion_match 2>&1 | grep -E "^gemv [0-9]+x[0-9]+ m=1 +($2)" | grep -v fma | shorten
 }
 # decode_line QUANT: llama-2-7b batch-1 decode with --quant QUANT, on one line.
 decode_line() {
@@ -530,6 +534,70 @@ s20b)
   for q in ${FL_S20_BF16:-int4 q4_0}; do
     echo "$q bf16 $(timeout 100 "$B/bin/fl" bench --model llama-2-7b --dtype bf16 --quant "$q" --runs 1:128:64 2>&1 | grep -E "decode:|rror" | awk '{printf "%s | ", $0}')"
   done ;;
+s21g)
+  # session 21, after call 4: gemv_multi_token_int_kernel with the seed that failed there
+  # (FL_S21_SEED), in this build (per-token check floored at the tokens' RMS) and in the previous
+  # one ($B/base/fl-kernels__gemv, the check relative to each token alone); then the GEMV tests
+  # whole with a fresh seed
+  sd=${FL_S21_SEED:-1795599915738307379}
+  run_tests "tmi seed $sd, this build" s21g-new 200 env FL_TEST_SEED=$sd "$B/tests/fl-kernels__gemv" gemv_multi_token_int_kernel
+  run_tests "tmi seed $sd, previous build" s21g-old 200 env FL_TEST_SEED=$sd "$B/base/fl-kernels__gemv" gemv_multi_token_int_kernel
+  run_tests fl-kernels__gemv s21g-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2 ;;
+s21f)
+  # session 21's final check (t1 / t1g weight copies with the L2 prefetch hint): the GEMV tests
+  # whole, memcheck of the one-token int4 (MODE 2) and GGUF tests, the engine's quantised and
+  # GPU tests
+  {
+    run_tests fl-kernels__gemv s21f-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    echo "memcheck t1 / t1g: $(timeout 200 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_int4_raw_pairs one_token_gguf_kernel --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+    run_tests fl-engine__quant_gpu s21f-quant 200 "$B/tests/fl-engine__quant_gpu" --test-threads=2
+    run_tests fl-engine__engine_gpu s21f-engine 200 "$B/tests/fl-engine__engine_gpu" --test-threads=2
+  } 2>&1 | tee "$OUT/a-summary.txt" ;;
+s21t)
+  # session 21's final table (f16, m = 1, every format) and llama-2-7b int4 / q4_0 batch-1 decode
+  echo "final table"; quick_bench 1 "int8|int4"; quick_bench gguf "q8_0|q4_0"
+  for q in int4 q4_0; do echo "decode $q: $(decode_line $q)"; done ;;
+s21c)
+  # session 21, call 3: an L2 prefetch-size hint on the one-token rings' cp.async weight copies
+  # (t1, t1g; FL_GEMV_L2PF = 0 / 128 / 256, lab, since removed: t1 takes 256, t1g 128, and the
+  # variable no longer exists): two one-token tests under 256 (the hint is
+  # only a hint: they guard the PTX), then the m = 1 int4 and GGUF lines per value, alternated
+  # FL_S21_AB times (default 2)
+  for v in 128 256; do
+    run_tests "t1 / t1g tests FL_GEMV_L2PF=$v" s21c-$v 200 env FL_GEMV_L2PF=$v "$B/tests/fl-kernels__gemv" one_token_int4_raw_pairs one_token_gguf_kernel --test-threads=2
+  done
+  for r in $(seq ${FL_S21_AB:-2}); do
+    for v in 0 128 256; do
+      echo "FL_GEMV_L2PF=$v"; FL_GEMV_L2PF=$v quick_bench 1 "int4"; FL_GEMV_L2PF=$v quick_bench gguf "q4_0|q8_0"
+    done
+  done ;;
+s21b)
+  # session 21, call 2: the one-token int kernel's instruction diet (group >= 128: two scale
+  # loads per tile, not four; ring copies without predicates inside k) and the lab variants
+  # FL_GEMV_T1=8 (int4: 16-warp CTAs of 4 tiles, ring 3) / 9 (8-warp CTAs of 4 tiles, ring 3,
+  # 3 CTAs per SM by register cap; call 2's build only, both removed with the diet): the GEMV tests whole, the one-token tests under 8 and 9,
+  # memcheck of the int one-token tests; then the m = 1 int lines of the previous build
+  # ($B/base/gemv) and of this one per value, alternated FL_S21_AB times (default 2)
+  [ -z "${FL_S21_NO_TESTS:-}" ] && {
+    run_tests fl-kernels__gemv s21b-gemv 300 "$B/tests/fl-kernels__gemv" --test-threads=2
+    for v in 8 9; do
+      run_tests "one_token FL_GEMV_T1=$v" s21b-t1-$v 200 env FL_GEMV_T1=$v "$B/tests/fl-kernels__gemv" one_token --test-threads=2
+    done
+    echo "memcheck int one-token: $(timeout 250 compute-sanitizer --tool memcheck "$B/tests/fl-kernels__gemv" one_token_int4_raw_pairs --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result" | tail -2 | tr '\n' ' ')"
+  } 2>&1 | tee "$OUT/a-summary.txt"
+  for r in $(seq ${FL_S21_AB:-2}); do
+    echo "base (previous build)"; FL_GEMV_BIN=$B/base/gemv quick_bench 1 "int4|int8"
+    for v in 1 8 9; do echo "FL_GEMV_T1=$v"; FL_GEMV_T1=$v quick_bench 1 "int4"; done
+  done ;;
+s21a)
+  # session 21, call 1: the read-only floor (bench/gpu/read_floor.cu, built as $B/bin/read_floor)
+  # at the one-token weight sizes; the int4 one-token lines (f16); ncu of the int4 one-token
+  # kernels at the issue's three smaller shapes
+  "$B/bin/read_floor" | tee "$OUT/read_floor.log"
+  quick_bench 1 "int4"
+  FL_NCU_KEYS="${FL_NCU_KEYS:-gemv_t1_kernel:gemv_int4_g128|f16|1x11008x4096 gemv_t1_kernel:gemv_int4zp_g128|f16|1x11008x4096 \
+    gemv_t1_kernel:gemv_int4_g128|f16|1x4096x11008 gemv_t1_kernel:gemv_int4zp_g128|f16|1x4096x11008 \
+    gemv_t1_kernel:gemv_int4_g128|f16|1x4096x4096}" bash "$0" "$B" "$OUT" s14n ;;
 s20f)
   # session 20's final check of the shipped kernels: the GEMV tests whole, memcheck of the bf16
   # test, the engine's quantised and GPU tests, then the final one-token table (f16)
