@@ -126,10 +126,10 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
     fl::cp_async16(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), gmem, src_bytes);
 }
 
-// The same with an L2 prefetch-size hint (PF = 64, 128 or 256 bytes: on a miss the L2 fetches
-// the aligned PF bytes around the 16; 0: no hint), for the one-token rings' weight copies: t1
-// takes 256 (its 4 or 8 warps copy adjacent 64-byte pieces of each row at once), t1g 128 (a
-// warp's superchunk is 8 or 16 blocks of a row, 144-544 bytes). Measured on the H100
+// The same with an L2 prefetch-size hint (PF = 128 or 256 bytes: on a miss the L2 fetches the
+// aligned PF bytes around the 16), for the one-token rings' weight copies: t1 takes 256 (its 4
+// or 8 warps copy adjacent 64-byte pieces of each row at once), t1g 128 (a warp's superchunk
+// is 8 or 16 blocks of a row, 144-544 bytes). Measured on the H100
 // (bench/RESULTS.md, session 21, f16, m = 1, two alternated rounds, us): int4 g128 11008 x 4096
 // 12.40-12.55 -> 12.20-12.29, 4096 x 11008 12.23-12.38 -> 11.94-12.01, 32000 x 4096
 // 29.81-30.04 -> 29.34-29.53, int4zp g128 1-2% likewise (4096 x 4096 within its noise); 128
@@ -137,18 +137,14 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src
 // 4096 14.60-14.62 -> 14.37-14.42, 32000 x 4096 32.46-32.55 -> 31.68-31.80, with 256 no gain
 // (14.55-14.60, 32.75-32.85).
 template <int PF> __device__ __forceinline__ void cp_async16_pf(void *smem, const void *gmem, int src_bytes) {
+    static_assert(PF == 128 || PF == 256, "an L2 prefetch size the callers measured");
     const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     if constexpr (PF == 256)
         asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
                      : "memory");
-    else if constexpr (PF == 128)
+    else
         asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
                      : "memory");
-    else if constexpr (PF == 64)
-        asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem), "r"(src_bytes)
-                     : "memory");
-    else
-        fl::cp_async16(d, gmem, src_bytes);
 }
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
