@@ -11,20 +11,16 @@
 //   comment there).
 // - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 with long contexts and wide
 //   batches, where the tensor-core kernel reads faster: see mha_on_mma), 4 warps of CUDA-core
-//   "workers" of LPK lanes, each owning one
-//   key row at a time (each lane 8 dims) with its own online-softmax state, merged through
-//   shared memory at the end. One head per K/V row keeps the math light (MHA already ran at
-//   94-101% of copy bandwidth); its copies run ahead through a per-thread ring (below).
+//   "workers" of LPK lanes, each owning one key row at a time (each lane 8 dims) with its own
+//   online-softmax state, merged through shared memory at the end. One head per K/V row keeps
+//   the math light enough for CUDA cores to keep up with the reads; its copies run ahead
+//   through a per-thread ring (below).
 // - f32 (any G): decode_kernel too (the tensor cores take 16-bit inputs only), with G heads of
 //   a group per CTA as for the tensor-core path; a lane's 8 dims are then 32 bytes, two
 //   16-byte copies per row and per lane. All math in f32, as for the 16-bit types.
 //
-// Why (measured on H100 before this change, GQA 32/8, head_dim 128): the CUDA-core kernel
-// reached only 51-87% of copy bandwidth. A warp loaded a tile into registers and then did
-// the G-fold math with its loads idle; at 141-167 registers only 3 CTAs fitted per SM, so the
-// 4-per-SM split target ran 1.33 waves; and for G = 4 the math alone is ~120-150 warp
-// instructions per key (~30-38 issue cycles per key per SM, against the ~40-45 cycles per
-// 512-byte key row that ~3 TB/s leaves each SM), so issue slots, not HBM, set the pace.
+// Why tensor cores for G >= 2: a CUDA-core kernel doing the G-fold math per key runs out of
+// issue slots before HBM runs out of bandwidth (see the tensor-core path below).
 #include "common/common.cuh"
 
 namespace fl {
@@ -77,7 +73,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
 
 template <typename T, int D, int G, bool PAGED>
 __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_kernel(Params p) {
-    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
+    pdl_trigger();  // the combine (sm_90: a programmatic dependent launch) may be scheduled now
     constexpr int LPK = lanes_per_key(D);
     constexpr int WPW = 32 / LPK;          // workers per warp
     constexpr int NW = kWarps * WPW;       // workers per CTA
@@ -362,16 +358,9 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_ke
 // (key & 7) where D / 8 is a multiple of 8 (D = 64, 128, 256), padded by 16 bytes otherwise,
 // so the 8 rows an ldmatrix phase reads hit distinct banks either way.
 //
-// Why W warps and not W one-warp CTAs (measured on H100, bench/scripts/decode_lab.py, GQA
-// 32/8, D = 128, f16, b1 x 32768 / b4 x 16384 / b16 x 8192 / b64 x 4096, us, torch SDPA
-// (cuDNN) 55.5 / 101.5 / 186.7 / 370.4 in the same process): one warp per CTA, 2 padded
-// stages, 12 CTAs per SM (the previous kernel): 58.4 / 106.2 / 199.6 / 391.8 (76-91% of
-// copy); W = 4 swizzled, 3 CTAs per SM: 55.0 / 100.4 / 191.0 / 373.2; W = 8 swizzled, 128 KB,
-// one CTA per SM: 53.6 / 97.8 / 181.2 / 356.6 (83 / 91 / 99 / 100% of the 3.0 TB/s copy,
-// 1.03-1.04x torch); 12 warps, or 3 stages, or W = 4 with 3-4 stages: within 1-2% of W = 8.
-// Same bytes in flight, longer runs of adjacent keys per CTA: the HBM reads, not the SM, were
-// what held the one-warp kernel back. Swizzled rows beat padded ones at every W (W = 4:
-// 368.7 against 391.7 us at b64 x 4096) though both are conflict-free.
+// Why W warps in one CTA and not W one-warp CTAs: the same bytes in flight, but longer runs of
+// adjacent keys per CTA, which the HBM reads faster; swizzled rows beat padded ones at every W
+// although both are conflict-free (kernels/experiments/attention_decode.md has the sweep).
 // Shared memory per CTA: W x S x 2 x 16 x D x 2 B: 128 KB at W = 8, S = 2, D = 128. Before
 // Hopper (99-163 KB per block) W is halved (64 KB).
 
@@ -474,7 +463,7 @@ template <> struct Mma<__nv_bfloat16> {
 template <typename T, int D, int G, bool PAGED, int W, int S, bool SW>
 __global__ void __launch_bounds__(32 * W, mma_min_ctas(D, W, S, SW, FL_MMA_WARPS_BOUND))
     decode_mma_kernel(Params p) {
-    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
+    pdl_trigger();  // the combine (sm_90: a programmatic dependent launch) may be scheduled now
     constexpr int LD = mma_ld(D, SW);     // row stride, elements
     constexpr int KD = D / 16;            // k-steps of Q K^T
     constexpr int DT = D / 8;             // 8-wide column tiles of O
@@ -746,8 +735,7 @@ __global__ void __launch_bounds__(32 * W, mma_min_ctas(D, W, S, SW, FL_MMA_WARPS
 constexpr int kCombineThreads = 256;
 template <typename T, int D>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
-    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
-    pdl_wait();     // launched as a programmatic dependent of the split kernel on sm_90
+    pdl_wait();  // launched as a programmatic dependent of the split kernel on sm_90
     constexpr int D4 = D / 4;
     constexpr int R = kCombineThreads / D4;
     static_assert(D % 4 == 0 && R >= 1, "head_dim");
@@ -802,34 +790,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params p) {
     }
 }
 
-// The tensor-core kernel's configuration for a call: MmaFor<D, device is sm_90+>, except in the
-// lab build (bench/gpu/build_decode_lab.sh defines FL_DECODE_LAB), where FL_GQA_MMA = i >= 1
-// (read on every call) picks variant i of FL_MMA_VARIANTS for head_dim 128, G = 4.
+// The tensor-core kernel's configuration for a call: MmaFor<D, device is sm_90+>.
 struct MmaChoice {
     int w, s;
     bool sw;
 };
-#ifdef FL_DECODE_LAB
-#define FL_MMA_VARIANTS(X)                                                                    \
-    X(1, 2, false) X(4, 2, true) X(8, 2, true) X(4, 3, true) X(12, 2, true) X(8, 3, true)
-inline int lab_variant() {
-    const char *e = getenv("FL_GQA_MMA");
-    return e && e[0] ? atoi(e) : 0;
-}
-#endif
-inline MmaChoice mma_choice(int d, int g) {
-#ifdef FL_DECODE_LAB
-    if (d == 128 && g == 4) {
-        static const MmaChoice v[] = {
-#define FL_MMA_ROW(W, S, SW) {W, S, SW},
-            FL_MMA_VARIANTS(FL_MMA_ROW)
-#undef FL_MMA_ROW
-        };
-        const int i = lab_variant();
-        if (i >= 1 && i <= (int)(sizeof(v) / sizeof(v[0]))) return v[i - 1];
-    }
-#endif
-    (void)g;
+inline MmaChoice mma_choice(int d) {
     const bool hopper = cc_major() >= 9;  // MmaFor<d, hopper>, from the same functions
     return {mma_for_w(d, hopper), kMmaForS, mma_for_sw(d)};
 }
@@ -859,42 +825,27 @@ inline bool valid(const fl_decode_attention_args *a) {
     return true;
 }
 
-// Fewest keys per split: FL_ATTN_SPLIT_KEYS (16, 32, ..., 4096; read once), default 256. An
-// A/B knob for short contexts, where >= 256 keys per split leaves a batch-1 step with one CTA
-// per kv head (32 of 132 SMs busy on a 7B MHA model).
-inline int64_t split_min_keys() {
-    static const int v = [] {
-        static const EnvChoice choices[] = {{"16", 16},   {"32", 32},     {"64", 64},
-                                            {"128", 128}, {"256", 256},   {"512", 512},
-                                            {"1024", 1024}, {"2048", 2048}, {"4096", 4096}};
-        return env_choice("FL_ATTN_SPLIT_KEYS", choices, 256);
-    }();
-    return v;
-}
+// Fewest keys per split: more, shorter splits at short contexts were slower in whole decode
+// steps, although 256 leaves a batch-1 step with few CTAs (see
+// kernels/experiments/attention_decode.md).
+constexpr int64_t kSplitMinKeys = 256;
 
-// For the split choice: sm_90 has 228 KB per SM; before it, 100 KB is the smallest (sm_86/89;
-// sm_80 has 164 KB, where this undercounts and the split comes out coarser, not wrong).
 // MHA (group 1) at head_dim 128, f16/bf16, on sm_90, with batch x kv heads >= 128 and
 // max_seq_len >= 4096: the tensor-core kernel (G = 1, 15 of its 16 rows idle) instead of the
 // CUDA-core one. There both run at the read-bandwidth ceiling and the tensor-core kernel's
-// long runs of adjacent keys (8 warps x 16 keys per CTA) measured ~1% faster (H100,
-// decode_lab.py --splits, f16, us: b64 x 4096 1386.2 against 1403.2, b16 x 8192 703.9
-// against 709.9). Below either bound the CUDA-core kernel's 4 CTAs per SM are kept: a
-// batch-1 engine step has 32 (batch x kv heads), and llama-2-7b decode at 16 x 1024 and
-// 64 x 1024 ran 0.3% slower on the tensor-core kernel (8.583 / 17.404 ms per step against
-// 8.554 / 17.358). FL_ATTN_MHA=cuda|mma (read once) forces either for A/B runs.
+// long runs of adjacent keys (8 warps x 16 keys per CTA) read slightly faster; below either
+// bound (a batch-1 engine step has batch x kv heads = 32) the CUDA-core kernel's 4 CTAs per SM
+// win (kernels/experiments/attention_decode.md).
 inline bool mha_on_mma(const fl_decode_attention_args *a) {
     if (a->q_heads != a->kv_heads || a->head_dim != 128 || a->dtype == FL_DTYPE_F32) return false;
-    static const int force = [] {
-        static const EnvChoice choices[] = {{"cuda", 1}, {"mma", 2}};
-        return env_choice("FL_ATTN_MHA", choices, 0);
-    }();
-    if (force) return force == 2;
     return cc_major() >= 9 && (int64_t)a->batch * a->kv_heads >= 128 && a->max_seq_len >= 4096;
 }
 
-inline int mma_ctas(int d, int g) {
-    const MmaChoice c = mma_choice(d, g);
+// Tensor-core CTAs per SM, for the split choice: sm_90 has 228 KB per SM; before it, 100 KB is
+// the smallest (sm_86/89; sm_80 has 164 KB, where this undercounts and the split comes out
+// coarser, not wrong).
+inline int mma_ctas(int d) {
+    const MmaChoice c = mma_choice(d);
     return mma_ctas_per_sm(d, c.w, c.s, c.sw, cc_major() >= 9 ? 228 : 100);
 }
 
@@ -902,8 +853,7 @@ inline int mma_ctas(int d, int g) {
 // (batch x kv heads x head chunks) CTAs per split, s splits take ceil(units s / wave) waves of
 // 1/s of the work each, so the time goes as cost(s) = ceil(units s / wave) / s. Take the
 // smallest s within 5% of the best cost (fewer splits: less workspace traffic, no combine
-// when s = 1), with >= split_min_keys() keys per split and at most 256 splits. (The first version aimed
-// at 4 x sms CTAs with ceil, which ran 1.03-1.33 waves at several issue shapes.)
+// when s = 1), with >= kSplitMinKeys keys per split and at most 256 splits.
 inline int choose_splits(const fl_decode_attention_args *a) {
     if (a->num_splits > 0) return a->num_splits;
     const int group = a->q_heads / a->kv_heads;
@@ -912,10 +862,10 @@ inline int choose_splits(const fl_decode_attention_args *a) {
     if (units < 1) return 1;
     const int64_t sms = a->sm_count > 0 ? a->sm_count : 132;
     const int64_t wave = sms * (a->dtype == FL_DTYPE_F32 ? ctas_per_sm(gt, 4)
-                                : gt >= 2 || mha_on_mma(a) ? mma_ctas(a->head_dim, gt)
+                                : gt >= 2 || mha_on_mma(a) ? mma_ctas(a->head_dim)
                                                          : ctas_per_sm(1));
     if (units >= 64 * wave) return 1;  // >= 64 waves already: splitting gains < 2%
-    const int64_t keys = split_min_keys();
+    const int64_t keys = kSplitMinKeys;
     int64_t smax = (a->max_seq_len + keys - 1) / keys;  // >= `keys` keys per split
     if (smax > 256) smax = 256;
     if (smax < 1) smax = 1;
@@ -952,13 +902,9 @@ fl_status launch_mma(const fl_decode_attention_args *a, Params &p, dim3 grid, cu
 // The split combine. On sm_90 it is a programmatic dependent launch: its CTAs are scheduled
 // while the split kernel's last CTAs run (every split CTA triggers at its start) and wait in
 // griddepcontrol.wait for its completion, so the second launch's latency hides behind the
-// first's tail. FL_ATTN_COMBINE=plain (read once) launches it normally, for A/B runs.
+// first's tail. Before sm_90 it is a plain launch.
 template <typename T, int D>
 fl_status launch_combine(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
-    static const int plain = [] {
-        static const EnvChoice choices[] = {{"pdl", 0}, {"plain", 1}};
-        return env_choice("FL_ATTN_COMBINE", choices, 0);
-    }();
     const int64_t bhs = (int64_t)a->batch * a->q_heads;
     if (bhs > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
     cudaLaunchAttribute attr[1];
@@ -970,7 +916,7 @@ fl_status launch_combine(const fl_decode_attention_args *a, Params &p, cudaStrea
     cfg.dynamicSmemBytes = sizeof(float) * p.num_splits;
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = !plain && cc_major() >= 9 ? 1 : 0;
+    cfg.numAttrs = cc_major() >= 9 ? 1 : 0;
     const cudaError_t e = cudaLaunchKernelEx(&cfg, combine_kernel<T, D>, p);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -979,26 +925,10 @@ fl_status launch_combine(const fl_decode_attention_args *a, Params &p, cudaStrea
     return FL_OK;
 }
 
-// The tensor-core kernel at group tile G: the lab's variant if one is picked, else MmaFor.
+// The tensor-core kernel at group tile G, configured by MmaFor for the device.
 template <typename T, int D, int G>
 fl_status launch_mma_auto(const fl_decode_attention_args *a, Params &p, dim3 grid,
                           cudaStream_t st) {
-#ifdef FL_DECODE_LAB
-    if constexpr (D == 128 && G == 4) {
-        fl_status s = FL_ERR_INVALID_ARGUMENT;
-        bool done = false;
-        int i = 1;
-        const int want = lab_variant();
-#define FL_MMA_LAUNCH(W_, S_, SW_)                                                            \
-    if (!done && i++ == want) {                                                               \
-        s = launch_mma<T, D, G, W_, S_, SW_>(a, p, grid, st);                                  \
-        done = true;                                                                          \
-    }
-        FL_MMA_VARIANTS(FL_MMA_LAUNCH)
-#undef FL_MMA_LAUNCH
-        if (done) return s;
-    }
-#endif
     if (cc_major() >= 9) {
         using C = MmaFor<D, true>;
         return launch_mma<T, D, G, C::W, C::S, C::SW>(a, p, grid, st);

@@ -621,7 +621,7 @@ inline bool valid(const fl_prefill_attention_args *a) {
     return true;
 }
 
-// One tile configuration (the tests and benches of other configurations call this too).
+// One tile configuration (Cfg<D>'s, from launch_d).
 template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB>
 fl_status launch_cfg(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
     using TL = Tile<D, NW, MT, BC, QREG>;
@@ -696,16 +696,6 @@ inline Params make_params(const fl_prefill_attention_args *a) {
     return p;
 }
 
-// FL_PREFILL_PATH (read once): `auto` (the default: the Hopper kernel of
-// attention_prefill_wgmma.cu wherever it runs, i.e. head_dim 128, f16 / bf16, sm_90 with TMA;
-// this file's mma.sync kernel elsewhere), `wgmma` (the same as auto), or `mma` (this file's
-// kernel always: for A/B runs and for the tests of this kernel on Hopper).
-inline bool wgmma_chosen() {
-    static const EnvChoice choices[] = {{"auto", 0}, {"wgmma", 0}, {"mma", 1}};
-    static const int v = env_choice("FL_PREFILL_PATH", choices, 0);
-    return v == 0;
-}
-
 }  // namespace prefill
 
 namespace prefill_wgmma {
@@ -713,8 +703,11 @@ fl_status launch(const fl_prefill_attention_args *a, cudaStream_t st);  // atten
 }
 }  // namespace fl
 
-extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {
+extern "C" fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *a,
+                                                int32_t kernel, fl_stream stream) {
     using namespace fl::prefill;
+    if (kernel != FL_PREFILL_KERNEL_AUTO && kernel != FL_PREFILL_KERNEL_MMA_SYNC)
+        return FL_ERR_INVALID_ARGUMENT;
     if (!valid(a)) return FL_ERR_INVALID_ARGUMENT;
     if (a->batch == 0) return FL_OK;
     if (!a->q || !a->k || !a->v || !a->out || !a->cu_seqlens) return FL_ERR_INVALID_ARGUMENT;
@@ -723,11 +716,15 @@ extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl
         return FL_ERR_MISALIGNED;
     const Params p = make_params(a);
     cudaStream_t st = fl::as_stream(stream);
-    if (wgmma_chosen()) {
+    if (kernel == FL_PREFILL_KERNEL_AUTO) {
         const fl_status s = fl::prefill_wgmma::launch(a, st);
         if (s != FL_ERR_UNSUPPORTED_DTYPE) return s;  // else: a call that path does not run
     }
     if (a->dtype == FL_DTYPE_F32) return launch_f32(a, p, st);
     if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
     return launch_t<__nv_bfloat16>(a, p, st);
+}
+
+extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {
+    return fl_attention_prefill_kernel(a, FL_PREFILL_KERNEL_AUTO, stream);
 }

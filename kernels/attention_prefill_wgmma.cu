@@ -1,6 +1,7 @@
 // Causal prefill attention on Hopper tensor cores (wgmma + TMA), head_dim 128, f16 / bf16: what
 // fl_attention_prefill runs on sm_90 for those calls (the mma.sync kernel of
-// attention_prefill.cu runs every other call, and every call under FL_PREFILL_PATH=mma).
+// attention_prefill.cu runs every other call, and every call that FL_PREFILL_KERNEL_MMA_SYNC
+// forces onto it).
 //
 // One CTA owns BM = 128 query rows of one (sequence, q head): two consumer warpgroups of 64
 // rows each and one producer warpgroup. Key tiles of BN = 128 keys, from the diagonal tile down:
@@ -20,7 +21,7 @@
 // but a NaN or Inf in a neighbour's V rows would reach these rows' output through 0 * Inf.
 // CTAs are persistent (one per SM, see item_of). Not yet done (what FA3 adds): explicit
 // ping-pong scheduling of the two warpgroups, GQA heads sharing a CTA, a dynamic (atomic)
-// work queue, and 2 CTAs' worth of overlap for short sequences (0.78-0.79x cuDNN at 512).
+// work queue, and 2 CTAs' worth of overlap for short sequences (where it trails cuDNN most).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -72,8 +73,8 @@ __device__ __forceinline__ bool work_item(const Params &p, int w, Work &it) {
 
 // The work item CTA blockIdx.x takes in round r: rounds of gridDim.x items, walked forwards in
 // even rounds and backwards in odd ones. Items get lighter as w grows, so a CTA that drew a
-// heavy item in one round draws a light one in the next (a plain stride left the last CTAs
-// ~6% less work than the first at 1 x 16384: 556 against 583 TFLOP/s unpersisted, H100).
+// heavy item in one round draws a light one in the next (a plain stride leaves the last CTAs
+// less work than the first; kernels/experiments/attention_prefill.md).
 __device__ __forceinline__ int item_of(const Params &p, int r) {
     const int g = (int)gridDim.x, c = (int)blockIdx.x;
     return r * g + ((r & 1) ? g - 1 - c : c);
@@ -81,8 +82,8 @@ __device__ __forceinline__ int item_of(const Params &p, int r) {
 
 // Persistent: gridDim.x CTAs (at most one per SM) walk the work items round by round
 // (item_of). The producer runs ahead across items, so the next item's Q and first K/V tiles
-// load while the consumers finish the current one and write its output (short sequences:
-// 32 x 512 f16 went from 224 to 256 TFLOP/s).
+// load while the consumers finish the current one and write its output (what short
+// sequences need most).
 template <typename T>
 __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef FL_HAVE_WGMMA

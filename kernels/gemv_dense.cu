@@ -30,9 +30,7 @@
 //   resident CTAs (~16-20 resident warps per SM at 96-122 registers, each with 4 KB of loads
 //   in flight): on an H100, 4096 x 4096 gets 512 CTAs x 4 warps (one wave), 1024 x 4096
 //   128 x 16, 12288 x 4096 768 x 8 (NT = 2), 32000 x 4096 2000 x 8. At m = 1, W = 8 for every
-//   shape, which measured better in a whole decode step (see launch_nt).
-#include <stdlib.h>
-
+//   shape, which is faster in a whole decode step (see launch_nt).
 #include <type_traits>
 
 #include "common/common.cuh"
@@ -79,7 +77,7 @@ template <typename T, int EPI, int NT, bool M16, bool NORM>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1)
 gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__restrict__ bias,
                   T *__restrict__ y, int m, int64_t n, int64_t k, const T *__restrict__ gamma,
-                  float eps, int pdl, const ExtraOf<T, EPI> ex) {
+                  float eps, const ExtraOf<T, EPI> ex) {
     static_assert(EPI != SWIGLU || NT == 2, "SwiGLU pairs a gate tile with an up tile");
     constexpr int U = unroll<NT>();
     __shared__ float red[kMaxWarps * NT * 128];
@@ -105,12 +103,8 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     const uint64_t policy = l2_evict_first_policy();
     const int64_t chunks = (k + 31) >> 5;
 
-    // The next kernel of the stream may be launched as soon as every CTA of this one runs.
-    pdl_trigger();
-    // Start this warp's first weight lines towards L2 while the CTA reduces the norm or (a
-    // programmatic dependent launch) waits for the kernel before it: the weights are never
-    // written by an earlier kernel, x, h and y are.
-    if (NORM || pdl == 1) {
+    // Start this warp's first weight lines towards L2 while the CTA reduces the norm.
+    if constexpr (NORM) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int64_t kk = ((int64_t)warp * U + u) * 32 + 8 * t;
@@ -121,7 +115,6 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
             }
         }
     }
-    if (pdl) pdl_wait();
 
     // RMSNorm prologue: rstd of the token rows this lane loads (rs0: row g, rs1: row g + 8).
     float rs0 = 0.f, rs1 = 0.f;
@@ -288,29 +281,9 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
 }
 
 // ---------------------------------------------------------------- host side
-// Tuning overrides, read once from the environment (for bench sweeps; 0 = automatic):
-// FL_GEMV_DENSE_WARPS = 1, 2, 4, 8 or 16 warps per CTA; FL_GEMV_DENSE_NT = 1 or 2 tiles of 8
-// rows per CTA (linear / add; SwiGLU always pairs 2). Any setting is correct, only speed moves.
-inline int env_override(const char *name, int lo, int hi) {
-    const char *v = getenv(name);
-    if (!v) return 0;
-    const int x = atoi(v);
-    return (x >= lo && x <= hi && (x & (x - 1)) == 0) ? x : 0;
-}
-inline int forced_warps() {
-    static const int v = env_override("FL_GEMV_DENSE_WARPS", 1, kMaxWarps);
-    return v;
-}
-inline int forced_nt() {
-    static const int v = env_override("FL_GEMV_DENSE_NT", 1, 2);
-    return v;
-}
-
-
-// Warps per CTA: FL_GEMV_DENSE_WARPS if set, else pick_gemv_warps (common.cuh).
+// Warps per CTA: pick_gemv_warps (common.cuh), once per kernel instance's occupancy.
 template <typename T, int EPI, int NT, bool M16, bool NORM>
 int pick_warps(int64_t ctas, int64_t batches) {
-    if (forced_warps() > 0) return forced_warps();
     static std::atomic<int> occupancy[3];
     return pick_gemv_warps(gemv_dense_kernel<T, EPI, NT, M16, NORM>, occupancy, ctas, batches,
                            sm_count());
@@ -328,36 +301,19 @@ fl_status launch_nt(const T *x, const T *w, const T *bias, T *y, int m, int64_t 
     const int64_t ctas = ceil_div(n, EPI == SWIGLU ? 8 : 8 * NT);
     if (ctas > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
     const int64_t batches = ceil_div(ceil_div(k, 32), unroll<NT>());
-    // One token: 8 warps per CTA (fewer for short k) rather than the wave-fill choice.
-    // Measured on the H100 in llama-2-7b batch-1 decode (every projection and the LM head),
-    // three times: 0.3-0.6 points of the bandwidth floor better (5.209 against 5.239 ms per
-    // step); at 4 tokens 8 warps everywhere lost 0.3 points, so m > 1 keeps pick_warps.
+    // One token: 8 warps per CTA (fewer for short k) rather than the wave-fill choice, which
+    // is faster over a whole decode step at m = 1 but not at m = 4 (so m > 1 keeps
+    // pick_warps; kernels/experiments/gemv_dense.md).
     int warps;
-    if (m == 1 && forced_warps() == 0) {
+    if (m == 1) {
         warps = 8;
         while (warps > 1 && warps > batches) warps /= 2;
     } else {
         warps = pick_warps<T, EPI, NT, M16, NORM>(ctas, batches);
     }
-    // Programmatic dependent launch on sm_90 (see pdl_enabled): the CTAs may be scheduled
-    // during the previous kernel's tail and prefetch their first weight lines before waiting.
-    const int pdl = pdl_enabled() ? pdl_mode() : 0;  // 1: prefetch, then wait; 2: wait only
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)ctas);
-    cfg.blockDim = dim3(32 * warps);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, gemv_dense_kernel<T, EPI, NT, M16, NORM>, x, w,
-                                             bias, y, m, n, k, na.gamma, na.eps, pdl, ex);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return (fl_status)e;
-    }
+    gemv_dense_kernel<T, EPI, NT, M16, NORM>
+        <<<dim3((unsigned)ctas), dim3(32 * warps), 0, s>>>(x, w, bias, y, m, n, k, na.gamma,
+                                                           na.eps, ex);
     return launch_status();
 }
 
@@ -369,7 +325,7 @@ fl_status launch_m(const T *x, const T *w, const T *bias, T *y, int m, int64_t n
     } else {
         // Two tiles per CTA (more bytes per lane in flight) when that still gives >= 2 CTAs
         // per SM; one (twice the CTAs) for small n.
-        const int nt = forced_nt() > 0 ? forced_nt() : ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
+        const int nt = ceil_div(n, 16) >= 2LL * sm_count() ? 2 : 1;
         if (nt == 2) return launch_nt<T, EPI, 2, M16, NORM>(x, w, bias, y, m, n, k, na, ex, s);
         return launch_nt<T, EPI, 1, M16, NORM>(x, w, bias, y, m, n, k, na, ex, s);
     }

@@ -41,7 +41,6 @@ template <typename T> struct NormArgs {
 // VPT: vectors of vec16<T>() elements per thread.
 template <NormKind K, typename T, int VPT, bool WARP>
 __global__ void __launch_bounds__(1024) norm_reg_kernel(NormArgs<T> a) {
-    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     constexpr int N = vec16<T>();
     using V = Vec<T, N>;
     __shared__ float scratch[32];
@@ -140,7 +139,6 @@ __global__ void __launch_bounds__(1024) norm_reg_kernel(NormArgs<T> a) {
 // ------------------------------------------------------------------ generic kernel
 // Block per row, scalar accesses, any hidden and alignment.
 template <NormKind K, typename T> __global__ void norm_generic_kernel(NormArgs<T> a) {
-    pdl_trigger();  // a dense GEMV launched after this one may start (see common.cuh)
     __shared__ float scratch[32];
     const int64_t h = a.hidden;
     const float inv_h = (float)(1.0 / (double)h);

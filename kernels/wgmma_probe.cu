@@ -1,6 +1,6 @@
 // Building blocks of a Hopper (sm_90a) prefill attention, each checked on its own against the
-// tile shapes the prefill kernel uses (issue 6: the mma.sync kernel reaches 0.42-0.54x of
-// cuDNN; wgmma is the way): 64 queries x 128 keys per tile, head_dim 128. One warpgroup
+// tile shapes the prefill kernel uses (issue 6: the mma.sync kernel trails cuDNN on Hopper;
+// wgmma is the way): 64 queries x 128 keys per tile, head_dim 128. One warpgroup
 // (128 threads), one CTA:
 //
 //   fl_wgmma_probe_qk: S = Q K^T, Q [64, 128] and K [128, 128] f16 row-major, both in shared

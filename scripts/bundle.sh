@@ -53,6 +53,6 @@ PY
 rm -f "$json"
 # Symbols are not needed on the GPU machine and the bundle must stay small to travel.
 strip --strip-unneeded "$DIR"/tests/* "$DIR"/benches/* "$DIR"/bin/* 2>/dev/null || true
-cp scripts/run-bundle.sh "$DIR/"
+cp scripts/run-bundle.sh bench/gpu/run.sh bench/gpu/read_floor.cu "$DIR/"  # run.sh: the GPU runner
 cp -r bench/scripts/. "$DIR/scripts/" 2>/dev/null || true
 du -sh "$DIR"

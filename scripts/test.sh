@@ -6,8 +6,8 @@
 # Builds every crate (so every kernel compiles for every target architecture), runs all
 # tests: CPU references, proptests, parsers; GPU tests run when a GPU is present and print
 # a SKIP notice otherwise (FL_REQUIRE_GPU=1 turns a missing GPU into a failure). Also
-# rustfmt --check (first; skipped with a notice where rustfmt is missing), clippy (-D
-# warnings) and rustdoc (warnings are errors).
+# rustfmt --check (first; skipped with a notice where rustfmt is missing), the dependency
+# rule (scripts/check-deps.sh), clippy (-D warnings) and rustdoc (warnings are errors).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup-cuda.sh
@@ -20,6 +20,8 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "SKIP fmt: rustfmt is not installed (rustup component add rustfmt)"
 fi
+echo "== deps"
+bash scripts/check-deps.sh
 echo "== build (FL_CUDA_ARCHS=${FL_CUDA_ARCHS:-all supported})"
 cargo build --workspace --all-targets --locked
 echo "== bench/gpu/read_floor.cu (a standalone probe the GPU calls build with nvcc: compiled here so it keeps building)"

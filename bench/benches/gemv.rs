@@ -1,4 +1,4 @@
-//! Weight-only quantised GEMV (`fl_kernels::gemv`, re-exported as `fl_blas::gemv`): time and
+//! Weight-only quantised GEMV (`fl_kernels::gemv`): time and
 //! GB/s on the weight bytes, next to a device copy of the same bytes and cuBLAS in the
 //! activations' dtype (`fl_blas::Blas::linear`, fp16 or bf16) on the same matrix.
 //!
@@ -24,9 +24,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::ops::{bench_tensor, bench_values};
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
-use fl_blas::gemv::{self, QuantFormat, QuantWeight};
 use fl_blas::Blas;
 use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
 use fl_kernels::{bf16, f16, DeviceTensor, Gpu, HalfDType};
 
 const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
@@ -144,8 +144,8 @@ fn copies(bytes: usize) -> usize {
 /// `iters` launches of `f` timed on the device after a few untimed ones, so the printed lines
 /// hold without criterion's own warm-up (first-call costs: cuBLAS's heuristic and module
 /// loading took ~150 ms on an H100 when criterion's runs were filtered out): the median of
-/// three such batches, since one batch of cuBLAS or of the copy now and then ran 15-300% off
-/// its usual time on the H100 (bench/RESULTS.md, sessions 19-20), which skewed the ratios.
+/// three such batches, since one batch of cuBLAS or of the copy now and then runs far off its
+/// usual time, which skewed the ratios.
 fn timed(
     s: &CudaStream,
     iters: u64,

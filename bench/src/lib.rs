@@ -17,13 +17,20 @@ pub fn gpu_or_skip(bench: &str) -> Option<Gpu> {
     match Gpu::new(0) {
         Ok(g) => Some(g),
         Err(e) => {
-            if fl_kernels::testing::gpu_required() {
+            if gpu_required() {
                 panic!("{bench}: FL_REQUIRE_GPU=1 but {e}");
             }
             eprintln!("SKIP bench {bench}: {e}");
             None
         }
     }
+}
+
+/// Whether `FL_REQUIRE_GPU` asks for a GPU (`1`, `true`, `yes`), as in the tests (this crate
+/// does not take `fl_kernels`' `testing` feature, which is for tests only).
+fn gpu_required() -> bool {
+    std::env::var("FL_REQUIRE_GPU")
+        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes"))
 }
 
 /// Times `iters` calls of `f` on `stream` with CUDA events; returns the total.

@@ -358,7 +358,7 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], uint3
 }
 
 // ---------------------------------------------------------------- GEMV launch shape
-// Warps per CTA for the decode GEMVs (gemv_dense.cu, gemv.cu's tensor-core kernel): 4, 8 or 16
+// Warps per CTA for the decode GEMVs (gemv_dense.cu, gemv_mma.cu): 4, 8 or 16
 // (fewer when k has fewer `batches` of chunks than that), the one whose grid of `ctas` fills
 // the resident CTA slots best, score = ctas / (waves * slots), e.g. 768 CTAs on 132 SMs x 5
 // slots (4 warps) run 1.16 waves, but 2.9 with 8 warps per CTA. A size that leaves one CTA
@@ -394,38 +394,14 @@ int pick_gemv_warps(Kernel kernel, std::atomic<int> (&occupancy)[3], int64_t cta
     return best;
 }
 
-// ---------------------------------------------------------------- environment knobs
-// One accepted value of a FL_* path knob and the code it selects.
-struct EnvChoice {
-    const char *name;
-    int value;
-};
-
-// The code that the environment variable `var` selects among `choices`, or `fallback` when it
-// is unset or empty. A value that names none of them also gives `fallback`, after a one-line
-// notice on stderr listing the accepted ones (a misspelt knob must not look like a measurement
-// of the path it meant). Call sites keep the result in a function-local static: knobs are read
-// once per process.
-template <int N>
-inline int env_choice(const char *var, const EnvChoice (&choices)[N], int fallback) {
-    const char *e = getenv(var);
-    if (!e || !e[0]) return fallback;
-    for (int i = 0; i < N; ++i)
-        if (!strcmp(e, choices[i].name)) return choices[i].value;
-    fprintf(stderr, "fl: %s=%s is not one of", var, e);
-    for (int i = 0; i < N; ++i) fprintf(stderr, "%s %s", i ? "," : "", choices[i].name);
-    fprintf(stderr, "; using the automatic choice\n");
-    return fallback;
-}
-
 // ---------------------------------------------------------------- programmatic dependent launch
 // On sm_90 a kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start
 // while the kernel before it on the stream is still running, once every CTA of that kernel has
 // executed pdl_trigger() (or exited). It must call pdl_wait() before it touches memory the
 // earlier kernel writes or reads: griddepcontrol.wait returns when the earlier grid has completed
 // and its writes are visible. Both are no-ops on older GPUs and in kernels launched normally, so
-// a kernel can trigger unconditionally. Used by the dense GEMV (which streams its weights towards
-// L2 before waiting) and by the kernels that precede it in a decode step.
+// a kernel can trigger unconditionally. Used by the decode attention's split combine (a
+// programmatic dependent of the split kernel on sm_90).
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -436,19 +412,6 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-
-// Whether launches on the current device use programmatic dependent launch: FL_PDL=1 (read
-// once) and compute capability >= 9.0. Off by default: measured on the H100, llama-2-7b
-// batch-1 decode ran at 187.5 tokens/s with it against 188.6 without (181.4 vs 189.0 with the
-// norm fused into the GEMV), see bench/RESULTS.md.
-// FL_PDL=2 (an experiment): the same launches, but the dense GEMV does not prefetch its first
-// weight lines to L2 before waiting (tests whether the prefetch or the early launch costs).
-inline int pdl_mode() {
-    static const EnvChoice choices[] = {{"1", 1}, {"2", 2}};
-    static const int mode = env_choice("FL_PDL", choices, 0);
-    return mode;
-}
-inline bool pdl_enabled() { return pdl_mode() != 0 && cc_major() >= 9; }
 
 }  // namespace fl
 

@@ -1,6 +1,7 @@
 // Host side of TMA tensor copies: cuTensorMapEncodeTiled, looked up once from the driver
 // through the runtime (the kernels link cudart statically and never the driver library).
-// Used by the Hopper prefill attention and the one-token TMA GEMVs (gemv.cu: t1b, t1t).
+// Used by the Hopper prefill attention and the one-token TMA GEMVs (gemv_one_token_int.cu,
+// gemv_one_token_gguf.cu).
 #pragma once
 #include <cuda.h>
 #include <cudaTypedefs.h>

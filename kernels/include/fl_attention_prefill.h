@@ -51,6 +51,21 @@ typedef struct fl_prefill_attention_args {
 
 fl_status fl_attention_prefill(const fl_prefill_attention_args *args, fl_stream stream);
 
+/* Kernels of fl_attention_prefill_kernel (the same result up to f32 summation order and the
+ * rounding of P; only speed differs):
+ *   AUTO      what fl_attention_prefill does: on sm_90 (sm_90a code in the build) with
+ *             head_dim 128, f16 / bf16, the wgmma + TMA kernel; every other call the
+ *             mma.sync kernel (f32: its CUDA-core version);
+ *   MMA_SYNC  the mma.sync kernel always: what runs before sm_90 and at other head sizes,
+ *             so that tests reach it at head_dim 128 on sm_90. */
+#define FL_PREFILL_KERNEL_AUTO 0
+#define FL_PREFILL_KERNEL_MMA_SYNC 1
+
+/* fl_attention_prefill with the kernel chosen by the caller (FL_PREFILL_KERNEL_*); any other
+ * value: FL_ERR_INVALID_ARGUMENT. For tests. */
+fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *args, int32_t kernel,
+                                      fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

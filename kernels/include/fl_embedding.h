@@ -40,30 +40,12 @@ extern "C" {
  * limit min(vocab, INT32_MAX)).
  * Errors: FL_ERR_INVALID_ARGUMENT for n < 0, n > INT32_MAX, vocab < 0, hidden < 1, a NULL
  * pointer with n > 0, status_nonce == 0 with a status, or a row too long for the grid
- * (hidden * sizeof(dtype) > 65535 * 2048 words; 65535 * 1024 on the ROWS path below);
+ * (hidden * sizeof(dtype) > 65535 * 1024 words);
  * FL_ERR_MISALIGNED for a status that is not 8-byte aligned; FL_ERR_UNSUPPORTED_DTYPE.
  * n == 0 launches nothing. */
 fl_status fl_embedding_lookup(fl_dtype dtype, const int32_t *ids, int64_t n, const void *table,
                               int64_t vocab, int64_t hidden, void *out, int32_t *status,
                               uint32_t status_nonce, fl_stream stream);
-
-/* Kernels of fl_embedding_lookup_path (same result, bit for bit; only speed differs):
- *   AUTO          the environment's FL_EMBEDDING_PATH if set (rows, tiles, tiles_cs),
- *                 else ROWS (fl_embedding_lookup itself);
- *   ROWS          one block per (token, chunk of the row), 4 words per thread;
- *   TILES         blocks of several rows, up to 8 words per thread, loads before stores;
- *   TILES_STREAM  TILES with streaming (evict-first) stores of the output. */
-#define FL_EMBEDDING_PATH_AUTO 0
-#define FL_EMBEDDING_PATH_ROWS 1
-#define FL_EMBEDDING_PATH_TILES 2
-#define FL_EMBEDDING_PATH_TILES_STREAM 3
-
-/* fl_embedding_lookup with the kernel chosen by the caller (FL_EMBEDDING_PATH_*); any other
- * path: FL_ERR_INVALID_ARGUMENT. For tests and A/B benchmarks. */
-fl_status fl_embedding_lookup_path(fl_dtype dtype, const int32_t *ids, int64_t n,
-                                   const void *table, int64_t vocab, int64_t hidden, void *out,
-                                   int32_t *status, uint32_t status_nonce, int32_t path,
-                                   fl_stream stream);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,5 @@
-/* Launchers of kernels/gemv.cu (included by fl_kernels.h; see its rules).
+/* Launchers of kernels/gemv*.cu (the C API in gemv.cu, fl_gemv_dequantize in gemv_dequant.cu;
+ * included by fl_kernels.h; see its rules).
  *
  * Weight-only quantised GEMV / small GEMM for decode:
  *   y[t, r] = sum_j x[t, j] * W[r, j],   t < m, r < n, j < k,
@@ -57,26 +58,23 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
 /* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 rounding: the
- * summation order, and for int4 at m = 1 in the one-token kernel's 4-warp CTAs of 4 tiles, a
+ * summation order, and for int4 at m = 1 in the one-token kernel's 32-row CTAs of 4 warps, a
  * product on raw nibbles whose offsets (M + z) times x's group sums are subtracted per row in
- * f32; FL_GEMV_T1_INT4=0 turns that off):
- *   AUTO  the environment's FL_GEMV_PATH if set (fma, mma; read once per process), else the
- *         tensor-core side for m >= 2, or with m = 1 and FL_GEMV_INT8 / FL_GEMV_INT4 /
- *         FL_GEMV_INT4_ZP, or FL_GEMV_Q8_0 / FL_GEMV_Q4_0 with k % 256 == 0 (f16 and bf16 x);
- *         otherwise (m = 1 Q8_0 / Q4_0 with k % 256 != 0) the CUDA-core kernel;
+ * f32):
+ *   AUTO  the tensor-core side for m >= 2, for FL_GEMV_INT4 / FL_GEMV_INT4_ZP at m = 1, and
+ *         for FL_GEMV_INT8 / FL_GEMV_Q8_0 / FL_GEMV_Q4_0 at m = 1 when one of the one-token
+ *         kernels below takes the call (f16 and bf16 x); otherwise (e.g. Q8_0 / Q4_0 with
+ *         k % 256 != 0) the CUDA-core kernel;
  *   FMA   the CUDA-core kernel (f32 FMAs, one warp per output row);
  *   MMA   the tensor-core side (mma.sync m16n8k16 on exact 16-bit integers (q - z), the
- *         scales applied in f32 outside the mma). At m = 1 it runs a kernel of its own for
- *         int8 and int4: whole 16-byte pieces per lane and a cp.async ring of loads per warp;
- *         the environment's FL_GEMV_T1=0 turns that off (int8 at m = 1 then takes the
- *         CUDA-core kernel under AUTO). Likewise for Q8_0 / Q4_0 with k % 256 == 0 (a warp
- *         copies 8 or 16 blocks of each of the CTA's 32 rows at a time, rows 16-byte
- *         aligned); the environment's FL_GEMV_T1G=0 turns that off (the CUDA-core kernel
- *         under AUTO). At m = 2..16, Q8_0 / Q4_0 with k % 256 == 0 take a kernel that copies
- *         the blocks the same way, with every token's x beside them, and splits each block
- *         over 4 lanes (FL_GEMV_TMG=0 turns it off: the general tensor-core kernel); int8 /
- *         int4 at m = 2..16 with k % 256 == 0 likewise, 16-byte units in place of blocks
- *         (FL_GEMV_TMI=0 turns it off). */
+ *         scales applied in f32 outside the mma): at m = 1 kernels of their own for int8 and
+ *         int4 (whole 16-byte pieces per lane, a ring of loads per warp, or on sm_90+ for int8
+ *         one per CTA that the TMA engine fills) and for Q8_0 / Q4_0 with k % 256 == 0 (a CTA
+ *         copies runs of 8-32 blocks of each of its 32 rows at a time, rows 16-byte aligned,
+ *         by cp.async or on sm_90+ by TMA); at m = 2..16 with k % 256 == 0 kernels that copy
+ *         the weights the same way with every token's x beside them and split each block or
+ *         16-byte unit over 4 lanes; a general tensor-core kernel for every other shape (and
+ *         where a ring kernel's shared memory does not fit). */
 #define FL_GEMV_PATH_AUTO 0
 #define FL_GEMV_PATH_FMA 1
 #define FL_GEMV_PATH_MMA 2

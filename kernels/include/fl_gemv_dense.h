@@ -17,10 +17,7 @@
  * Errors: FL_ERR_INVALID_ARGUMENT for m outside 0..FL_GEMV_DENSE_MAX_M, n < 0, k <= 0 or not
  * a multiple of 8, sizes whose products overflow int64_t, an unknown epilogue, a bias with
  * SWIGLU / ADD, or a NULL x / W / y with work to do; FL_ERR_UNSUPPORTED_DTYPE for a dtype
- * other than f16 / bf16. m == 0 or n == 0 launches nothing and returns FL_OK.
- * Tuning (bench sweeps only; read once per process, results unchanged): the environment
- * variables FL_GEMV_DENSE_WARPS (1, 2, 4, 8, 16 warps per CTA) and FL_GEMV_DENSE_NT (1 or 2
- * tiles of 8 rows per CTA, LINEAR / ADD) override the launch heuristic. */
+ * other than f16 / bf16. m == 0 or n == 0 launches nothing and returns FL_OK. */
 #ifndef FL_GEMV_DENSE_H
 #define FL_GEMV_DENSE_H
 #include "fl_kernels.h"

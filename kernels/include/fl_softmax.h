@@ -28,8 +28,8 @@ int64_t fl_softmax_workspace_size(int64_t rows, int64_t n);
  * rows run on one block each (slower). The workspace must not be used by anything else
  * until the launch has completed. On sm_90+ (compute capability >= 9) long rows with
  * 4096 < n / (16 / sizeof(x)) <= 32768 vectors (aligned x, y; n a multiple of 8 for f16/bf16,
- * of 4 for f32) are done by clusters of 8 blocks per row, reading x once (the twopass path of
- * FL_SOFTMAX_LONG_* below is selectable, not automatic); the result is the same either way (up to f32 summation order).
+ * of 4 for f32) are done by clusters of 8 blocks per row, reading x once; the result is the
+ * same either way (up to f32 summation order).
  * y may alias x when y_dtype == x_dtype (in place); no other overlap is allowed. */
 fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y, int64_t rows,
                      int64_t n, float temperature, void *workspace, int64_t workspace_bytes,
@@ -37,29 +37,16 @@ fl_status fl_softmax(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
 
 /* Long-row paths of fl_softmax_path (rows the register path does not take: n / vector width
  * > 4096, or n not a multiple of the vector width, or unaligned x / y):
- *   AUTO     the environment's FL_SOFTMAX_LONG if set (cluster, cluster_pf, cluster_db,
- *            twopass, portable), else automatic: cluster (sm_90+), split, generic;
- *   CLUSTER  cluster path where it applies (sm_90+, 16-byte vectors, n <= 32768 vectors),
- *            else split / generic;
- *   CLUSTER_PREFETCH  the same, each block prefetching its part of its cluster's next row
- *            into L2 while it works on the current one;
- *   CLUSTER_PIPELINED  the same, each block loading its part of the next row into a second
- *            register set before it writes the current one (rows up to 16384 vectors; longer
- *            ones run the plain cluster kernel);
- *   TWOPASS  one block per row, one per SM (rows in flight fit ~60% of L2): an online
- *            (max, sum) pass, then a pass re-reading x (from L2) and writing y;
- *   PORTABLE split (with a workspace, few rows) or generic: what runs before sm_90.
- * Every path gives the same result up to f32 summation order; only speed differs. */
-#define FL_SOFTMAX_LONG_AUTO 0
-#define FL_SOFTMAX_LONG_CLUSTER 1
-#define FL_SOFTMAX_LONG_CLUSTER_PREFETCH 2
-#define FL_SOFTMAX_LONG_TWOPASS 3
-#define FL_SOFTMAX_LONG_PORTABLE 4
-#define FL_SOFTMAX_LONG_CLUSTER_PIPELINED 5
+ *   AUTO      what fl_softmax does: cluster (sm_90+, 16-byte vectors, n <= 32768 vectors),
+ *             else split (with a workspace, few rows) or generic;
+ *   PORTABLE  split or generic only: what runs before sm_90 (lets tests reach it on sm_90).
+ * Both give the same result up to f32 summation order; only speed differs. */
+#define FL_SOFTMAX_AUTO 0
+#define FL_SOFTMAX_PORTABLE 1
 
-/* fl_softmax with the long-row path chosen by the caller (FL_SOFTMAX_LONG_*; AUTO is
- * fl_softmax itself). A path that cannot run on the device or shape falls back as described
- * above. Any other long_path: FL_ERR_INVALID_ARGUMENT. For tests and A/B benchmarks. */
+/* fl_softmax with the long-row path chosen by the caller (FL_SOFTMAX_AUTO is fl_softmax
+ * itself, FL_SOFTMAX_PORTABLE see above); any other long_path: FL_ERR_INVALID_ARGUMENT. For
+ * tests. */
 fl_status fl_softmax_path(fl_dtype x_dtype, const void *x, fl_dtype y_dtype, void *y,
                           int64_t rows, int64_t n, float temperature, void *workspace,
                           int64_t workspace_bytes, int32_t long_path, fl_stream stream);

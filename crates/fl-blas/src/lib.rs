@@ -28,7 +28,8 @@
 //!
 //! INT8 W8A8: [`Blas::gemm_i8`] (int8 × int8 → int32 on IMMA tensor cores) and
 //! [`QuantLinear`] (per-channel quantised weights); the fused (de)quantising kernels around
-//! it are in [`fl_kernels::quant`].
+//! it are in [`fl_kernels::quant`]. Weight-only quantised GEMV (int8, int4, Q8_0, Q4_0) is
+//! [`fl_kernels::gemv`]: hand-written kernels, so it lives with the others.
 #![warn(missing_docs)]
 
 pub mod cache;
@@ -42,13 +43,9 @@ pub mod reference;
 pub use cache::{AlgoCache, CacheKey, CacheLoad, CachedAlgo, GemmShape};
 pub use dtype::{GemmDType, GemmType};
 pub use error::{Error, Result};
+pub use fl_kernels::{DeviceTensor, Gpu};
 pub use gemm::{AutotuneResult, Blas, GemmParams, WORKSPACE_BYTES};
 pub use int8::QuantLinear;
-
-/// Weight-only quantised GEMV/GEMM for decode (int8, int4, Q8_0, Q4_0). The kernels are
-/// hand-written, so they live in `fl-kernels` with the others; re-exported here.
-pub use fl_kernels::gemv;
-pub use fl_kernels::{DeviceTensor, Gpu};
 
 /// The README's example, compiled as a doctest.
 #[cfg(doctest)]

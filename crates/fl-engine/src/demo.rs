@@ -43,6 +43,23 @@ fn pseudo_random<T: FloatDType>(n: usize, seed: u64) -> Vec<T> {
         .collect()
 }
 
+/// Relative L2 error `|got - want| / |want|` in f64; NaN or infinity in `got` gives
+/// infinity, an all-zero `want` gives `|got|`.
+fn rel_l2<T: FloatDType>(got: &[T], want: &[f64]) -> f64 {
+    if got.len() != want.len() || got.iter().any(|g| !g.to_f64().is_finite()) {
+        return f64::INFINITY;
+    }
+    let (num, den) = got.iter().zip(want).fold((0f64, 0f64), |(n, d), (g, w)| {
+        let e = g.to_f64() - w;
+        (n + e * e, d + w * w)
+    });
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
 fn add_line<T: FloatDType>(
     gpu: &Gpu,
     s: &std::sync::Arc<CudaStream>,
@@ -59,7 +76,7 @@ fn add_line<T: FloatDType>(
         .iter()
         .map(|x| x.to_f64())
         .collect();
-    let rel_err = fl_kernels::testing::rel_l2(&got, &want);
+    let rel_err = rel_l2(&got, &want);
     let us = time_us(gpu, 20, || elementwise::add(s, &da, &db, &mut out))?;
     let bytes = 3 * n * std::mem::size_of::<T>();
     Ok(DemoLine {

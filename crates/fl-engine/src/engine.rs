@@ -11,10 +11,14 @@ use fl_kernels::cudarc::driver::{CudaGraph, CudaStream};
 use fl_kernels::{embedding, DeviceTensor, Gpu};
 use fl_sampling::{Sampler, SamplerConfig, SamplingParams};
 
+use crate::buffers::Buffers;
+use crate::cache::Cache;
 use crate::config::ModelConfig;
+use crate::dtype::RunDType;
 use crate::error::{EngineError, Result};
 use crate::linear::Quant;
-use crate::model::{AttnMode, Buffers, Cache, Model, RunDType, WeightSource, Weights};
+use crate::model::{AttnMode, Model};
+use crate::weights::{Progress, WeightSource, Weights};
 
 /// A model on a GPU with its own stream and cuBLASLt handle.
 pub struct Engine<T: RunDType> {
@@ -88,7 +92,7 @@ impl<T: RunDType> Engine<T> {
         ordinal: usize,
         cfg: ModelConfig,
         src: WeightSource<'_>,
-        progress: Option<crate::model::Progress<'_>>,
+        progress: Option<Progress<'_>>,
     ) -> Result<Self> {
         Self::load_quant(ordinal, cfg, src, Quant::None, progress)
     }
@@ -103,7 +107,7 @@ impl<T: RunDType> Engine<T> {
         cfg: ModelConfig,
         src: WeightSource<'_>,
         quant: Quant,
-        progress: Option<crate::model::Progress<'_>>,
+        progress: Option<Progress<'_>>,
     ) -> Result<Self> {
         cfg.validate()?;
         quant.check_dtype(<T as fl_kernels::DType>::NAME)?;

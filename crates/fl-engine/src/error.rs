@@ -19,7 +19,7 @@ pub enum EngineError {
     Config(#[from] crate::config::ConfigError),
     /// The checkpoint.
     #[error(transparent)]
-    Weights(#[from] crate::weights::WeightsError),
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// A request the engine refuses before doing any work (prompt longer than the context,
     /// batch that does not fit in memory, empty prompt...), naming the argument.
     #[error("{arg}: {reason}")]

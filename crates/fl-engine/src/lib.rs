@@ -1,11 +1,13 @@
 //! # fl-engine: LLaMA-family models end to end
 //!
 //! - [`config`]: Hugging Face config.json (both dialects), [`presets`]: named model shapes
-//!   for dummy weights, [`weights`]: memory-mapped safetensors (single or sharded), checked
+//!   for dummy weights, [`checkpoint`]: memory-mapped safetensors (single or sharded), checked
 //!   before any upload;
-//! - [`model`]: the weights on the device and the decoder stack over a packed batch of
-//!   tokens (prefill) or one token per sequence (decode) with a KV cache; [`linear`]: the
-//!   projections dense or quantised on load (`--quant` int8, int4, q8_0, q4_0, w8a8);
+//! - [`model`]: the decoder stack over a packed batch of tokens (prefill) or one token per
+//!   sequence (decode), built from [`weights`] (the weights on the device and their
+//!   loading), [`buffers`] (the activations), [`cache`] (the KV cache) and one decoder layer
+//!   written once (`layer`); [`dtype`]: the run dtypes; [`linear`]: the projections dense or
+//!   quantised on load (`--quant` int8, int4, q8_0, q4_0, w8a8);
 //! - [`engine`]: the generation loop (prefill, sampling with fl-sampling, decode steps
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
 //!   resolution;
@@ -13,7 +15,7 @@
 //!
 //! ```no_run
 //! use fl_engine::engine::{Engine, Request, StepNeeds};
-//! use fl_engine::model::WeightSource;
+//! use fl_engine::weights::WeightSource;
 //! use fl_engine::presets::preset;
 //! use fl_kernels::f16;
 //! let cfg = preset("tiny").unwrap();
@@ -31,10 +33,15 @@
 //! # Ok::<(), fl_engine::EngineError>(())
 //! ```
 
+pub mod buffers;
+pub mod cache;
+pub mod checkpoint;
 pub mod config;
 pub mod demo;
+pub mod dtype;
 pub mod engine;
 mod error;
+mod layer;
 pub mod linear;
 pub mod load;
 pub mod model;

@@ -45,8 +45,8 @@ use fl_kernels::quant::{self, Dequant};
 use fl_kernels::{activation, f16, norm, DeviceTensor};
 
 use crate::config::ModelConfig;
+use crate::dtype::RunDType;
 use crate::error::{EngineError, Result};
-use crate::model::RunDType;
 
 /// How the decoder's linear layers are stored and run (`--quant`); see the
 /// [module docs](self).
@@ -271,7 +271,7 @@ impl Quant {
 
     /// Device bytes of all of `cfg`'s weights in this mode: [`ModelConfig::weight_bytes`]
     /// with each layer's four projections at [`Quant::linear_bytes`] (embedding, LM head,
-    /// norms and biases dense). What [`crate::model::Weights::bytes`] reports once loaded.
+    /// norms and biases dense). What [`crate::weights::Weights::bytes`] reports once loaded.
     ///
     /// ```
     /// use fl_engine::linear::Quant;
@@ -294,7 +294,7 @@ impl Quant {
     }
 
     /// Device bytes of the per-pass scratch a forward pass over `m` tokens needs in this mode
-    /// (beyond the dense [`crate::model::Buffers`]): weight-only passes past
+    /// (beyond the dense [`crate::buffers::Buffers`]): weight-only passes past
     /// [`gemv::MAX_M`] tokens hold one dense copy of each distinct projection shape; `w8a8`
     /// passes hold int8 activations, int32 GEMM outputs and per-token scales.
     pub fn buffer_bytes(&self, cfg: &ModelConfig, m: usize, dtype_bytes: usize) -> u64 {

@@ -5,14 +5,15 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::checkpoint::Checkpoint;
 use crate::config::ModelConfig;
+use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::linear::Quant;
-use crate::model::{RunDType, WeightSource};
 use crate::presets;
 use crate::tokenizer::Tokenizer;
-use crate::weights::Checkpoint;
+use crate::weights::WeightSource;
 
 /// A resolved `--model`: its config, and for a directory its checkpoint and tokenizer.
 pub struct Loaded {

@@ -539,10 +539,11 @@ fn derived_sizes() {
 
 #[test]
 fn qkv_row_order_makes_rotate_half_pairs_adjacent() {
-    // The loader's QKV row order (model::qkv_row_order): a permutation of the stacked rows;
+    // The loader's QKV row order (weights::qkv_row_order): a permutation of the stacked rows;
     // within each q and k head, rows 2e and 2e + 1 are the checkpoint's rotate-half pair
     // (e, e + d/2); v rows stay. Checked on a GQA preset (llama-3-8b: 32 q heads, 8 kv heads).
-    use fl_engine::model::{qkv_row_order, rope_params};
+    use fl_engine::model::rope_params;
+    use fl_engine::weights::qkv_row_order;
     use fl_kernels::rope::RopeStyle;
     let c = preset("llama-3-8b").unwrap_or_else(|e| panic!("{e}"));
     let (d, hq, hkv) = (c.head_dim, c.num_attention_heads, c.num_key_value_heads);

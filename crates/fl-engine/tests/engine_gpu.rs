@@ -11,9 +11,12 @@
 //! sides differ only by the order of f32 sums (cuBLASLt may pick another algorithm for
 //! another token count, the attention splits differ), ~1e-6 per layer on this tiny model.
 
+use fl_engine::dtype::RunDType;
 use fl_engine::engine::{Engine, Request, StepNeeds};
-use fl_engine::model::WeightSource;
+use fl_engine::model::{DEFAULT_FUSE_NORM_MAX_M, DEFAULT_GEMV_MAX_M};
 use fl_engine::presets::preset;
+use fl_engine::weights::WeightSource;
+use fl_kernels::gemv_dense;
 use fl_kernels::testing::{gpu_or_skip, rel_l2};
 use fl_kernels::{bf16, f16};
 
@@ -22,7 +25,7 @@ use common::{serial, worst};
 use fl_kernels::testing::to_f64;
 use fl_sampling::SamplingParams;
 
-fn engine<T: fl_engine::model::RunDType>() -> Engine<T> {
+fn engine<T: RunDType>() -> Engine<T> {
     let cfg = preset("tiny").expect("tiny preset");
     Engine::<T>::load(0, cfg, WeightSource::Dummy { seed: 3 }, None).expect("load tiny")
 }
@@ -47,7 +50,7 @@ fn prompt(n: usize, seed: u32) -> Vec<u32> {
 /// (prefill logits per prompt, logits per decode step per prompt, tokens).
 type Logits = (Vec<Vec<f32>>, Vec<Vec<Vec<f32>>>, Vec<Vec<u32>>);
 
-fn run<T: fl_engine::model::RunDType>(e: &mut Engine<T>, r: &Request) -> Logits {
+fn run<T: RunDType>(e: &mut Engine<T>, r: &Request) -> Logits {
     let vocab = e.model.cfg.vocab_size;
     let mut pre = Vec::new();
     let mut steps = Vec::new();
@@ -78,7 +81,7 @@ fn run<T: fl_engine::model::RunDType>(e: &mut Engine<T>, r: &Request) -> Logits 
 }
 
 /// Bound on the rel L2 between two runs of the same logits in dtype `T`.
-fn tol<T: fl_engine::model::RunDType>() -> f64 {
+fn tol<T: RunDType>() -> f64 {
     if <T as fl_kernels::DType>::NAME == "f32" {
         1e-4
     } else {
@@ -86,7 +89,7 @@ fn tol<T: fl_engine::model::RunDType>() -> f64 {
     }
 }
 
-fn ragged_batch_matches_single<T: fl_engine::model::RunDType>() {
+fn ragged_batch_matches_single<T: RunDType>() {
     let mut e = engine::<T>();
     let lens = [1usize, 7, 33, 129, 2];
     let prompts: Vec<Vec<u32>> = lens
@@ -155,7 +158,7 @@ fn decode_path_matches_prefill_path_f32() {
     decode_path_matches_prefill::<f32>();
 }
 
-fn decode_path_matches_prefill<T: fl_engine::model::RunDType>() {
+fn decode_path_matches_prefill<T: RunDType>() {
     let mut e = engine::<T>();
     let p = prompt(20, 9);
     let forced: Vec<u32> = prompt(6, 4);
@@ -191,7 +194,7 @@ fn graph_and_eager_decode_agree_f32() {
     graph_and_eager_agree::<f32>();
 }
 
-fn graph_and_eager_agree<T: fl_engine::model::RunDType>() {
+fn graph_and_eager_agree<T: RunDType>() {
     let mut e = engine::<T>();
     let prompts = vec![prompt(5, 1), prompt(40, 2), prompt(1, 3)];
     e.use_graph = true;
@@ -247,72 +250,28 @@ fn bad_requests_are_errors_naming_the_argument() {
 }
 
 #[test]
-fn fused_norm_decode_matches_unfused() {
-    // Model::fuse_norm_max_m (RMSNorm inside the dense GEMVs) against the separate norm kernels:
-    // the same decode logits (within rounding: rstd is summed in another order) for a batch
-    // of 3 (the GEMV path, decoded in a graph).
-    if gpu_or_skip("fused_norm_decode_matches_unfused").is_none() {
+fn dense_layer_paths_agree() {
+    // Every way a dense f16/bf16 layer runs, against cuBLASLt with the separate norm and
+    // rope_append kernels (gemv_max_m = 0, also the f32 path): with
+    // (gemv_max_m, fuse_norm_max_m) = (4, 1) (the default), (4, 0) and (16, 16) these prompts'
+    // passes take the dense GEMV with
+    // - separate norms and rope_append: prefill of 3 tokens at (4, 1) and (4, 0);
+    // - separate norms and RoPE in the QKV GEMV: decode of 2 and 3 at (4, 1), of 1 at (4, 0);
+    // - fused norms and rope_append: prefill of 1 token at (4, 1), of 3 at (16, 16);
+    // - fused norms and RoPE in the QKV GEMV: decode of 1 at (4, 1), of 2 and 3 at (16, 16).
+    // The same prefill and decode logits within rounding (rstd and the products are summed
+    // in another order, the fused RoPE rotates the f32 products instead of their rounding).
+    if gpu_or_skip("dense_layer_paths_agree").is_none() {
         return;
     }
     let _serial = serial();
-    let mut e = engine::<f16>();
-    let prompts = vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)];
-    e.model.fuse_norm_max_m = 0;
-    let (_, plain, _) = run(&mut e, &req(prompts.clone(), 6));
-    e.model.fuse_norm_max_m = 16;
-    let (_, fused, _) = run(&mut e, &req(prompts, 6));
-    let err = worst(&fused, &plain);
-    assert!(
-        err < 1e-2,
-        "fused vs unfused: worst rel L2 over steps and prompts {err}"
-    );
-}
-
-#[test]
-fn prefetching_the_o_weight_changes_nothing() {
-    // Model::prefetch_o_bytes adds an L2 prefetch kernel before each layer's RoPE + attention
-    // in decode (inside the CUDA graph): a hint, so the same kernels compute the same logits.
-    // Batch 1 (the fused-norm GEMV path) and 3 (the GEMV path with separate norms), the
-    // prefetch smaller than the weight and larger (clamped to it).
-    if gpu_or_skip("prefetching_the_o_weight_changes_nothing").is_none() {
-        return;
-    }
-    let _serial = serial();
-    let mut e = engine::<f16>();
-    for prompts in [
-        vec![prompt(9, 4)],
-        vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)],
-    ] {
-        e.model.prefetch_o_bytes = 0;
-        let (_, off, toks_off) = run(&mut e, &req(prompts.clone(), 6));
-        for bytes in [4096, 1 << 30] {
-            e.model.prefetch_o_bytes = bytes;
-            let (_, on, toks_on) = run(&mut e, &req(prompts.clone(), 6));
-            assert_eq!(toks_off, toks_on, "prefetch {bytes} B: tokens differ");
-            let err = worst(&on, &off);
-            assert!(
-                err < 1e-6,
-                "prefetch {bytes} B: worst rel L2 over steps and prompts {err}"
-            );
-        }
-    }
-    e.model.prefetch_o_bytes = 0;
-}
-
-#[test]
-fn fused_rope_decode_matches_unfused() {
-    // Model::fuse_rope (RoPE + KV append in the QKV GEMV's epilogue) against the separate
-    // rope_append kernel: the same decode logits within rounding (the fused path rotates the
-    // f32 products, the unfused one their rounding to T), the same greedy tokens. Batch 1 (the
-    // fused-norm GEMV path) and 3 (the GEMV path with separate norms), f16 and bf16.
-    if gpu_or_skip("fused_rope_decode_matches_unfused").is_none() {
-        return;
-    }
-    let _serial = serial();
-    fn one<T: fl_engine::model::RunDType>() {
+    fn one<T: RunDType>() {
         let mut e = engine::<T>();
+        assert_eq!(e.model.gemv_max_m, DEFAULT_GEMV_MAX_M);
+        assert_eq!(e.model.fuse_norm_max_m, DEFAULT_FUSE_NORM_MAX_M);
         for prompts in [
-            vec![prompt(9, 4)],
+            vec![prompt(1, 4)],
+            vec![prompt(2, 1), prompt(1, 2)],
             vec![prompt(5, 1), prompt(17, 2), prompt(1, 3)],
         ] {
             // Teacher-forced: random tiny models have near-tied logits, and in bf16 one
@@ -324,21 +283,53 @@ fn fused_rope_decode_matches_unfused() {
                     .map(|b| prompt(8, 7 + b))
                     .collect(),
             );
-            e.model.fuse_rope = false;
-            let (pre_off, off, _) = run(&mut e, &r);
-            e.model.fuse_rope = true;
-            let (pre_on, on, _) = run(&mut e, &r);
-            // Prefill never takes the fused path: identical.
-            assert_eq!(pre_off, pre_on, "prefill logits differ");
-            let err = worst(&on, &off);
-            assert!(
-                err < tol::<T>(),
-                "{}: fused vs unfused RoPE, {} prompts: worst rel L2 {err}",
-                <T as fl_kernels::DType>::NAME,
-                prompts.len()
-            );
+            let all = |(pre, mut steps, _): Logits| {
+                steps.insert(0, pre);
+                steps
+            };
+            e.model.gemv_max_m = 0;
+            let reference = all(run(&mut e, &r));
+            for (gemv_max_m, fuse_norm_max_m) in [(4, 1), (4, 0), (16, 16)] {
+                e.model.gemv_max_m = gemv_max_m;
+                e.model.fuse_norm_max_m = fuse_norm_max_m;
+                let err = worst(&all(run(&mut e, &r)), &reference);
+                assert!(
+                    err < tol::<T>(),
+                    "{}: gemv_max_m {gemv_max_m}, fuse_norm_max_m {fuse_norm_max_m}, {} prompts: \
+                     worst rel L2 against cuBLASLt {err}",
+                    <T as fl_kernels::DType>::NAME,
+                    prompts.len()
+                );
+            }
         }
     }
     one::<f16>();
     one::<bf16>();
+}
+
+#[test]
+fn gemv_max_m_beyond_the_dtype_is_an_error() {
+    // f32 has no dense GEMV (gemv_max_m 0); f16 runs it up to gemv_dense::MAX_M tokens. A
+    // setting above is refused naming the option, before any launch; the engine stays usable.
+    if gpu_or_skip("gemv_max_m_beyond_the_dtype_is_an_error").is_none() {
+        return;
+    }
+    let _serial = serial();
+    fn one<T: RunDType>(default: usize, max: usize) {
+        let mut e = engine::<T>();
+        assert_eq!(e.model.gemv_max_m, default);
+        let r = req(vec![prompt(3, 1)], 3);
+        e.model.gemv_max_m = max + 1;
+        let err = e
+            .generate(&r, StepNeeds::default(), &mut |_| true)
+            .err()
+            .map(|x| x.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("gemv_max_m"), "{err}");
+        e.model.gemv_max_m = max;
+        e.generate(&r, StepNeeds::default(), &mut |_| true)
+            .expect("gemv_max_m at its limit");
+    }
+    one::<f32>(0, 0);
+    one::<f16>(DEFAULT_GEMV_MAX_M, gemv_dense::MAX_M);
 }

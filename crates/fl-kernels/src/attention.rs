@@ -250,9 +250,9 @@ pub fn decode_workspace_bytes<T: FloatDType>(
 /// in a second pass. For `f16`/`bf16` with `g >= 2` (an even group) the products run on
 /// tensor cores (f32 accumulation; the softmax weights are rounded to the input dtype for
 /// `P·V`, as in FlashAttention), and so does MHA at `head_dim` 128 on Hopper when
-/// `batch · kv_heads >= 128` and `max_seq_len >= 4096` (it reads faster there; the
-/// environment variable `FL_ATTN_MHA=cuda|mma` forces either kernel); `f32` runs on CUDA
-/// cores for every `g`, all in f32 (no TF32), so it matches an f64 reference to ~1e-6.
+/// `batch · kv_heads >= 128` and `max_seq_len >= 4096` (it reads faster there); `f32` runs
+/// on CUDA cores for every `g`, all in f32 (no TF32), so it matches an f64 reference to
+/// ~1e-6.
 ///
 /// Shapes: `q`, `out`: `[batch, q_heads, head_dim]`; `seq_lens`: `[batch]` (device, each
 /// at most `params.max_seq_len`; larger values are clamped to the cache capacity);

@@ -57,7 +57,7 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
 /// Kernels: on Hopper (sm_90) with `head_dim` 128 in `f16`/`bf16`, a FlashAttention-3-style
 /// kernel (TMA copies issued by a producer warpgroup, wgmma, the P·V product of one key tile
 /// overlapped with the softmax of the next); everywhere else an mma.sync kernel
-/// (FlashAttention-2 style). `FL_PREFILL_PATH=mma` forces the latter. The Hopper kernel reads
+/// (FlashAttention-2 style). The Hopper kernel reads
 /// K/V in 128-token boxes, which may take rows of the next sequence in the batch: they are
 /// masked out, but a NaN or infinity in them would reach this sequence's output (0 · ∞).
 ///
@@ -113,6 +113,57 @@ pub fn prefill<T: FloatDType>(
     cu_seqlens: &DeviceTensor<i32>,
     out: &mut DeviceTensor<T>,
     params: &PrefillParams,
+) -> Result<()> {
+    prefill_with_kernel(
+        stream,
+        q,
+        k,
+        v,
+        cu_seqlens,
+        out,
+        params,
+        PrefillKernel::Auto,
+    )
+}
+
+/// Which kernel [`prefill_with_kernel`] runs (for tests: both give the same result up to f32
+/// summation order). [`PrefillKernel::Auto`] is what [`prefill`] does: the wgmma + TMA kernel
+/// on Hopper at `head_dim` 128 in `f16`/`bf16`, the mma.sync kernel everywhere else.
+/// [`PrefillKernel::MmaSync`] takes the mma.sync kernel for every call, which is what runs
+/// before Hopper, so tests reach it at `head_dim` 128 on a Hopper GPU too.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillKernel {
+    /// The automatic choice.
+    Auto,
+    /// The mma.sync kernel (f32: its CUDA-core version) for every call.
+    MmaSync,
+}
+
+impl PrefillKernel {
+    /// Both kernels, for tests that cover each.
+    pub const ALL: [PrefillKernel; 2] = [PrefillKernel::Auto, PrefillKernel::MmaSync];
+
+    fn to_ffi(self) -> i32 {
+        (match self {
+            PrefillKernel::Auto => fl_kernels_sys::FL_PREFILL_KERNEL_AUTO,
+            PrefillKernel::MmaSync => fl_kernels_sys::FL_PREFILL_KERNEL_MMA_SYNC,
+        }) as i32
+    }
+}
+
+/// [`prefill`] with the kernel forced. For tests.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_with_kernel<T: FloatDType>(
+    stream: &Arc<CudaStream>,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    cu_seqlens: &DeviceTensor<i32>,
+    out: &mut DeviceTensor<T>,
+    params: &PrefillParams,
+    kernel: PrefillKernel,
 ) -> Result<()> {
     let qs = q.shape();
     if qs.len() != 3 {
@@ -211,6 +262,8 @@ pub fn prefill<T: FloatDType>(
     args.out = po as _;
     // SAFETY: every pointer refers to a live buffer whose shape was checked against the
     // args above; the guards keep them alive until the launch has been queued.
-    let status = unsafe { fl_kernels_sys::fl_attention_prefill(&args, raw_stream(stream)) };
+    let status = unsafe {
+        fl_kernels_sys::fl_attention_prefill_kernel(&args, kernel.to_ffi(), raw_stream(stream))
+    };
     check("attention_prefill::prefill", status)
 }

@@ -208,47 +208,6 @@ pub fn lookup<T: FloatDType>(
     out: &mut DeviceTensor<T>,
     status: &mut DeviceStatus,
 ) -> Result<()> {
-    lookup_with_path(stream, ids, table, out, status, LookupPath::Auto)
-}
-
-/// Which kernel [`lookup_with_path`] runs (testing and A/B benchmarking only: every kernel
-/// gives the same bytes). [`LookupPath::Auto`] is what [`lookup`] does: the
-/// `FL_EMBEDDING_PATH` environment variable (`rows`, `tiles`, `tiles_cs`; read once per
-/// process) if set, else `Rows` (measured faster than `Tiles` on the H100).
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LookupPath {
-    /// The environment's choice, else `Tiles`.
-    Auto,
-    /// One block per (token, chunk of the row), 4 words per thread.
-    Rows,
-    /// Blocks of several rows, up to 8 words per thread.
-    Tiles,
-    /// `Tiles` with streaming (evict-first) stores.
-    TilesStream,
-}
-
-impl LookupPath {
-    fn to_ffi(self) -> i32 {
-        (match self {
-            LookupPath::Auto => fl_kernels_sys::FL_EMBEDDING_PATH_AUTO,
-            LookupPath::Rows => fl_kernels_sys::FL_EMBEDDING_PATH_ROWS,
-            LookupPath::Tiles => fl_kernels_sys::FL_EMBEDDING_PATH_TILES,
-            LookupPath::TilesStream => fl_kernels_sys::FL_EMBEDDING_PATH_TILES_STREAM,
-        }) as i32
-    }
-}
-
-/// [`lookup`] with the kernel forced. For tests and benchmarks.
-#[doc(hidden)]
-pub fn lookup_with_path<T: FloatDType>(
-    stream: &CudaStream,
-    ids: &DeviceTensor<i32>,
-    table: &DeviceTensor<T>,
-    out: &mut DeviceTensor<T>,
-    status: &mut DeviceStatus,
-    path: LookupPath,
-) -> Result<()> {
     let &[vocab, hidden] = table.shape() else {
         return Err(Error::Shape {
             arg: "table",
@@ -281,7 +240,7 @@ pub fn lookup_with_path<T: FloatDType>(
     // every guard lives until the launch is queued on `stream`; the kernel reads no row
     // outside the table.
     let st = unsafe {
-        fl_kernels_sys::fl_embedding_lookup_path(
+        fl_kernels_sys::fl_embedding_lookup(
             T::ID,
             pi as _,
             n,
@@ -291,7 +250,6 @@ pub fn lookup_with_path<T: FloatDType>(
             po as _,
             ps as _,
             nonce,
-            path.to_ffi(),
             raw_stream(stream),
         )
     };

@@ -563,10 +563,9 @@ impl QuantWeight {
 /// dequantised in registers (never written out). Memory-bound at small `m`: one pass over
 /// the weight bytes, shared by all `m` tokens. With `k % 256 == 0` (every LLaMA shape) every
 /// format streams its weight through a shared-memory ring (filled by the TMA engine for the
-/// GGUF formats and int8 at one token on sm_90+ where that measured faster); on an H100 that
-/// reached 73-100% of the copy bandwidth on the weight bytes at one token and 54-90% at 16
-/// tokens on the 7B shapes (`bench/RESULTS.md`, sessions 12-16). Other `k` take general kernels, which are
-/// slower (most for the GGUF formats at 2..=16 tokens).
+/// GGUF formats and int8 at one token on sm_90+ where that measured faster; `bench/RESULTS.md`
+/// has the current figures). Other `k` take general kernels, which are slower (most for the
+/// GGUF formats at 2..=16 tokens).
 ///
 /// Errors: [`Error::Shape`] naming `x` (not 2-D, or `k` differs from the weight's) or `y`
 /// (not `[m, n]`); [`Error::TooLarge`] naming `x` when `m` > [`MAX_M`].
@@ -593,32 +592,31 @@ pub fn gemv<T: HalfDType>(
     gemv_with_path(stream, x, w, y, GemvPath::Auto)
 }
 
-/// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only: every path gives
-/// the same result up to f32 rounding: the summation order, and for int4 at `m = 1` where the
-/// one-token kernel runs 4-warp CTAs of 4 tiles, a product on raw nibbles whose offsets, x's
-/// group sums times `M + z`, are subtracted per row in f32; `FL_GEMV_T1_INT4=0` turns that
-/// off). [`GemvPath::Auto`] is what [`gemv`] does: the `FL_GEMV_PATH` environment variable
-/// (`fma` or `mma`, read once per process) if set, else the tensor-core side for `m >= 2` and
-/// for int8 / int4 at `m = 1` (where a one-token kernel of its own runs: whole 16-byte pieces
-/// per lane, loads several pieces ahead; `FL_GEMV_T1=0` turns it off, and int8 at `m = 1` then
-/// takes the CUDA-core kernel; on sm_90+ int8 takes a variant whose ring the TMA engine fills
-/// at most shapes, `FL_GEMV_T1T=0` turns that off), and for Q8_0 / Q4_0 at `m = 1` when
-/// `k % 256 == 0` (a one-token kernel for the GGUF blocks, which need whole rows on 16-byte
-/// boundaries; `FL_GEMV_T1G=0` turns it off; on sm_90+ Q8_0, and Q4_0 at `k >= 8192` or
-/// `n <= 32 x SMs`, take a variant whose rings the TMA engine fills, `FL_GEMV_T1B=0` turns that
-/// off), otherwise the CUDA-core kernel (see `fl_gemv.h`); f16 and bf16 activations alike. Q8_0
-/// / Q4_0 at `m = 2..=16` with `k % 256 == 0` take a multi-token kernel of the same kind
-/// (`FL_GEMV_TMG=0` turns it off), and so do int8 / int4 (`FL_GEMV_TMI=0`).
+/// Which kernel [`gemv_with_path`] runs (testing and A/B benchmarking only). Every path gives
+/// the same result up to f32 rounding: the summation order, and for int4 at `m = 1` in the
+/// one-token kernel's 32-row CTAs of 4 warps, a product on raw nibbles whose offsets, x's group
+/// sums times `M + z`, are subtracted per row in f32.
+///
+/// [`GemvPath::Auto`] is what [`gemv`] does: the tensor-core side for `m >= 2`, for int4 at
+/// `m = 1`, and for int8 / Q8_0 / Q4_0 at `m = 1` when a one-token kernel takes the call (int8:
+/// its shared memory fits, `k` up to ~64k values; Q8_0 / Q4_0: `k % 256 == 0`, whole rows on
+/// 16-byte boundaries); otherwise the CUDA-core kernel (see `fl_gemv.h` and the top of
+/// `kernels/gemv.cu`); f16 and bf16 activations alike. The tensor-core side picks, by format,
+/// `m`, `n`, `k` and the GPU, among kernels of its own for one token (whole 16-byte pieces or
+/// GGUF blocks per lane, rings of loads several steps ahead, on sm_90+ some filled by the TMA
+/// engine), for 2..=16 tokens with `k % 256 == 0` (every token's x copied beside the weights),
+/// and a general kernel for every other shape.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemvPath {
-    /// The environment's choice, else automatic.
+    /// What [`gemv`] does (see above).
     Auto,
     /// The CUDA-core kernel: f32 FMAs, one warp per output row.
     Fma,
     /// The tensor-core kernel: `mma.sync` m16n8k16 on the exact integers `q − zero` in
     /// f16 / bf16 (the activations' type), scales applied in f32 outside the mma (int4 at
-    /// `m = 1`: on raw nibbles in some CTA shapes, see above).
+    /// `m = 1`: on raw nibbles in some CTA shapes, see above), with the ring kernels where
+    /// they apply.
     Mma,
 }
 

@@ -39,6 +39,7 @@ pub mod padding;
 pub mod quant;
 pub mod reference;
 pub mod rope;
+pub mod sampling;
 pub mod softmax;
 #[cfg(feature = "testing")]
 pub mod testing;

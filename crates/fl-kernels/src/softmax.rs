@@ -19,9 +19,7 @@
 //! 128 of them, are split over several blocks (chunks sized to give ~4 blocks per SM): a
 //! first kernel writes each chunk's (max, sum) to the workspace, a second merges them and
 //! writes the chunk, re-reading `x` from L2. Everything else takes one block per row with an
-//! online (max, sum) pass then a write pass. (A two-pass kernel, one block per row and SM
-//! re-reading each row from L2, is selectable with `FL_SOFTMAX_LONG=twopass`; it was slower
-//! than the cluster path on the H100.)
+//! online (max, sum) pass then a write pass.
 //!
 //! Exponentials use the GPU's `ex2.approx.ftz` (relative error <= 2^-22, as `exp2f`):
 //! probabilities below 2^-126 (1.2e-38) come out as 0 rather than as f32/bf16 denormals.
@@ -99,40 +97,28 @@ fn rows_n<T: FloatDType>(x: &DeviceTensor<T>) -> Result<(usize, usize)> {
     }
 }
 
-/// Which kernel runs rows too long for the register path (testing and A/B benchmarking only:
-/// every path gives the same result up to f32 summation order). [`LongPath::Auto`] is what
-/// [`softmax`] and [`softmax_f32`] do: the `FL_SOFTMAX_LONG` environment variable
-/// (`cluster`, `cluster_pf`, `cluster_db`, `twopass`, `portable`; read once per process) if set, else
-/// the cluster path on sm_90+, the split or the generic path (twopass only when asked for: it
-/// measured slower than the cluster path on the H100). A path that cannot run on the
-/// device or shape falls back as `Auto` would (see `fl_softmax.h`).
+/// Which kernels run rows too long for the register path (for tests: both give the same
+/// result up to f32 summation order). [`LongPath::Auto`] is what [`softmax`] and
+/// [`softmax_f32`] do: the cluster path on sm_90+ where it applies, else split or generic.
+/// [`LongPath::Portable`] skips the cluster path, which is what runs before sm_90, so tests
+/// reach both on one Hopper GPU.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LongPath {
-    /// The environment's choice, else automatic.
+    /// The automatic choice: cluster (sm_90+), split or generic.
     Auto,
-    /// Thread-block clusters (sm_90+, 16-byte vectors, up to 32768 vectors a row).
-    Cluster,
-    /// Clusters, each block prefetching its part of the next row into L2.
-    ClusterPrefetch,
-    /// Clusters, each block loading its part of the next row into registers before it
-    /// writes the current one (rows up to 16384 vectors; longer: plain clusters).
-    ClusterPipelined,
-    /// One block per row, online (max, sum) pass then a re-reading write pass.
-    TwoPass,
     /// Split (few rows, with a workspace) or generic: what runs before sm_90.
     Portable,
 }
 
 impl LongPath {
+    /// Both paths, for tests that cover each.
+    pub const ALL: [LongPath; 2] = [LongPath::Auto, LongPath::Portable];
+
     fn to_ffi(self) -> i32 {
         (match self {
-            LongPath::Auto => fl_kernels_sys::FL_SOFTMAX_LONG_AUTO,
-            LongPath::Cluster => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER,
-            LongPath::ClusterPrefetch => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
-            LongPath::ClusterPipelined => fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED,
-            LongPath::TwoPass => fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS,
-            LongPath::Portable => fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE,
+            LongPath::Auto => fl_kernels_sys::FL_SOFTMAX_AUTO,
+            LongPath::Portable => fl_kernels_sys::FL_SOFTMAX_PORTABLE,
         }) as i32
     }
 }

@@ -217,9 +217,9 @@ fn decode_gqa_one_split_wraps_the_copy_ring() {
 fn decode_mha_wide_batch_on_the_tensor_core_kernel() {
     // MHA at head_dim 128 with batch x kv heads >= 128 and max_seq_len >= 4096 runs the
     // tensor-core kernel (G = 1) on sm_90 (other shapes the CUDA-core one): the first case,
-    // ragged with one sequence past 4096. The others (shorter) run the CUDA-core kernel at the
-    // same batch, paged and with a window and forced splits; FL_ATTN_MHA=mma sends them, and
-    // every other MHA test, to the tensor-core kernel.
+    // ragged with one sequence past 4096, then the same bound at batch 4 x 32 kv heads, paged
+    // and with a window and forced splits. The shorter cases run the CUDA-core kernel at the
+    // same batch, paged and with a window and forced splits.
     let Some(gpu) = gpu_or_skip("decode_mha_wide_batch_on_the_tensor_core_kernel") else {
         return;
     };
@@ -229,6 +229,14 @@ fn decode_mha_wide_batch_on_the_tensor_core_kernel() {
         .collect();
     long[5] = 4100;
     check::<f16>(&gpu, &case(16, 32, 32, 128, long), &mut r);
+    let long4 = vec![4100usize, 1, 300, 2049];
+    let mut c = case(4, 32, 32, 128, long4.clone());
+    c.paged_block = Some(16);
+    check::<bf16>(&gpu, &c, &mut r);
+    let mut c = case(4, 32, 32, 128, long4);
+    c.window = 100;
+    c.splits = Some(3);
+    check::<f16>(&gpu, &c, &mut r);
     let lens: Vec<usize> = (0..16)
         .map(|i| [1usize, 7, 129, 300, 1000, 16][i % 6] + i)
         .collect();

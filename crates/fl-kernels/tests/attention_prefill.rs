@@ -1,9 +1,11 @@
 //! attention_prefill::prefill on the GPU against reference::attention_prefill::prefill (f64):
 //! GQA ratios 1/4/8/32, single sequences of odd lengths, ragged batches, windows, every
-//! instantiated head_dim, f16, bf16 and f32 (rel L2 < 1e-5, the DESIGN.md fp32 bound);
-//! argument errors; reference properties on the CPU.
+//! instantiated head_dim, f16, bf16 and f32 (rel L2 < 1e-5, the DESIGN.md fp32 bound), the
+//! 16-bit cases on both kernels (the automatic choice, which is the wgmma kernel at head_dim
+//! 128 on Hopper, and the mma.sync kernel forced); argument errors; reference properties on
+//! the CPU.
 
-use fl_kernels::attention_prefill::{self, PrefillParams, PREFILL_HEAD_DIMS};
+use fl_kernels::attention_prefill::{self, PrefillKernel, PrefillParams, PREFILL_HEAD_DIMS};
 use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, to_f64};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use rand::Rng;
@@ -14,6 +16,7 @@ struct Case {
     d: usize,
     lens: Vec<usize>,
     window: usize,
+    kernel: PrefillKernel,
 }
 
 fn cu_of(lens: &[usize]) -> Vec<usize> {
@@ -55,7 +58,8 @@ fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
         window: if c.window > 0 { Some(c.window) } else { None },
     };
     let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
-    attention_prefill::prefill(s, &dq, &dk, &dv, &dcu, &mut out, &params).unwrap();
+    attention_prefill::prefill_with_kernel(s, &dq, &dk, &dv, &dcu, &mut out, &params, c.kernel)
+        .unwrap();
     let got = out.to_host(s).unwrap();
     rel_l2(&got, &want)
 }
@@ -76,13 +80,14 @@ fn check<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
     let tol = tol::<T>();
     assert!(
         err < tol,
-        "prefill<{}> hq={} hkv={} d={} lens={:?} window={}: rel L2 {err:e}",
+        "prefill<{}> hq={} hkv={} d={} lens={:?} window={} {:?}: rel L2 {err:e}",
         T::NAME,
         c.hq,
         c.hkv,
         c.d,
         c.lens,
-        c.window
+        c.window,
+        c.kernel
     );
 }
 
@@ -93,7 +98,13 @@ fn case(hq: usize, hkv: usize, d: usize, lens: Vec<usize>) -> Case {
         d,
         lens,
         window: 0,
+        kernel: PrefillKernel::Auto,
     }
+}
+
+/// `c` on the given kernel.
+fn on(kernel: PrefillKernel, c: Case) -> Case {
+    Case { kernel, ..c }
 }
 
 #[test]
@@ -102,15 +113,17 @@ fn prefill_gqa_ratios_and_odd_lengths() {
         return;
     };
     let mut r = rng("prefill_gqa");
-    for &(hq, hkv) in &[(4usize, 4usize), (8, 2), (16, 2), (32, 1)] {
-        for &len in &[1usize, 7, 129] {
-            check::<f16>(&gpu, &case(hq, hkv, 128, vec![len]), &mut r);
-            check::<bf16>(&gpu, &case(hq, hkv, 128, vec![len]), &mut r);
+    for kernel in PrefillKernel::ALL {
+        for &(hq, hkv) in &[(4usize, 4usize), (8, 2), (16, 2), (32, 1)] {
+            for &len in &[1usize, 7, 129] {
+                check::<f16>(&gpu, &on(kernel, case(hq, hkv, 128, vec![len])), &mut r);
+                check::<bf16>(&gpu, &on(kernel, case(hq, hkv, 128, vec![len])), &mut r);
+            }
         }
+        // One long sequence; two heads keep the f64 reference affordable.
+        check::<f16>(&gpu, &on(kernel, case(2, 1, 128, vec![4095])), &mut r);
+        check::<bf16>(&gpu, &on(kernel, case(2, 2, 64, vec![4095])), &mut r);
     }
-    // One long sequence; two heads keep the f64 reference affordable.
-    check::<f16>(&gpu, &case(2, 1, 128, vec![4095]), &mut r);
-    check::<bf16>(&gpu, &case(2, 2, 64, vec![4095]), &mut r);
 }
 
 #[test]
@@ -119,11 +132,21 @@ fn prefill_ragged_batch_every_head_dim() {
         return;
     };
     let mut r = rng("prefill_ragged");
-    for &d in &PREFILL_HEAD_DIMS {
-        check::<f16>(&gpu, &case(8, 2, d, vec![1, 7, 129, 300, 64]), &mut r);
-        check::<bf16>(&gpu, &case(4, 4, d, vec![64, 1, 257]), &mut r);
+    for kernel in PrefillKernel::ALL {
+        for &d in &PREFILL_HEAD_DIMS {
+            check::<f16>(
+                &gpu,
+                &on(kernel, case(8, 2, d, vec![1, 7, 129, 300, 64])),
+                &mut r,
+            );
+            check::<bf16>(&gpu, &on(kernel, case(4, 4, d, vec![64, 1, 257])), &mut r);
+        }
+        check::<f16>(
+            &gpu,
+            &on(kernel, case(32, 8, 128, vec![1, 7, 129, 300, 64])),
+            &mut r,
+        );
     }
-    check::<f16>(&gpu, &case(32, 8, 128, vec![1, 7, 129, 300, 64]), &mut r);
 }
 
 #[test]
@@ -132,13 +155,15 @@ fn prefill_sliding_window() {
         return;
     };
     let mut r = rng("prefill_window");
-    for &w in &[1usize, 5, 64, 100, 5000] {
-        let mut c = case(8, 2, 128, vec![500, 77, 1]);
-        c.window = w;
-        check::<bf16>(&gpu, &c, &mut r);
-        let mut c = case(4, 4, 64, vec![300]);
-        c.window = w;
-        check::<f16>(&gpu, &c, &mut r);
+    for kernel in PrefillKernel::ALL {
+        for &w in &[1usize, 5, 64, 100, 5000] {
+            let mut c = on(kernel, case(8, 2, 128, vec![500, 77, 1]));
+            c.window = w;
+            check::<bf16>(&gpu, &c, &mut r);
+            let mut c = on(kernel, case(4, 4, 64, vec![300]));
+            c.window = w;
+            check::<f16>(&gpu, &c, &mut r);
+        }
     }
 }
 
@@ -184,15 +209,19 @@ fn prefill_never_writes_outside_sequences() {
     let Some(gpu) = gpu_or_skip("prefill_never_writes_outside_sequences") else {
         return;
     };
-    never_writes_outside::<f16>(&gpu);
-    never_writes_outside::<f32>(&gpu);
+    for kernel in PrefillKernel::ALL {
+        for d in [64, 128] {
+            never_writes_outside::<f16>(&gpu, d, kernel);
+        }
+    }
+    never_writes_outside::<f32>(&gpu, 64, PrefillKernel::Auto);
 }
 
-fn never_writes_outside<T: FloatDType>(gpu: &Gpu) {
+fn never_writes_outside<T: FloatDType>(gpu: &Gpu, d: usize, kernel: PrefillKernel) {
     // cu_seqlens covers tokens 0..10 only (and holds an inverted and an oversized range):
     // tokens 10.. keep their poison; nothing is read or written out of bounds.
     let s = gpu.stream();
-    let (total, hq, hkv, d) = (40usize, 4usize, 2usize, 64usize);
+    let (total, hq, hkv) = (40usize, 4usize, 2usize);
     let mut r = rng("prefill_outside");
     let q: Vec<T> = fl_kernels::testing::random(&mut r, total * hq * d);
     let k: Vec<T> = fl_kernels::testing::random(&mut r, total * hkv * d);
@@ -201,18 +230,31 @@ fn never_writes_outside<T: FloatDType>(gpu: &Gpu) {
     let dcu = DeviceTensor::from_host(s, &[0i32, 10, 5, 1000], &[4]).unwrap();
     let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
     let p = PrefillParams::new(d, total);
-    attention_prefill::prefill(s, &dq, &dk, &dk, &dcu, &mut out, &p).unwrap();
+    attention_prefill::prefill_with_kernel(s, &dq, &dk, &dk, &dcu, &mut out, &p, kernel).unwrap();
     let got = out.to_host(s).unwrap();
     let row = hq * d;
-    assert!(got[..10 * row].iter().all(|x| x.to_f32().is_finite()));
+    let what = format!("{} d={d} {kernel:?}", T::NAME);
+    assert!(
+        got[..10 * row].iter().all(|x| x.to_f32().is_finite()),
+        "{what}"
+    );
     // [10, 5) is empty; [5, 1000) is clamped to [5, 40): those rows are written too.
-    assert!(got[10 * row..].iter().all(|x| x.to_f32().is_finite()));
+    assert!(
+        got[10 * row..].iter().all(|x| x.to_f32().is_finite()),
+        "{what}"
+    );
     let dcu = DeviceTensor::from_host(s, &[0i32, 10], &[2]).unwrap();
     let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
-    attention_prefill::prefill(s, &dq, &dk, &dk, &dcu, &mut out, &p).unwrap();
+    attention_prefill::prefill_with_kernel(s, &dq, &dk, &dk, &dcu, &mut out, &p, kernel).unwrap();
     let got = out.to_host(s).unwrap();
-    assert!(got[..10 * row].iter().all(|x| x.to_f32().is_finite()));
-    assert!(got[10 * row..].iter().all(|x| x.to_f32().is_nan()));
+    assert!(
+        got[..10 * row].iter().all(|x| x.to_f32().is_finite()),
+        "{what}"
+    );
+    assert!(
+        got[10 * row..].iter().all(|x| x.to_f32().is_nan()),
+        "{what}"
+    );
 }
 
 #[test]
@@ -307,27 +349,36 @@ fn prefill_gpu_proptest() {
         proptest::collection::vec(1usize..400, 1..5),
         prop::option::of(1usize..300),
         0u8..3,
+        any::<bool>(),
         any::<u64>(),
     );
     runner
-        .run(&strat, |((hq, hkv), d, lens, window, dtype, seed)| {
-            use rand::SeedableRng;
-            let mut r = rand::rngs::StdRng::seed_from_u64(seed);
-            let c = Case {
-                hq,
-                hkv,
-                d,
-                lens,
-                window: window.unwrap_or(0),
-            };
-            let (err, tol) = match dtype {
-                0 => (run_case::<f16>(&gpu, &c, &mut r), 1e-2),
-                1 => (run_case::<bf16>(&gpu, &c, &mut r), 1e-2),
-                _ => (run_case::<f32>(&gpu, &c, &mut r), tol::<f32>()),
-            };
-            prop_assert!(err < tol, "dtype {dtype}: rel L2 {err:e}");
-            Ok(())
-        })
+        .run(
+            &strat,
+            |((hq, hkv), d, lens, window, dtype, mma_sync, seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let c = Case {
+                    hq,
+                    hkv,
+                    d,
+                    lens,
+                    window: window.unwrap_or(0),
+                    kernel: if mma_sync {
+                        PrefillKernel::MmaSync
+                    } else {
+                        PrefillKernel::Auto
+                    },
+                };
+                let (err, tol) = match dtype {
+                    0 => (run_case::<f16>(&gpu, &c, &mut r), 1e-2),
+                    1 => (run_case::<bf16>(&gpu, &c, &mut r), 1e-2),
+                    _ => (run_case::<f32>(&gpu, &c, &mut r), tol::<f32>()),
+                };
+                prop_assert!(err < tol, "dtype {dtype} {:?}: rel L2 {err:e}", c.kernel);
+                Ok(())
+            },
+        )
         .unwrap();
 }
 

@@ -1,7 +1,7 @@
 //! embedding::lookup and DeviceStatus on the GPU against reference::embedding, and property
 //! tests of the reference (these run without a GPU).
 
-use fl_kernels::embedding::{self, DeviceStatus, LookupPath};
+use fl_kernels::embedding::{self, DeviceStatus};
 use fl_kernels::testing::{gpu_or_skip, random, rel_l2, rng, strategies, to_f64, tolerance};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use proptest::prelude::*;
@@ -20,19 +20,10 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (4096, 2048, 64),
 ];
 
-/// Every kernel: the default, then each one forced.
-const PATHS: &[LookupPath] = &[
-    LookupPath::Auto,
-    LookupPath::Rows,
-    LookupPath::Tiles,
-    LookupPath::TilesStream,
-];
-
-/// Shapes for the tiles kernel's layouts (f16 words of 16 bytes): 4 rows of 512 words per
-/// block with 8 words per thread (4096 x 4096, the bench's mid size); 640-word rows (2 rows
-/// of 96 threads per block); one-word rows (8 rows of one warp per block); rows longer than
-/// a block's chunk (several chunks per row); a partial last block of rows.
-const TILE_SHAPES: &[(usize, usize, usize)] = &[
+/// Larger layouts (f16 words of 16 bytes): 4096 rows of 512 words (the bench's mid size);
+/// 640-word rows; one-word rows; rows longer than a block's chunk of 1024 words (several
+/// chunks per row); a row count just past a power of two.
+const LARGE_SHAPES: &[(usize, usize, usize)] = &[
     (4096, 2048, 4096),
     (1000, 300, 5120),
     (5000, 50, 8),
@@ -44,17 +35,6 @@ const TILE_SHAPES: &[(usize, usize, usize)] = &[
 /// Runs one lookup of random in-range ids into a NaN-poisoned output and compares it with
 /// the reference: bit-exact (it is a copy) and within the dtype's tolerance.
 fn check_lookup<T: FloatDType>(gpu: &Gpu, n: usize, vocab: usize, hidden: usize, r: &mut impl Rng) {
-    check_lookup_path::<T>(gpu, n, vocab, hidden, LookupPath::Auto, r)
-}
-
-fn check_lookup_path<T: FloatDType>(
-    gpu: &Gpu,
-    n: usize,
-    vocab: usize,
-    hidden: usize,
-    path: LookupPath,
-    r: &mut impl Rng,
-) {
     let s = gpu.stream();
     let ids: Vec<i32> = (0..n).map(|_| r.random_range(0..vocab as i32)).collect();
     let table: Vec<T> = random(r, vocab * hidden);
@@ -62,21 +42,14 @@ fn check_lookup_path<T: FloatDType>(
     let d_table = DeviceTensor::from_host(s, &table, &[vocab, hidden]).unwrap();
     let mut out = DeviceTensor::filled(s, &[n, hidden], T::from_f32(f32::NAN)).unwrap();
     let mut status = DeviceStatus::new(s).unwrap();
-    if path == LookupPath::Auto {
-        embedding::lookup(s, &d_ids, &d_table, &mut out, &mut status).unwrap();
-    } else {
-        embedding::lookup_with_path(s, &d_ids, &d_table, &mut out, &mut status, path).unwrap();
-    }
+    embedding::lookup(s, &d_ids, &d_table, &mut out, &mut status).unwrap();
     status.check(s).unwrap();
     let got = out.to_host(s).unwrap();
     let want = reference::embedding::lookup(&ids, &table, hidden);
     assert!(want.bad.is_empty());
     let want = to_f64(&want.out);
     let err = rel_l2(&got, &want);
-    let what = format!(
-        "lookup<{}> n={n} vocab={vocab} hidden={hidden} {path:?}",
-        T::NAME
-    );
+    let what = format!("lookup<{}> n={n} vocab={vocab} hidden={hidden}", T::NAME);
     assert!(err < tolerance::<T>(), "{what}: rel L2 {err:e}");
     assert_eq!(to_f64(&got), want, "{what}: not bit-exact");
 }
@@ -94,19 +67,17 @@ fn lookup_matches_reference_all_dtypes_odd_sizes() {
     }
 }
 
-/// Every kernel forced, over the odd shapes and the tiles kernel's layouts, all dtypes.
+/// Many rows, long rows split into several chunks, one-word rows, all dtypes.
 #[test]
-fn lookup_every_path_matches_reference() {
-    let Some(gpu) = gpu_or_skip("lookup_every_path_matches_reference") else {
+fn lookup_large_and_multi_chunk_rows_match_reference() {
+    let Some(gpu) = gpu_or_skip("lookup_large_and_multi_chunk_rows_match_reference") else {
         return;
     };
-    let mut r = rng("lookup_paths");
-    for &path in &PATHS[1..] {
-        for &(n, vocab, hidden) in SHAPES.iter().chain(TILE_SHAPES) {
-            check_lookup_path::<f16>(&gpu, n, vocab, hidden, path, &mut r);
-            check_lookup_path::<bf16>(&gpu, n, vocab, hidden, path, &mut r);
-            check_lookup_path::<f32>(&gpu, n, vocab, hidden, path, &mut r);
-        }
+    let mut r = rng("lookup_large");
+    for &(n, vocab, hidden) in LARGE_SHAPES {
+        check_lookup::<f16>(&gpu, n, vocab, hidden, &mut r);
+        check_lookup::<bf16>(&gpu, n, vocab, hidden, &mut r);
+        check_lookup::<f32>(&gpu, n, vocab, hidden, &mut r);
     }
 }
 
@@ -118,12 +89,11 @@ fn bad_ids_are_reported_with_position_and_id_and_read_nothing() {
     };
     let s = gpu.stream();
     let mut r = rng("lookup_bad_ids");
-    // hidden 24 f16: 48-byte rows (16-byte words, several rows per tiles block); 4100:
-    // 8200-byte rows (8-byte words, several chunks per row on the tiles path).
-    for (path, hidden, bad) in PATHS
-        .iter()
-        .flat_map(|&p| [24usize, 4100].map(move |h| (p, h)))
-        .flat_map(|(p, h)| [-1, 37, i32::MAX, i32::MIN, 37 + 1000].map(move |b| (p, h, b)))
+    // hidden 24 f16: 48-byte rows (16-byte words); 4100: 8200-byte rows (8-byte words, two
+    // chunks per row).
+    for (hidden, bad) in [24usize, 4100]
+        .into_iter()
+        .flat_map(|h| [-1, 37, i32::MAX, i32::MIN, 37 + 1000].map(move |b| (h, b)))
     {
         let vocab = 37usize;
         let mut ids: Vec<i32> = (0..50).map(|_| r.random_range(0..vocab as i32)).collect();
@@ -135,8 +105,8 @@ fn bad_ids_are_reported_with_position_and_id_and_read_nothing() {
         let mut out = DeviceTensor::filled(s, &[50, hidden], f16::NAN).unwrap();
         let mut status = DeviceStatus::new(s).unwrap();
         // The launch itself succeeds: the check happens on the device.
-        embedding::lookup_with_path(s, &d_ids, &d_table, &mut out, &mut status, path).unwrap();
-        let what = format!("bad={bad} hidden={hidden} {path:?}");
+        embedding::lookup(s, &d_ids, &d_table, &mut out, &mut status).unwrap();
+        let what = format!("bad={bad} hidden={hidden}");
         match status.check(s) {
             Err(Error::DeviceCheck { op, reason }) => {
                 assert_eq!(op, "embedding::lookup");
@@ -258,76 +228,38 @@ fn unaligned_table_takes_the_narrow_word_path() {
     let s = gpu.stream();
     let mut r = rng("lookup_unaligned");
     let (n, vocab, hidden) = (9usize, 11usize, 64usize);
-    for path in [
-        fl_kernels_sys::FL_EMBEDDING_PATH_AUTO,
-        fl_kernels_sys::FL_EMBEDDING_PATH_ROWS,
-        fl_kernels_sys::FL_EMBEDDING_PATH_TILES,
-        fl_kernels_sys::FL_EMBEDDING_PATH_TILES_STREAM,
-    ] {
-        let table: Vec<f16> = random(&mut r, vocab * hidden + 1);
-        let ids: Vec<i32> = (0..n).map(|_| r.random_range(0..vocab as i32)).collect();
-        let d_table = DeviceTensor::from_host(s, &table, &[vocab * hidden + 1]).unwrap();
-        let d_ids = DeviceTensor::from_host(s, &ids, &[n]).unwrap();
-        let mut out = DeviceTensor::filled(s, &[n * hidden + 1], f16::NAN).unwrap();
-        {
-            use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
-            let (pt, _g1) = d_table.as_slice().device_ptr(s);
-            let (pi, _g2) = d_ids.as_slice().device_ptr(s);
-            let (po, _g3) = out.as_slice_mut().device_ptr_mut(s);
-            // SAFETY: table holds vocab * hidden + 1 f16, so offsetting by one leaves
-            // vocab * hidden; out likewise for n * hidden; no status (NULL).
-            let st = unsafe {
-                fl_kernels_sys::fl_embedding_lookup_path(
-                    fl_kernels_sys::fl_dtype::FL_DTYPE_F16,
-                    pi as _,
-                    n as i64,
-                    (pt + 2) as _,
-                    vocab as i64,
-                    hidden as i64,
-                    (po + 2) as _,
-                    std::ptr::null_mut(),
-                    0,
-                    path as i32,
-                    s.cu_stream() as _,
-                )
-            };
-            assert_eq!(st, 0, "path {path}");
-        }
-        let got = out.to_host(s).unwrap();
-        assert!(
-            got[0].is_nan(),
-            "element before the output was written (path {path})"
-        );
-        let want = reference::embedding::lookup(&ids, &table[1..], hidden).out;
-        assert_eq!(to_f64(&got[1..]), to_f64(&want), "path {path}");
-    }
-    // An unknown path is an argument error.
-    let ids = DeviceTensor::from_host(s, &[0i32], &[1]).unwrap();
-    let table = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
-    let mut out = DeviceTensor::<f16>::zeros(s, &[1, 8]).unwrap();
-    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
-    let (pt, _g1) = table.as_slice().device_ptr(s);
-    let (pi, _g2) = ids.as_slice().device_ptr(s);
-    let (po, _g3) = out.as_slice_mut().device_ptr_mut(s);
-    for bad in [-1i32, 4, 99] {
-        // SAFETY: rejected before any launch.
+    let table: Vec<f16> = random(&mut r, vocab * hidden + 1);
+    let ids: Vec<i32> = (0..n).map(|_| r.random_range(0..vocab as i32)).collect();
+    let d_table = DeviceTensor::from_host(s, &table, &[vocab * hidden + 1]).unwrap();
+    let d_ids = DeviceTensor::from_host(s, &ids, &[n]).unwrap();
+    let mut out = DeviceTensor::filled(s, &[n * hidden + 1], f16::NAN).unwrap();
+    {
+        use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+        let (pt, _g1) = d_table.as_slice().device_ptr(s);
+        let (pi, _g2) = d_ids.as_slice().device_ptr(s);
+        let (po, _g3) = out.as_slice_mut().device_ptr_mut(s);
+        // SAFETY: table holds vocab * hidden + 1 f16, so offsetting by one leaves
+        // vocab * hidden; out likewise for n * hidden; no status (NULL).
         let st = unsafe {
-            fl_kernels_sys::fl_embedding_lookup_path(
+            fl_kernels_sys::fl_embedding_lookup(
                 fl_kernels_sys::fl_dtype::FL_DTYPE_F16,
                 pi as _,
-                1,
-                pt as _,
-                2,
-                8,
-                po as _,
+                n as i64,
+                (pt + 2) as _,
+                vocab as i64,
+                hidden as i64,
+                (po + 2) as _,
                 std::ptr::null_mut(),
                 0,
-                bad,
                 s.cu_stream() as _,
             )
         };
-        assert_eq!(st, fl_kernels_sys::FL_ERR_INVALID_ARGUMENT, "path {bad}");
+        assert_eq!(st, 0);
     }
+    let got = out.to_host(s).unwrap();
+    assert!(got[0].is_nan(), "element before the output was written");
+    let want = reference::embedding::lookup(&ids, &table[1..], hidden).out;
+    assert_eq!(to_f64(&got[1..]), to_f64(&want));
 }
 
 #[test]
@@ -348,10 +280,8 @@ fn lookup_gpu_proptest() {
                 strategies::length(5000),
                 any::<u64>(),
                 0u32..3,
-                0usize..PATHS.len(),
             ),
-            |(n, vocab, hidden, seed, bad_every, path)| {
-                let path = PATHS[path];
+            |(n, vocab, hidden, seed, bad_every)| {
                 use rand::SeedableRng;
                 let mut r = rand::rngs::StdRng::seed_from_u64(seed);
                 // Keep each case small: table and output under 2^22 elements.
@@ -375,8 +305,7 @@ fn lookup_gpu_proptest() {
                 let d_table = DeviceTensor::from_host(&s, &table, &[vocab, hidden]).unwrap();
                 let mut out = DeviceTensor::filled(&s, &[n, hidden], bf16::NAN).unwrap();
                 let mut status = DeviceStatus::new(&s).unwrap();
-                embedding::lookup_with_path(&s, &d_ids, &d_table, &mut out, &mut status, path)
-                    .unwrap();
+                embedding::lookup(&s, &d_ids, &d_table, &mut out, &mut status).unwrap();
                 let want = reference::embedding::lookup(&ids, &table, hidden);
                 let checked = status.check(&s);
                 match want.bad.first() {

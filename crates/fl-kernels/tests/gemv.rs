@@ -143,12 +143,13 @@ fn all_formats() -> Vec<QuantFormat> {
 
 #[test]
 fn gemv_each_path_matches_reference_every_format() {
-    // Both kernels forced (the tensor-core one and the CUDA-core one), every format, f16 and
-    // bf16, token counts on both sides of 8 (the second token-row half of the mma), odd n
-    // (partial 8-row tiles; n = 2113 gives the 2-tile CTAs), k not a power of two (k = 352
-    // puts GGUF blocks at both 4-byte parities within a row; 4224 = 33 * 128 leaves a
-    // partial batch of chunks; at m = 1 int8 and int4 run the one-token kernel, and 96 and 352
-    // leave it a partial superchunk).
+    // Both sides forced (GemvPath::Mma: the tensor-core kernels; GemvPath::Fma: the CUDA-core
+    // kernel), every format, f16 and bf16, token counts on both sides of 8 (the second
+    // token-row half of the mma), odd n (partial 8-row tiles; n = 2113 gives the general
+    // tensor-core kernel's 2-tile CTAs on up to 132 SMs, at m = 5 and 9..16 with k = 384 where
+    // no ring kernel runs), k not a power of two (k = 352 puts GGUF blocks at both 4-byte
+    // parities within a row; 4224 = 33 * 128 leaves a partial batch of chunks; at m = 1 int8
+    // and int4 run the one-token kernel, and 96 and 352 leave it a partial superchunk).
     let Some(gpu) = gpu_or_skip("gemv_each_path_matches_reference_every_format") else {
         return;
     };
@@ -158,8 +159,8 @@ fn gemv_each_path_matches_reference_every_format() {
         (1000, 352, &[1, 2, 5, 9, 16]),
         (37, 4224, &[1, 2, 5, 9, 16]),
         (1, 128, &[1, 16]),
-        (2113, 384, &[1, 9, 16]),
-        // Past what the one-token kernel stages (x, and int4's scales, in shared memory:
+        (2113, 384, &[1, 5, 9, 16]),
+        // Past what the one-token kernels stage (x, and int4's scales, in shared memory:
         // 160 KB at most): at m = 1 int8 takes the CUDA-core kernel there (the general
         // tensor-core one when forced), int4 the general tensor-core kernel.
         (5, 67_584, &[1, 2]),
@@ -182,22 +183,28 @@ fn gemv_each_path_matches_reference_every_format() {
 
 #[test]
 fn gemv_one_token_kernel_on_large_int4_and_int8() {
-    // The one-token kernel (gemv_t1_kernel, int8 and int4 at m = 1) at large sizes: odd n (a
-    // partial last tile), k with a whole number of 128-value superchunks (4224) and without
-    // (4192 = 131 pieces of 32), every group and zero-point option, both activation types, and
-    // the CUDA-core kernel forced for comparison on the same weights. k = 4096 stages the
-    // scale rows of g32 / g64 (256 / 128 bytes) and the zero rows of g32 (128 bytes) at a
-    // padded stride (t1_srow / t1_zrow); 11011 rows (345 CTAs of 32 rows on a 132-SM H100)
-    // take the 4-warp CTAs whose int4 product subtracts offsets per row, 8195 the others.
+    // The one-token int kernels (gemv_one_token_int_kernel, and on sm_90+ for int8
+    // gemv_one_token_int8_tma_kernel, at m = 1) at large sizes: odd n (a partial last tile), k
+    // with a whole number of 128-value superchunks (4224) and without (4192 = 131 pieces of
+    // 32), every group and zero-point option, both activation types, and the CUDA-core kernel
+    // forced for comparison on the same weights. k = 4096 stages the scale rows of g32 / g64
+    // (256 / 128 bytes) and the zero rows of g32 (128 bytes) at a padded stride. On a 132-SM
+    // H100 every CTA shape runs: 11011 rows (345 CTAs of 32 rows) take Rows32Warps4Raw for
+    // int4 (the raw-nibble product) and, for int8, the cp.async rings instead of the TMA one
+    // (Rows16Warps8RegStaged at k = 4096, Rows16Warps8 at k = 4224); 8195 rows
+    // Rows32Warps8Ring3 for int4 and Rows32Warps4Raw for int4zp; 1000 x 8192 Rows32Warps8Ring3
+    // for int4zp (k >= 8192 at <= 2 CTAs per SM) and Rows16Warps4 for int8 without TMA.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_on_large_int4_and_int8") else {
         return;
     };
-    let mut r = rng("gemv_t1_large");
+    let mut r = rng("gemv_one_token_int_large");
     for &(n, k) in &[
         (8195usize, 4224usize),
         (8197, 4192),
         (8195, 4096),
         (11011, 4096),
+        (11011, 4224),
+        (1000, 8192),
     ] {
         for f in all_formats() {
             if k % f.k_multiple() != 0 || matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0) {
@@ -214,12 +221,12 @@ fn gemv_one_token_kernel_on_large_int4_and_int8() {
 
 #[test]
 fn gemv_one_token_gguf_kernel() {
-    // The GGUF one-token kernels (Q8_0 / Q4_0 at m = 1 with k % 256 == 0: gemv_t1g_kernel, and
-    // on sm_90+ gemv_t1b_kernel for Q8_0, Q4_0 at k = 11008 and Q4_0 at the small n, with TMA
-    // stages of 8-32 blocks, partial at k = 256, 2816, 11008 and 1536, rows past n read as
-    // zeros) against the reference and against the CUDA-core kernel on the same weights. Shapes
-    // (t1g's view): 37 x 256 (one 8-block superchunk per row: three of the four warps idle, a
-    // partial 16-row tile),
+    // The GGUF one-token kernels (Q8_0 / Q4_0 at m = 1 with k % 256 == 0:
+    // gemv_one_token_gguf_kernel, and on sm_90+ gemv_one_token_gguf_tma_kernel for Q8_0, Q4_0
+    // at k = 11008 and Q4_0 at the small n, with TMA stages of 8-32 blocks, partial at k =
+    // 256, 2816, 11008 and 1536, rows past n read as zeros) against the reference and against
+    // the CUDA-core kernel on the same weights. Shapes (the cp.async kernel's view): 37 x 256
+    // (one 8-block superchunk per row: three of the four warps idle, a partial 16-row tile),
     // 8195 x 4096 (16 superchunks, 4 per warp; partial last tile), 8451 x 4096 (n >= 64 x 132
     // SMs: Q4_0 on 8 warps with one 16-block superchunk each, rings of one slot; partial tile),
     // 17 x 2816 (11: one warp with three, three with two), 4099 x 11008 (43, the 7B MLP shape), 1 x 512, and
@@ -229,7 +236,7 @@ fn gemv_one_token_gguf_kernel() {
     let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_kernel") else {
         return;
     };
-    let mut r = rng("gemv_t1g");
+    let mut r = rng("gemv_one_token_gguf");
     for &(n, k) in &[
         (37usize, 256usize),
         (8195, 4096),
@@ -260,8 +267,8 @@ fn gemv_one_token_chain_reads_each_previous_output() {
     // format the one-token kernels take, both activation types. Every output is NaN-poisoned
     // before the chain is launched and nothing synchronises until its end, so a kernel that
     // read its x (or wrote its y) before the one before it finished would show: the guard for
-    // any early-launch or overlap scheme (session 20 tried programmatic dependent launches
-    // under it). Each link is checked against the reference on its downloaded input. Weights
+    // any early-launch or overlap scheme (programmatic dependent launches were tried under
+    // it). Each link is checked against the reference on its downloaded input. Weights
     // are N(0, 1 / k) so values keep their scale along the chain.
     let Some(gpu) = gpu_or_skip("gemv_one_token_chain_reads_each_previous_output") else {
         return;
@@ -334,7 +341,8 @@ fn gemv_one_token_gguf_bf16_far_from_one() {
     // bf16 activations far from 1 on the GGUF one-token kernels: x scaled by 2^40 (past f16's
     // range), by 2^-40 (below f16's subnormals), and spread over 2^30 .. 2^-30 within one
     // vector, so a kernel that passed x through f16 anywhere would fail; Q8_0 and Q4_0 on
-    // shapes that take t1g (37 x 256, 8451 x 4096 for Q4_0) and, on sm_90, t1b (4096 x 4096,
+    // shapes that take the cp.async kernel (37 x 256, 8451 x 4096 for Q4_0) and, on sm_90,
+    // the TMA one (4096 x 4096,
     // 4099 x 11008, 8451 x 4096 for Q8_0).
     let Some(gpu) = gpu_or_skip("gemv_one_token_gguf_bf16_far_from_one") else {
         return;
@@ -369,19 +377,20 @@ fn gemv_one_token_gguf_bf16_far_from_one() {
 
 #[test]
 fn gemv_multi_token_gguf_kernel() {
-    // The GGUF kernel for 2..16 tokens (gemv_tmg_kernel, Q8_0 / Q4_0 with k % 256 == 0)
-    // against the reference, every token's row of outputs on its own (a wrong token column
-    // would be diluted in one rel L2 over all of them): m = 2, 5, 8 (8-token mma groups), 9, 16
-    // (two groups; 9 leaves 7 zero-filled columns), on 37 x 256 (one superchunk per row, three
-    // of the four warps idle, a partial 16-row tile), 8195 x 4096 (4 superchunks per warp,
-    // partial last tile), 17 x 2816 (11 superchunks: one warp with three), 4099 x 11008 (the 7B
-    // MLP shape), 1 x 512 and 16901 x 512 (on an H100's 132 SMs n >= 128 x SMs: 8-tile CTAs
-    // of 2 warps at m > 8, one superchunk each); both activation types. The general kernel
-    // (k % 256 != 0) keeps its coverage in gemv_mma_path_every_token_count_and_group.
+    // The GGUF kernel for 2..16 tokens (gemv_multi_token_gguf_kernel, Q8_0 / Q4_0 with k %
+    // 256 == 0) against the reference, every token's row of outputs on its own (a wrong token
+    // column would be diluted in one rel L2 over all of them): m = 2, 5, 8 (8-token mma
+    // groups; Q4_0 on one warp per ring, Q8_0 on warp pairs), 9, 16 (two groups; 9 leaves 7
+    // zero-filled columns), on 37 x 256 (one superchunk per row, idle rings, a partial 16-row
+    // tile), 8195 x 4096 (several superchunks per ring, partial last tile), 17 x 2816 (11
+    // superchunks: uneven shares), 4099 x 11008 (the 7B MLP shape), 1 x 512 and 16901 x 512
+    // (on an H100's 132 SMs n >= 128 x SMs: GgufTiles8WarpPairs at m > 8); both activation
+    // types. The general kernel (k % 256 != 0) keeps its coverage in
+    // gemv_each_path_every_token_count_and_group.
     let Some(gpu) = gpu_or_skip("gemv_multi_token_gguf_kernel") else {
         return;
     };
-    let mut r = rng("gemv_tmg");
+    let mut r = rng("gemv_multi_token_gguf");
     for &(n, k) in &[
         (37usize, 256usize),
         (8195, 4096),
@@ -402,17 +411,17 @@ fn gemv_multi_token_gguf_kernel() {
 
 #[test]
 fn gemv_multi_token_int_kernel() {
-    // The int8 / int4 kernel for 2..16 tokens (gemv_tmi_kernel, k % 256 == 0) against the
-    // reference, token by token: m = 2, 5, 8, 9, 16 on 37 x 256 (one superchunk per row), 17
-    // x 2816 (11 superchunks over 4 warps) and 1 x 512 with int8 and int4 of every group with
-    // and without zero points; 8195 x 4096 (partial last tile) and 4099 x 11008 (group 32:
-    // 344 groups of staged scales and zeros) and 8451 x 512 (n >= 64 x 132 SMs: 8-tile CTAs of
-    // 2 warps at m > 8 on an H100) with int8, int4 g128, int4 g64 and int4zp g32; both
-    // activation types.
+    // The int8 / int4 kernel for 2..16 tokens (gemv_multi_token_int_kernel, k % 256 == 0)
+    // against the reference, token by token: m = 2, 5, 8, 9, 16 on 37 x 256 (one superchunk
+    // per row), 17 x 2816 (11 superchunks over 4 rings) and 1 x 512 with int8 and int4 of every
+    // group with and without zero points; 8195 x 4096 (partial last tile) and 4099 x 11008
+    // (group 32: 344 groups of staged scales and zeros) and 8451 x 512 (n >= 64 x 132 SMs:
+    // IntTiles8WarpPairs at m > 8 on an H100) with int8, int4 g128, int4 g64 and int4zp g32;
+    // both activation types.
     let Some(gpu) = gpu_or_skip("gemv_multi_token_int_kernel") else {
         return;
     };
-    let mut r = rng("gemv_tmi");
+    let mut r = rng("gemv_multi_token_int");
     let int_formats: Vec<QuantFormat> = all_formats()
         .into_iter()
         .filter(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0))
@@ -489,9 +498,9 @@ fn check_tokens<T: HalfDType>(
 fn gemv_one_token_kernels_from_several_host_threads() {
     // The one-token kernels' shared-memory opt-in is per function and process-wide. Host
     // threads launching one kernel with different k (different shared-memory sizes, all above
-    // the 48 KB default) must not fail each other's launches; until session 16 the limit was
-    // set to each launch's size, and a thread's launch then failed with "invalid argument"
-    // when another lowered it between its set and its launch. One thread per (format, k), 150
+    // the 48 KB default) must not fail each other's launches; when the limit was set to each
+    // launch's size, a thread's launch failed with "invalid argument" when another lowered it
+    // between its set and its launch. One thread per (format, k), 150
     // launches each on one stream, then the last output against the reference.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernels_from_several_host_threads") else {
         return;
@@ -542,15 +551,15 @@ fn gemv_one_token_kernels_from_several_host_threads() {
 
 #[test]
 fn gemv_one_token_kernel_many_ctas() {
-    // 33001 x 1056: several waves of CTAs (int8: 2063 CTAs of 16 rows; int4: 1032 of 32, the
-    // 4-tile CTAs that n >= 64 x SMs takes), k = 1056 is 8.25 superchunks of int4 (4 warps:
-    // one warp with three, three with two) and 16.5 of int8 (8 warps: one with three, seven
-    // with two); a partial last tile (33001 = 2062 * 16 + 9 = 1031 * 32 + 9), whose scale run
-    // ends inside a 16-byte word (9 rows of 33 groups), staged by element loads.
+    // 33001 x 1056: several waves of CTAs (1032 of 32 rows: int4 on 8-warp CTAs, int4zp on the
+    // 4-warp raw-product ones; int8 on the TMA ring on sm_90+, else 2063 CTAs of 16 rows),
+    // k = 1056 is 8.25 superchunks of int4 and 16.5 of int8 (uneven shares over the warps); a
+    // partial last tile (33001 = 2062 * 16 + 9 = 1031 * 32 + 9), whose scale run ends inside
+    // a 16-byte word (9 rows of 33 groups), staged by element loads.
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_many_ctas") else {
         return;
     };
-    let mut r = rng("gemv_t1_ctas");
+    let mut r = rng("gemv_one_token_int_ctas");
     let (n, k) = (33001usize, 1056usize);
     let formats = [
         QuantFormat::Int8,
@@ -572,18 +581,17 @@ fn gemv_one_token_kernel_many_ctas() {
 
 #[test]
 fn gemv_one_token_int4_raw_pairs() {
-    // int4 at one token where the one-token kernel's 4-warp CTAs of 4 tiles take it (on a
-    // 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at least 2 with
-    // it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q) and subtracts
-    // the offsets (M + z) times x's group sums per row at the end (FL_GEMV_T1_INT4=1, the
-    // default). 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
+    // int4 at one token where the one-token kernel's 4-warp CTAs of 4 tiles (Rows32Warps4Raw)
+    // take it (on a 132-SM H100: between 2 and 4 CTAs of 32 rows per SM without zero point, at
+    // least 2 with it): there its product multiplies the raw nibbles (1024 + q, 1024 + 16 q)
+    // and subtracts the offsets (M + z) times x's group sums per row at the end. 11011 rows (345 CTAs, a partial last tile), k = 2304 (18 superchunks over 4
     // warps: uneven shares), every group size (4, 8 and 16 staged words per group in the
     // sums), with and without zero point, both activation types; x with one large value per 64
     // (the offsets then dwarf the products: the sums must cancel in f32).
     let Some(gpu) = gpu_or_skip("gemv_one_token_int4_raw_pairs") else {
         return;
     };
-    let mut r = rng("gemv_t1_raw");
+    let mut r = rng("gemv_one_token_int_raw");
     let (n, k) = (11011usize, 2304usize);
     for group in [32, 64, 128] {
         for zero_point in [false, true] {
@@ -636,7 +644,7 @@ fn gemv_one_token_kernel_with_unaligned_scales() {
     let Some(gpu) = gpu_or_skip("gemv_one_token_kernel_with_unaligned_scales") else {
         return;
     };
-    let mut r = rng("gemv_t1_unaligned");
+    let mut r = rng("gemv_one_token_int_unaligned");
     for (n, k, group) in [(16411usize, 2048usize, 64usize), (4103, 4096, 32)] {
         check_unaligned_scales(&gpu, &mut r, n, k, group);
     }
@@ -703,10 +711,12 @@ fn check_unaligned_scales(gpu: &Gpu, r: &mut impl rand::Rng, n: usize, k: usize,
 }
 
 #[test]
-fn gemv_mma_path_every_token_count_and_group() {
-    // The tensor-core kernel at each m in 1..=16 for every format (k = 640 = 5 groups of 128,
-    // 10 of 64, 20 of 32: scale runs of 4, 2 and 1 chunks).
-    let Some(gpu) = gpu_or_skip("gemv_mma_path_every_token_count_and_group") else {
+fn gemv_each_path_every_token_count_and_group() {
+    // Both sides at each m in 1..=16 for every format (k = 640 = 5 groups of 128, 10 of 64, 20
+    // of 32: scale runs of 4, 2 and 1 chunks in the general tensor-core kernel, which takes
+    // m >= 2 here since k % 256 != 0; and every token-count instance of the CUDA-core kernel,
+    // rounded up to 1, 2, 4, 8, 16).
+    let Some(gpu) = gpu_or_skip("gemv_each_path_every_token_count_and_group") else {
         return;
     };
     let mut r = rng("gemv_mma_m");
@@ -714,8 +724,10 @@ fn gemv_mma_path_every_token_count_and_group() {
         let (n, k) = (45, 640);
         let (q, dw) = random_quantized(&gpu, &mut r, n, k, f);
         for m in 1..=MAX_M {
-            check_path::<f16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
-            check_path::<bf16>(&gpu, &q, &dw, m, &mut r, GemvPath::Mma);
+            for path in [GemvPath::Mma, GemvPath::Fma] {
+                check_path::<f16>(&gpu, &q, &dw, m, &mut r, path);
+                check_path::<bf16>(&gpu, &q, &dw, m, &mut r, path);
+            }
         }
     }
 }

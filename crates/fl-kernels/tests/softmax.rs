@@ -189,10 +189,9 @@ fn softmax_cluster_path_rows_and_lengths() {
     check::<f16>(&gpu, 300, 131_072, 1.0, Out::Same, None, &mut r);
 }
 
-/// Every forced long-row path (whatever the device would pick): all dtypes, f32 out, odd
-/// and vector lengths (odd lengths take each path's scalar fallback), one to many rows
-/// (300 rows: clusters loop over rows, so the prefetch of the next row runs; twopass blocks
-/// loop over rows). Off sm_90 the cluster paths fall back to split / generic.
+/// Both long-row paths (automatic: cluster on sm_90+; portable: split / generic, what runs
+/// before sm_90): all dtypes, f32 out, odd and vector lengths (odd lengths take each path's
+/// scalar fallback), one to many rows (300 rows: clusters loop over rows).
 #[test]
 fn softmax_every_long_path_matches_reference() {
     let Some(gpu) = gpu_or_skip("softmax_every_long_path_matches_reference") else {
@@ -200,13 +199,7 @@ fn softmax_every_long_path_matches_reference() {
     };
     let mut r = rng("softmax_paths");
     let mut ws = SoftmaxWorkspace::new();
-    for path in [
-        LongPath::Cluster,
-        LongPath::ClusterPrefetch,
-        LongPath::ClusterPipelined,
-        LongPath::TwoPass,
-        LongPath::Portable,
-    ] {
+    for path in LongPath::ALL {
         for &n in &[
             1usize, 7, 4095, 4104, 16_388, 32_776, 40_001, 65_536, 128_256, 128_257, 131_072,
             262_144,
@@ -218,8 +211,8 @@ fn softmax_every_long_path_matches_reference() {
                 check_path::<bf16>(&gpu, rows, n, 0.5, Out::F32, None, path, &mut r);
             }
         }
-        // Many rows: more than 2 clusters per SM on any GPU up to 150 SMs, and more rows
-        // than twopass blocks (<= SMs).
+        // Many rows: more than 2 clusters per SM on any GPU up to 150 SMs; the generic
+        // path's grid capped at one block per SM.
         check_path::<bf16>(&gpu, 300, 128_256, 1.0, Out::Same, None, path, &mut r);
         check_path::<bf16>(&gpu, 300, 128_256, 1.0, Out::F32, None, path, &mut r);
         check_path::<f32>(&gpu, 300, 131_072, 0.9, Out::Same, None, path, &mut r);
@@ -240,18 +233,8 @@ fn softmax_in_place_on_every_long_path() {
     let s = gpu.stream();
     let mut r = rng("softmax_in_place");
     for (path, code) in [
-        (LongPath::Auto, fl_kernels_sys::FL_SOFTMAX_LONG_AUTO),
-        (LongPath::Cluster, fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER),
-        (
-            LongPath::ClusterPrefetch,
-            fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PREFETCH,
-        ),
-        (
-            LongPath::ClusterPipelined,
-            fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED,
-        ),
-        (LongPath::TwoPass, fl_kernels_sys::FL_SOFTMAX_LONG_TWOPASS),
-        (LongPath::Portable, fl_kernels_sys::FL_SOFTMAX_LONG_PORTABLE),
+        (LongPath::Auto, fl_kernels_sys::FL_SOFTMAX_AUTO),
+        (LongPath::Portable, fl_kernels_sys::FL_SOFTMAX_PORTABLE),
     ] {
         for &(rows, n) in &[(300usize, 65_536usize), (3, 128_256), (140, 40_001)] {
             let x: Vec<bf16> = logits(&mut r, rows * n);
@@ -290,7 +273,7 @@ fn softmax_in_place_on_every_long_path() {
         use fl_kernels::cudarc::driver::DevicePtr;
         let (px, _g1) = x.as_slice().device_ptr(s);
         let (py, _g2) = y.as_slice_mut().device_ptr_mut(s);
-        let past_last = fl_kernels_sys::FL_SOFTMAX_LONG_CLUSTER_PIPELINED as i32 + 1;
+        let past_last = fl_kernels_sys::FL_SOFTMAX_PORTABLE as i32 + 1;
         for bad in [-1i32, past_last, 100] {
             // SAFETY: rejected before any launch.
             let st = unsafe {
@@ -385,14 +368,7 @@ fn softmax_special_values_on_every_path() {
         let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
         let want_b = reference::softmax::softmax(&xb, n, 1.0);
         let mut ws = SoftmaxWorkspace::new();
-        for path in [
-            LongPath::Auto,
-            LongPath::Cluster,
-            LongPath::ClusterPrefetch,
-            LongPath::ClusterPipelined,
-            LongPath::TwoPass,
-            LongPath::Portable,
-        ] {
+        for path in LongPath::ALL {
             let got = run_path(&gpu, &x, &[rows, n], 1.0, Out::Same, Some(&mut ws), path);
             let got_b = run_path(&gpu, &xb, &[rows, n], 1.0, Out::F32, None, path);
             let got_h = run_path(&gpu, &xb, &[rows, n], 1.0, Out::Same, None, path);

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::sampling as k;
 use fl_kernels::{DeviceTensor, FloatDType};
 
-use crate::dev::{expect_shape, opt_ptr, ptr, ptr_mut, raw_stream};
-use crate::error::check;
+use crate::dev::{expect_shape, launched};
 use crate::processors::{process_logits, History, PenaltyWorkspace, Processors};
 use crate::sampler::{sample, SampleOptions, SampleWorkspace};
 use crate::{DeviceParams, Error, Result, SamplingParams};
@@ -137,51 +137,30 @@ pub fn decode_update(
             });
         }
     }
-    let n_end = match *end_ids.shape() {
-        [n] => n,
-        _ => {
-            return Err(Error::Shape {
-                arg: "end_ids",
-                expected: "[n]".into(),
-                got: end_ids.shape().to_vec(),
-            })
-        }
+    if end_ids.shape().len() != 1 {
+        return Err(Error::Shape {
+            arg: "end_ids",
+            expected: "[n]".into(),
+            got: end_ids.shape().to_vec(),
+        });
+    }
+    let bufs = k::DecodeBuffers {
+        finished: &mut state.finished,
+        lengths: &mut state.lengths,
+        history: state.history.as_mut(),
+        all_finished: Some(&mut state.all_finished),
     };
-    let max_history = state.history.as_ref().map_or(0, |h| h.shape()[1]);
-    let s: &CudaStream = stream;
-    let (pp, _gp) = opt_ptr(params.map(|p| p.words()), s);
-    let (pe, _ge) = ptr(end_ids, s);
-    let (pt, _gt) = ptr_mut(tokens, s);
-    let (pf, _gf) = ptr_mut(&mut state.finished, s);
-    let (pl, _gl) = ptr_mut(&mut state.lengths, s);
-    let (ph, _gh) = match state.history.as_mut() {
-        Some(h) => {
-            let (p, g) = ptr_mut(h, s);
-            (p, Some(g))
-        }
-        None => (0, None),
-    };
-    let (pa, _ga) = ptr_mut(&mut state.all_finished, s);
-    // SAFETY: tokens, finished, lengths hold batch elements; history [batch, max_history];
-    // params batch records; end_ids n_end ids; all_finished one i32 (shapes checked above or
-    // by DecodeState's construction). Guards outlive the launch.
-    let status = unsafe {
-        fl_kernels_sys::fl_decode_update(
-            pt as _,
-            pf as _,
-            pl as _,
-            batch as i64,
-            pp as _,
-            pe as _,
-            n_end as i64,
+    launched(
+        "decode_update",
+        k::decode_update(
+            stream,
+            tokens,
+            bufs,
+            params.map(DeviceParams::words),
+            Some(end_ids),
             pad_id,
-            ph as _,
-            max_history as i64,
-            pa as _,
-            raw_stream(s),
-        )
-    };
-    check("decode_update", status)
+        ),
+    )
 }
 
 /// Settings of a [`Sampler`] that are not per request.

@@ -70,20 +70,3 @@ impl From<fl_kernels::cudarc::driver::DriverError> for Error {
         Error::Kernels(fl_kernels::Error::Driver(e))
     }
 }
-
-/// Turns a launcher's `fl_status` into a `Result`.
-pub(crate) fn check(op: &'static str, status: fl_kernels_sys::fl_status) -> Result<()> {
-    if status == fl_kernels_sys::FL_OK as i32 {
-        return Ok(());
-    }
-    // SAFETY: fl_cuda_error_string accepts any value and returns a static C string.
-    let message = unsafe {
-        let p = fl_kernels_sys::fl_cuda_error_string(status);
-        std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-    };
-    Err(Error::Cuda {
-        op,
-        code: status,
-        message,
-    })
-}

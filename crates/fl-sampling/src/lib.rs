@@ -18,6 +18,9 @@
 //! - **bookkeeping** ([`DecodeState`], [`decode_update`], [`Sampler`]): finished flags,
 //!   several end ids, generated lengths, a device-side "all finished" flag.
 //!
+//! The kernels are launched through `fl_kernels::sampling` (this crate has no FFI and no
+//! `unsafe`); this crate adds the parameter checks, the decoding state and the reference.
+//!
 //! Every op has a CPU reference in [`reference`](mod@crate::reference) that uses the same arithmetic (a portable
 //! `exp`, integer masses): GPU tests compare tokens and processed logits for equality.
 //!
@@ -41,6 +44,7 @@
 //! # Ok::<(), fl_sampling::Error>(())
 //! ```
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod decode;
 mod dev;
@@ -84,13 +88,8 @@ pub fn philox_words(
     if batch == 0 {
         return Ok(());
     }
-    let s: &fl_kernels::cudarc::driver::CudaStream = stream;
-    let (pp, _gp) = dev::ptr(params.words(), s);
-    let (ps, _gs) = dev::opt_ptr(steps, s);
-    let (po, _go) = dev::ptr_mut(out, s);
-    // SAFETY: params hold batch records, steps batch i32, out batch * 4 words (checked).
-    let status = unsafe {
-        fl_kernels_sys::fl_philox_words(pp as _, ps as _, batch as i64, po as _, dev::raw_stream(s))
-    };
-    error::check("philox_words", status)
+    dev::launched(
+        "philox_words",
+        fl_kernels::sampling::philox_words(stream, params.words(), steps, out),
+    )
 }

@@ -9,7 +9,7 @@ use fl_kernels::DeviceTensor;
 use crate::{Error, Result};
 
 /// Number of 32-bit words of one row's record on the device (`fl_sampling_params`).
-pub const PARAM_WORDS: usize = 16;
+pub const PARAM_WORDS: usize = fl_kernels::sampling::PARAM_WORDS;
 
 /// The sampling parameters of one request (one row of the batch).
 ///

@@ -10,10 +10,10 @@
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::sampling as k;
 use fl_kernels::{DeviceTensor, FloatDType};
 
-use crate::dev::{as_i64, expect_shape, matrix, opt_ptr, ptr, ptr_mut, raw_stream};
-use crate::error::check;
+use crate::dev::{expect_shape, launched, matrix};
 use crate::sampler::MAX_VOCAB;
 use crate::{DeviceParams, Error, Result};
 
@@ -22,8 +22,7 @@ use crate::{DeviceParams, Error, Result};
 /// leaves it zeroed after every call.
 #[derive(Debug)]
 pub struct PenaltyWorkspace {
-    buf: DeviceTensor<u8>,
-    vocab: usize,
+    inner: k::PenaltyWorkspace,
 }
 
 impl PenaltyWorkspace {
@@ -37,18 +36,14 @@ impl PenaltyWorkspace {
                 format!("{vocab} is outside 1..={MAX_VOCAB}"),
             ));
         }
-        // SAFETY: a pure function of its integer argument.
-        let n = unsafe { fl_kernels_sys::fl_penalty_workspace_size(vocab as i64) };
-        let n = usize::try_from(n).map_err(|_| Error::invalid("vocab", "out of range"))?;
         Ok(PenaltyWorkspace {
-            buf: DeviceTensor::zeros(stream, &[n])?,
-            vocab,
+            inner: k::PenaltyWorkspace::new(stream, vocab)?,
         })
     }
 
     /// The vocabulary size it was made for.
     pub fn vocab(&self) -> usize {
-        self.vocab
+        self.inner.vocab()
     }
 }
 
@@ -127,9 +122,8 @@ pub fn process_logits<T: FloatDType>(
             got: vec![params.batch()],
         });
     }
-    let mut max_history = 0usize;
     if let Some(h) = inputs.history {
-        let (b, mh) = matrix("history.tokens", h.tokens, "[batch, max_history]")?;
+        let (b, _) = matrix("history.tokens", h.tokens, "[batch, max_history]")?;
         if b != batch {
             return Err(Error::Shape {
                 arg: "history.tokens",
@@ -138,7 +132,6 @@ pub fn process_logits<T: FloatDType>(
             });
         }
         expect_shape("history.lens", h.lens, &[batch])?;
-        max_history = mh;
         match ws.as_ref() {
             None => {
                 return Err(Error::invalid(
@@ -146,18 +139,20 @@ pub fn process_logits<T: FloatDType>(
                     "penalties need a PenaltyWorkspace",
                 ))
             }
-            Some(w) if w.vocab != vocab => {
+            Some(w) if w.vocab() != vocab => {
                 return Err(Error::invalid(
                     "workspace",
-                    format!("made for a vocabulary of {}, logits have {vocab}", w.vocab),
+                    format!(
+                        "made for a vocabulary of {}, logits have {vocab}",
+                        w.vocab()
+                    ),
                 ))
             }
             _ => {}
         }
     }
-    let mut max_banned = 0usize;
     if let Some(b) = inputs.banned {
-        let (r, mb) = matrix("banned", b, "[batch, max_banned]")?;
+        let (r, _) = matrix("banned", b, "[batch, max_banned]")?;
         if r != batch {
             return Err(Error::Shape {
                 arg: "banned",
@@ -165,68 +160,31 @@ pub fn process_logits<T: FloatDType>(
                 got: b.shape().to_vec(),
             });
         }
-        max_banned = mb;
     }
-    let mut n_end = 0usize;
     if let Some(e) = inputs.end_ids {
-        match *e.shape() {
-            [n] => n_end = n,
-            _ => {
-                return Err(Error::Shape {
-                    arg: "end_ids",
-                    expected: "[n]".into(),
-                    got: e.shape().to_vec(),
-                })
-            }
+        if e.shape().len() != 1 {
+            return Err(Error::Shape {
+                arg: "end_ids",
+                expected: "[n]".into(),
+                got: e.shape().to_vec(),
+            });
         }
     }
     if let Some(l) = inputs.lengths {
         expect_shape("lengths", l, &[batch])?;
     }
-    if batch == 0 {
-        return Ok(());
-    }
-    let s: &CudaStream = stream;
-    let (pp, _gp) = ptr(params.words(), s);
-    let (ph, _gh) = opt_ptr(inputs.history.map(|h| h.tokens), s);
-    let (phl, _ghl) = opt_ptr(inputs.history.map(|h| h.lens), s);
-    let (pb, _gb) = opt_ptr(inputs.banned, s);
-    let (pl, _gl) = opt_ptr(inputs.lengths, s);
-    let (pe, _ge) = opt_ptr(inputs.end_ids, s);
-    let (pw, wsb, _gw) = match (inputs.history.is_some(), ws) {
-        (true, Some(w)) => {
-            let n = as_i64("workspace", w.buf.len())?;
-            let (p, g) = ptr_mut(&mut w.buf, s);
-            (p, n, Some(g))
-        }
-        _ => (0, 0, None),
+    let inputs = k::ProcessInputs {
+        history: inputs.history.map(|h| h.tokens),
+        history_lens: inputs.history.map(|h| h.lens),
+        banned: inputs.banned,
+        end_ids: inputs.end_ids,
+        lengths: inputs.lengths,
     };
-    let (px, _gx) = ptr_mut(logits, s);
-    // SAFETY: logits hold batch * vocab elements of T; params batch records; history
-    // [batch, max_history] and its lens [batch]; banned [batch, max_banned]; lengths [batch];
-    // end_ids n_end ids (all checked above); the workspace holds 32 * vocab int32 (made for
-    // this vocab). Absent inputs are NULL with size 0. Guards outlive the launch.
-    let status = unsafe {
-        fl_kernels_sys::fl_process_logits(
-            T::ID,
-            px as _,
-            batch as i64,
-            vocab as i64,
-            pp as _,
-            ph as _,
-            phl as _,
-            max_history as i64,
-            pb as _,
-            max_banned as i64,
-            pl as _,
-            pe as _,
-            n_end as i64,
-            pw as _,
-            wsb,
-            raw_stream(s),
-        )
-    };
-    check("process_logits", status)
+    let ws = ws.map(|w| &mut w.inner);
+    launched(
+        "process_logits",
+        k::process_logits(stream, logits, params.words(), &inputs, ws),
+    )
 }
 
 /// Penalties only ([`process_logits`] with just a history).

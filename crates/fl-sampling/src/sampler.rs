@@ -10,14 +10,14 @@
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::sampling as k;
 use fl_kernels::{DeviceTensor, FloatDType};
 
-use crate::dev::{as_i64, expect_shape, matrix, opt_ptr, ptr, ptr_mut, raw_stream};
-use crate::error::check;
+use crate::dev::{expect_shape, launched, matrix};
 use crate::{DeviceParams, Error, Result};
 
 /// Largest vocabulary the sampler accepts (`FL_SAMPLING_MAX_VOCAB`, 2^23).
-pub const MAX_VOCAB: usize = fl_kernels_sys::FL_SAMPLING_MAX_VOCAB as usize;
+pub const MAX_VOCAB: usize = k::MAX_VOCAB;
 
 /// Scratch for [`sample`] and [`greedy`]: barrier counters and histograms of rows split
 /// over several blocks (about 73 KiB per row, only for batches of at most 128 rows; none
@@ -30,15 +30,12 @@ pub const MAX_VOCAB: usize = fl_kernels_sys::FL_SAMPLING_MAX_VOCAB as usize;
 /// ```
 #[derive(Debug)]
 pub struct SampleWorkspace {
-    buf: Option<DeviceTensor<u8>>,
+    inner: k::SampleWorkspace,
 }
 
 fn workspace_size(batch: usize, vocab: usize) -> Result<usize> {
     check_vocab(vocab)?;
-    let b = as_i64("batch", batch)?;
-    // SAFETY: a pure function of its two integers.
-    let n = unsafe { fl_kernels_sys::fl_sample_workspace_size(b, vocab as i64) };
-    usize::try_from(n).map_err(|_| Error::invalid("vocab", format!("{vocab} is out of range")))
+    Ok(k::sample_workspace_size(batch, vocab)?)
 }
 
 fn check_vocab(vocab: usize) -> Result<()> {
@@ -58,19 +55,15 @@ impl SampleWorkspace {
     /// Errors: [`Error::InvalidArgument`] naming `vocab` when it is 0 or above
     /// [`MAX_VOCAB`]; allocation errors.
     pub fn new(stream: &Arc<CudaStream>, max_batch: usize, vocab: usize) -> Result<Self> {
-        let rows = max_batch.min(fl_kernels_sys::FL_SAMPLING_MAX_SPLIT_ROWS as usize);
-        let n = workspace_size(rows, vocab)?;
-        let buf = if n > 0 {
-            Some(DeviceTensor::zeros(stream, &[n])?)
-        } else {
-            None
-        };
-        Ok(SampleWorkspace { buf })
+        check_vocab(vocab)?;
+        Ok(SampleWorkspace {
+            inner: k::SampleWorkspace::new(stream, max_batch, vocab)?,
+        })
     }
 
     /// Size in bytes.
     pub fn bytes(&self) -> usize {
-        self.buf.as_ref().map_or(0, |b| b.len())
+        self.inner.bytes()
     }
 }
 
@@ -194,42 +187,14 @@ fn launch<T: FloatDType>(
             ),
         ));
     }
-    if batch == 0 {
-        return Ok(());
-    }
-    let s: &CudaStream = stream;
-    let (pl, _gl) = ptr(logits, s);
-    let (pp, _gp) = opt_ptr(params.map(|p| p.words()), s);
-    let (pst, _gst) = opt_ptr(opts.steps, s);
-    let (pf, _gf) = opt_ptr(opts.finished, s);
-    let wsb = as_i64("workspace", ws.bytes())?;
-    let (pw, _gw) = match ws.buf.as_mut() {
-        Some(b) => {
-            let (p, g) = ptr_mut(b, s);
-            (p, Some(g))
-        }
-        None => (0, None),
+    let inputs = k::SampleInputs {
+        params: params.map(DeviceParams::words),
+        steps: opts.steps,
+        finished: opts.finished,
+        pad_id: opts.pad_id,
     };
-    let (pt, _gt) = ptr_mut(tokens, s);
-    // SAFETY: logits hold batch * vocab elements of T; params (when present) batch records of
-    // 16 words (DeviceParams' invariant, batch checked by the caller); steps, finished and
-    // tokens hold batch elements (checked above); the workspace holds at least the bytes the
-    // launcher needs for this batch and vocab (checked above). Guards outlive the launch.
-    let status = unsafe {
-        fl_kernels_sys::fl_sample(
-            T::ID,
-            pl as _,
-            batch as i64,
-            vocab as i64,
-            pp as _,
-            pst as _,
-            pf as _,
-            opts.pad_id,
-            pt as _,
-            pw as _,
-            wsb,
-            raw_stream(s),
-        )
-    };
-    check(op, status)
+    launched(
+        op,
+        k::sample(stream, logits, &inputs, tokens, &mut ws.inner),
+    )
 }

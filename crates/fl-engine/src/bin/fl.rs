@@ -4,9 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use fl_engine::dtype::RunDType;
 use fl_engine::engine::{Engine, Request, Step, StepNeeds};
 use fl_engine::linear::Quant;
-use fl_engine::model::RunDType;
 use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 

@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
+use fl_engine::checkpoint::{
+    llama_tensor_names, Checkpoint, CheckpointError, Dtype, FLOAT_DTYPES, INDEX_FILE, SINGLE_FILE,
+};
 use fl_engine::config::ModelConfig;
 use fl_engine::presets::preset;
-use fl_engine::weights::{
-    llama_tensor_names, Checkpoint, Dtype, WeightsError, FLOAT_DTYPES, INDEX_FILE, SINGLE_FILE,
-};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use safetensors::tensor::TensorView;
@@ -78,14 +78,14 @@ fn open(p: &Path) -> Checkpoint {
     Checkpoint::open(p).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn open_err(p: &Path) -> WeightsError {
+fn open_err(p: &Path) -> CheckpointError {
     match Checkpoint::open(p) {
         Err(e) => e,
         Ok(c) => panic!("should fail to open, opened {c:?}"),
     }
 }
 
-fn assert_names(e: &WeightsError, words: &[&str]) {
+fn assert_names(e: &CheckpointError, words: &[&str]) {
     let msg = e.to_string();
     for w in words {
         assert!(msg.contains(w), "error should name `{w}`: {msg}");
@@ -179,7 +179,7 @@ fn single_file_values_and_conversions() {
         Err(e) => e,
         Ok(()) => panic!("short buffer accepted"),
     };
-    assert!(matches!(e, WeightsError::OutputLength { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::OutputLength { .. }), "{e:?}");
     assert_names(&e, &["b.f16", "7", "6"]);
 
     // Opening the file itself works too.
@@ -325,7 +325,7 @@ fn single_file_tiny_checkpoint_variants() {
         Err(e) => e,
         Ok(_) => panic!("missing lm_head accepted"),
     };
-    assert!(matches!(e, WeightsError::MissingTensor { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::MissingTensor { .. }), "{e:?}");
     assert_names(&e, &["lm_head.weight"]);
 }
 
@@ -349,7 +349,7 @@ fn check_all_lists_every_problem() {
         Ok(_) => panic!("bad checkpoint accepted"),
     };
     match &e {
-        WeightsError::Many { problems, .. } => assert_eq!(problems.len(), 3, "{e}"),
+        CheckpointError::Many { problems, .. } => assert_eq!(problems.len(), 3, "{e}"),
         other => panic!("expected Many, got {other:?}"),
     }
     assert_names(
@@ -387,7 +387,7 @@ fn error_missing_tensor() {
         Err(e) => e,
         Ok(_) => panic!("missing tensor found"),
     };
-    assert!(matches!(e, WeightsError::MissingTensor { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::MissingTensor { .. }), "{e:?}");
     assert_names(&e, &["nope.weight", &dir.path().display().to_string()]);
 }
 
@@ -399,7 +399,7 @@ fn error_wrong_shape() {
         Err(e) => e,
         Ok(_) => panic!("transposed shape accepted"),
     };
-    assert!(matches!(e, WeightsError::Shape { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::Shape { .. }), "{e:?}");
     assert_names(&e, &["`w`", "[4, 8]", "[8, 4]", &p.display().to_string()]);
 }
 
@@ -412,7 +412,10 @@ fn error_unsupported_dtype() {
         Err(e) => e,
         Ok(_) => panic!("i32 accepted as float"),
     };
-    assert!(matches!(e, WeightsError::UnsupportedDtype { .. }), "{e:?}");
+    assert!(
+        matches!(e, CheckpointError::UnsupportedDtype { .. }),
+        "{e:?}"
+    );
     assert_names(&e, &["ids", "I32", &p.display().to_string()]);
     // Accepted by the caller, but not convertible to a float.
     let r = ck
@@ -422,7 +425,10 @@ fn error_unsupported_dtype() {
         Err(e) => e,
         Ok(_) => panic!("i32 converted"),
     };
-    assert!(matches!(e, WeightsError::UnsupportedDtype { .. }), "{e:?}");
+    assert!(
+        matches!(e, CheckpointError::UnsupportedDtype { .. }),
+        "{e:?}"
+    );
     assert_names(&e, &["ids", "I32"]);
     // A dtype outside the caller's list (f16 when only bf16 is wanted).
     let e = match ck.expect("w", &[4, 8], &[Dtype::BF16]) {
@@ -448,7 +454,7 @@ fn error_truncated_file() {
     drop(f);
     let e = open_err(dir.path());
     match &e {
-        WeightsError::Truncated {
+        CheckpointError::Truncated {
             tensor,
             needed,
             len: l,
@@ -469,14 +475,14 @@ fn error_truncated_file() {
     drop(f);
     let e = open_err(dir.path());
     assert!(
-        matches!(e, WeightsError::Truncated { tensor: None, .. }),
+        matches!(e, CheckpointError::Truncated { tensor: None, .. }),
         "{e:?}"
     );
     // Shorter than the length prefix.
     std::fs::write(&p, [1u8, 2, 3]).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         open_err(dir.path()),
-        WeightsError::Truncated { .. }
+        CheckpointError::Truncated { .. }
     ));
 }
 
@@ -493,7 +499,7 @@ fn error_bad_header() {
     write("{not json", 0);
     let e = open_err(dir.path());
     assert!(
-        matches!(e, WeightsError::BadHeader { tensor: None, .. }),
+        matches!(e, CheckpointError::BadHeader { tensor: None, .. }),
         "{e:?}"
     );
     assert_names(&e, &[&p.display().to_string()]);
@@ -506,7 +512,7 @@ fn error_bad_header() {
     assert!(
         matches!(
             e,
-            WeightsError::BadHeader {
+            CheckpointError::BadHeader {
                 tensor: Some(_),
                 ..
             }
@@ -524,7 +530,7 @@ fn error_bad_header() {
     std::fs::write(&p, u64::MAX.to_le_bytes()).unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         open_err(dir.path()),
-        WeightsError::BadHeader { .. }
+        CheckpointError::BadHeader { .. }
     ));
 }
 
@@ -553,7 +559,10 @@ fn error_bad_index_json() {
     for (text, word) in cases {
         std::fs::write(&idx, &text).unwrap_or_else(|e| panic!("{e}"));
         let e = open_err(dir.path());
-        assert!(matches!(e, WeightsError::BadIndex { .. }), "{text}: {e:?}");
+        assert!(
+            matches!(e, CheckpointError::BadIndex { .. }),
+            "{text}: {e:?}"
+        );
         assert_names(&e, &[word, INDEX_FILE]);
     }
 }
@@ -571,7 +580,7 @@ fn error_shard_missing_not_in_shard_duplicate() {
     let moved = dir.path().join("moved.bin");
     std::fs::rename(&shards[1], &moved).unwrap_or_else(|e| panic!("{e}"));
     let e = open_err(dir.path());
-    assert!(matches!(e, WeightsError::ShardMissing { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::ShardMissing { .. }), "{e:?}");
     assert_names(
         &e,
         &[
@@ -589,7 +598,7 @@ fn error_shard_missing_not_in_shard_duplicate() {
     v["weight_map"]["lm_head.weight"] = json!("model-00001-of-00002.safetensors");
     std::fs::write(&idx, v.to_string()).unwrap_or_else(|e| panic!("{e}"));
     let e = open_err(dir.path());
-    assert!(matches!(e, WeightsError::NotInShard { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::NotInShard { .. }), "{e:?}");
     assert_names(&e, &["lm_head.weight", "model-00001-of-00002.safetensors"]);
 
     // The same tensor in two shards.
@@ -612,7 +621,10 @@ fn error_shard_missing_not_in_shard_duplicate() {
         ],
     );
     let e = open_err(dir.path());
-    assert!(matches!(e, WeightsError::DuplicateTensor { .. }), "{e:?}");
+    assert!(
+        matches!(e, CheckpointError::DuplicateTensor { .. }),
+        "{e:?}"
+    );
     assert_names(&e, &["model.embed_tokens.weight", "00001", "00002"]);
 }
 
@@ -620,7 +632,7 @@ fn error_shard_missing_not_in_shard_duplicate() {
 fn error_no_checkpoint() {
     let dir = tmp();
     let e = open_err(dir.path());
-    assert!(matches!(e, WeightsError::NoCheckpoint { .. }), "{e:?}");
+    assert!(matches!(e, CheckpointError::NoCheckpoint { .. }), "{e:?}");
     assert_names(&e, &[SINGLE_FILE, INDEX_FILE]);
 }
 
@@ -720,7 +732,7 @@ proptest! {
         let e = open_err(dir.path());
         let is_truncated_or_bad_header = matches!(
             e,
-            WeightsError::Truncated { .. } | WeightsError::BadHeader { .. }
+            CheckpointError::Truncated { .. } | CheckpointError::BadHeader { .. }
         );
         prop_assert!(is_truncated_or_bad_header, "{:?}", e);
     }
@@ -736,7 +748,7 @@ proptest! {
         // An empty-object header is valid (no tensors); anything else must be an error.
         match Checkpoint::open(dir.path()) {
             Ok(ck) => prop_assert_eq!(ck.len(), 0),
-            Err(e) => prop_assert!(matches!(e, WeightsError::BadHeader { .. }), "{:?}", e),
+            Err(e) => prop_assert!(matches!(e, CheckpointError::BadHeader { .. }), "{:?}", e),
         }
     }
 }

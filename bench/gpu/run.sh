@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# The GPU runner: stable targets over a bundle made by scripts/bundle.sh (which copies this
+# file to the bundle's root). On the GPU machine:
+#     bash .bundle/run.sh TARGET [ARGS...]          (from the repo: bash bench/gpu/run.sh ...)
+# Targets; each prints as it goes and ends with a short table:
+#   tests [--bench [NAME]]        every test binary with FL_REQUIRE_GPU=1 (run-bundle.sh)
+#   memcheck [BIN[:FILTER]...]    compute-sanitizer memcheck per test binary (and name filter);
+#                                 default: the kernel families' bounds and error-path tests
+#   bench-ops [NAME] [-- ARGS]    criterion bench NAME (or those whose name contains NAME), ARGS to
+#                                 each: `bench-ops gemv -- no_criterion_match` = gemv's summary lines
+#   bench-engine [SET...] [-- FL_ARGS]  fl bench on the standard shapes; SET = 7b, 8b, quant
+#                                 (int8 int4 q8_0 q4_0 w8a8) or one --quant name (default: 7b 8b
+#                                 quant; one call per set stays inside a 10-minute call limit)
+#   compare-torch [FILTER]        optable against PyTorch (compare.py), FILTER = key substrings
+#   compare-torch generate [RUNS] transformers' generate on the engine shapes (torch_generate.py)
+#   compare-torch check           the engine's logits against transformers (check_transformers.py)
+#   compare-llamacpp              how the llama.cpp figures of PEERS.md are taken (not on this machine)
+#   floor                         the 1 GiB copy bandwidth, the read-only floor (read_floor.cu),
+#                                 cuBLAS f16 / int8 GEMM at 4096^3 through PyTorch
+#   ab A B [-n N] -- CMD...       CMD in bundle A's folder, then B's, N rounds (default 3), then each
+#                                 figure's median side by side (fl bench tokens/s; optable, gemv summary
+#                                 and criterion times): `ab /tmp/base .bundle -- bin/fl bench --model ...`
+# Environment: FL_BUNDLE (default: this folder if it holds bin/, else the repo's .bundle),
+# FL_LOGS (logs, default /tmp/fl-run), FL_RUNS (bench-engine's --runs for every set).
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${1:-help}" in help|-h|--help) sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
+if [ -n "${FL_BUNDLE:-}" ]; then B="$FL_BUNDLE"
+elif [ -d "$HERE/bin" ]; then B="$HERE"
+else B="$HERE/../../.bundle"; fi
+B="$(cd "$B" 2>/dev/null && pwd)" || { echo "run.sh: no bundle at ${FL_BUNDLE:-$HERE/../../.bundle}" >&2; exit 2; }
+LOGS="${FL_LOGS:-/tmp/fl-run}"; mkdir -p "$LOGS"
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export FL_REQUIRE_GPU=1
+TAB=$'\t'
+
+# Tab-separated lines on stdin (the first is the header) as a markdown table.
+show_table() {
+  echo
+  awk -F'\t' '{ printf "|"; for (i = 1; i <= NF; i++) printf " %s |", $i; print ""
+                if (NR == 1) { printf "|"; for (i = 1; i <= NF; i++) printf "---|"; print "" } }'
+}
+
+t_tests() {
+  bash "$B/run-bundle.sh" "$@" 2>&1 | tee "$LOGS/tests.log"; local rc=${PIPESTATUS[0]}
+  { echo "test binary${TAB}passed${TAB}status"
+    sed -nE "s/^ok +([^:]+): ([0-9]+) passed.*/\1${TAB}\2${TAB}ok/p; s/^FAIL ([^ ]+) \(exit ([0-9]+)\).*/\1${TAB}-${TAB}FAIL (exit \2)/p" "$LOGS/tests.log"
+    echo "all${TAB}$(tail -1 "$LOGS/tests.log")${TAB}rc $rc"; } | show_table
+  return "$rc"
+}
+
+t_memcheck() {
+  local specs=("$@") s bin filt log rc res err bad=0 rows=()
+  [ ${#specs[@]} -gt 0 ] || specs=(fl-kernels__gemv:one_token fl-kernels__gemv:multi_token
+    fl-kernels__attention:decode_paged fl-kernels__attention:decode_ragged
+    fl-kernels__attention_prefill:ragged fl-kernels__embedding:bad_ids fl-kernels__padding
+    fl-kernels__rope:invalid fl-kernels__kv_cache:invalid fl-kernels__activation:swiglu)
+  local cs; cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+  for s in "${specs[@]}"; do
+    bin=${s%%:*}; filt=""; [ "$s" != "$bin" ] && filt=${s#*:}
+    log="$LOGS/memcheck-$bin-${filt:-all}.log"
+    timeout "${FL_MEMCHECK_TIMEOUT:-300}" "$cs" --tool memcheck "$B/tests/$bin" ${filt:+"$filt"} --test-threads=1 > "$log" 2>&1; rc=$?
+    res=$(grep -E '^test result' "$log" | tail -1 | sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed.*/\1 passed, \2 failed/')
+    err=$(grep -E 'ERROR SUMMARY' "$log" | tail -1 | sed -E 's/.*ERROR SUMMARY: ([0-9]+).*/\1/')
+    echo "memcheck $bin ${filt:-(all)}: rc=$rc ${res:-no test result}, errors ${err:-?}"
+    [ "$rc" = 0 ] && [ "${err:-1}" = 0 ] && [ -n "$res" ] || bad=1
+    rows+=("$bin$TAB${filt:-(all)}$TAB${res:--}$TAB${err:-?}$TAB$rc")
+  done
+  { echo "test binary${TAB}filter${TAB}tests${TAB}memcheck errors${TAB}exit"; printf '%s\n' "${rows[@]}"; } | show_table
+  return "$bad"
+}
+
+t_bench_ops() {
+  local name="" b n rc t0 cases lines rows=()
+  if [ $# -gt 0 ] && [ "$1" != "--" ]; then name=$1; shift; fi
+  [ "${1:-}" = "--" ] && shift
+  for b in "$B"/benches/*; do
+    [ -x "$b" ] || continue; n=$(basename "$b")
+    case "$n" in *"$name"*) ;; *) continue ;; esac
+    [ -x "$B/benches/$name" ] && [ "$n" != "$name" ] && continue  # an exact name runs alone
+    echo "== bench $n"; t0=$(date +%s)
+    timeout "${FL_BENCH_TIMEOUT:-600}" "$b" --bench "$@" > "$LOGS/bench-$n.log" 2>&1; rc=$?
+    # One line per criterion case (median time, median throughput); a line of its own with a
+    # space in it (not criterion's) is the bench's summary line (gemv, gemm, attn_prefill ...).
+    awk -v f="$LOGS/bench-$n.count" '
+      /^(Benchmarking|Found|Gnuplot|Warning|WARNING|Performance|No change|Change within)/ { next }
+      /time:/ { if ($1 != "time:") id = $1; split($0, a, "["); split(a[2], v, " "); t = v[3] " " v[4]; c++; p = 1; next }
+      /thrpt:/ && p { split($0, a, "["); split(a[2], v, " "); printf "%-56s %14s %18s\n", id, t, v[3] " " v[4]; p = 0; next }
+      p { printf "%-56s %14s\n", id, t; p = 0 }
+      /^[^ ]+ / { print; l++; next }
+      /^[^ ]/ { id = $1 }
+      END { if (p) printf "%-56s %14s\n", id, t; print c + 0, l + 0 > f }' "$LOGS/bench-$n.log"
+    read -r cases lines < "$LOGS/bench-$n.count"
+    rows+=("$n$TAB$rc$TAB$cases$TAB$lines$TAB$(( $(date +%s) - t0 ))")
+  done
+  { echo "bench${TAB}exit${TAB}criterion cases${TAB}summary lines${TAB}seconds"; printf '%s\n' "${rows[@]}"; } | show_table
+}
+
+# jget KEY LINE: one field of fl bench's --json line.
+jget() { sed -nE "s/.*\"$1\":\"?([^,\"}]*).*/\1/p" <<< "$2"; }
+
+t_bench_engine() {
+  local sets=() extra=() s q line rows=()
+  while [ $# -gt 0 ]; do [ "$1" = "--" ] && { shift; extra=("$@"); break; }; sets+=("$1"); shift; done
+  [ ${#sets[@]} -gt 0 ] || sets=(7b 8b quant)
+  run_fl() {  # MODEL QUANT RUNS
+    echo "== fl bench --model $1 --quant $2 --runs $3 ${extra[*]}" >&2
+    timeout "${FL_ENGINE_TIMEOUT:-580}" "$B/bin/fl" bench --json --model "$1" --quant "$2" --runs "$3" "${extra[@]}" 2>&1 | tee -a "$LOGS/bench-engine.log" |
+    while IFS= read -r line; do echo "  $line" >&2; case "$line" in
+      \{*) echo "$1$TAB$(jget dtype "$line")$TAB$2$TAB$(jget batch "$line") x $(jget prompt_len "$line"), $(jget gen_len "$line")$TAB$(jget prefill_tokens_per_s "$line")$TAB$(jget decode_tokens_per_s "$line")$TAB$(jget ms_per_step "$line")$TAB$(jget pct_of_floor "$line")%$TAB$(jget copy_gbps "$line")" ;;
+      batch*) echo "$1$TAB-$TAB$2$TAB$line$TAB$TAB$TAB$TAB$TAB" ;;
+    esac; done
+  }
+  for s in "${sets[@]}"; do case "$s" in
+    7b) mapfile -t -O "${#rows[@]}" rows < <(run_fl llama-2-7b none "${FL_RUNS:-1:128:128,16:1024:64,64:1024:64,16:4032:64,1:4032:64,1:2048:2,16:512:2}") ;;
+    8b) mapfile -t -O "${#rows[@]}" rows < <(run_fl llama-3-8b none "${FL_RUNS:-1:128:128,1:4032:64,16:4032:64,64:1024:64}") ;;
+    quant) for q in int8 int4 q8_0 q4_0 w8a8; do mapfile -t -O "${#rows[@]}" rows < <(run_fl llama-2-7b "$q" "${FL_RUNS:-1:128:128,16:512:32,1:2048:2}"); done ;;
+    *) mapfile -t -O "${#rows[@]}" rows < <(run_fl llama-2-7b "$s" "${FL_RUNS:-1:128:128,16:512:32,1:2048:2}") ;;
+  esac; done
+  { echo "model${TAB}dtype${TAB}quant${TAB}batch x prompt, gen${TAB}prefill tok/s${TAB}decode tok/s${TAB}ms/step${TAB}% of floor${TAB}copy GB/s"
+    printf '%s\n' "${rows[@]}"; } | show_table
+}
+
+t_compare_torch() {
+  case "${1:-}" in
+  generate)
+    python3 -u "$B/scripts/torch_generate.py" --runs "${2:-1:128:128,16:1024:64,64:1024:64,1:2048:2,16:512:2}" \
+      --modes "${FL_TORCH_MODES:-eager,compile}" 2>&1 | grep --line-buffered -vE 'Warning|warn' | tee "$LOGS/torch-generate.log"
+    { echo "transformers run${TAB}result"; sed -nE "s/^transformers +([a-z]+ +b[0-9]+ p[0-9]+ g[0-9]+): (.*)/\1${TAB}\2/p" "$LOGS/torch-generate.log"; } | show_table ;;
+  check)  # its own table and PASS / FAIL line come last
+    python3 -u "$B/scripts/check_transformers.py" --fl "$B/bin/fl" --workdir "$LOGS/check" 2>&1 | grep --line-buffered -vE 'Warning|Writing|deprecated' ;;
+  *)
+    python3 -u "$B/scripts/compare.py" "$B/bin/optable" "${1:-}" --md "$LOGS/compare.md" 2>&1 | grep --line-buffered -vE 'Warning|warn'
+    { echo "rows${TAB}slower than torch's best${TAB}lowest speed-up"
+      awk -F'|' '/x \|$/ { r++; v = $(NF-1) + 0; if (v < 1) s++; if (lo == "" || v < lo) lo = v }
+                 END { printf "%d\t%d\t%sx\n", r, s, lo }' "$LOGS/compare.md"; } | show_table ;;
+  esac
+}
+
+t_compare_llamacpp() {
+  cat <<'EOF2'
+llama.cpp is not on the GPU machine and this runner does not build it. PEERS.md's figures were
+taken on the same kind of H100 (the 2026-11-27 side-by-side in the same session as ours, llama.cpp
+0c1e570): its CUDA backend built for Hopper, flash attention on, every layer on the GPU,
+random-weight GGUFs of our presets' shapes (f16, q8_0, q4_0). Row by row:
+EOF2
+  { echo "row${TAB}llama.cpp tool${TAB}ours (bash run.sh ...)"
+    echo "decode b1 f16 / q8_0 / q4_0${TAB}llama-bench, tg128${TAB}bench-engine 7b q8_0 q4_0 (1:128:128)"
+    echo "prefill 512 / 2048 tokens${TAB}llama-bench, pp512 / pp2048${TAB}bench-engine 7b (1:2048:2); FL_RUNS=1:512:2"
+    echo "decode 16 / 64 sequences, prompt 1024${TAB}llama-batched-bench${TAB}bench-engine 7b (16:1024:64, 64:1024:64)"
+    echo "one kernel (MUL_MAT, FLASH_ATTN_EXT, SOFT_MAX ...)${TAB}test-backend-ops perf${TAB}bench-ops NAME, compare-torch FILTER"; } | show_table
+}
+
+t_floor() {
+  local rf="$B/bin/read_floor" src nvcc copy rows=()
+  copy=$("$B/bin/optable" no_such_case 2>/dev/null | sed -nE 's/.*"key":"copy".*"gbps":([0-9.]+).*/\1/p')
+  echo "device copy (optable, 1 GiB, read + write): ${copy:-?} GB/s"; rows+=("device-to-device copy, 1 GiB (optable)$TAB${copy:-?} GB/s")
+  if [ ! -x "$rf" ]; then
+    src="$B/read_floor.cu"; [ -f "$src" ] || src="$HERE/read_floor.cu"
+    nvcc="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+    "$nvcc" -O3 -arch=sm_90a -o "$LOGS/read_floor" "$src" && rf="$LOGS/read_floor"
+  fi
+  if [ -x "$rf" ]; then
+    "$rf" | tee "$LOGS/read_floor.log"
+    mapfile -t -O "${#rows[@]}" rows < <(awk -v T="$TAB" '$1 ~ /^[0-9]+$/ && NF >= 11 {
+      printf "read-only, %s bytes%s%s us read (%s GB/s; %s x %s x %s), copy %s us\n", $1, T, $4, $5, $7, $9, $11, $2 }' "$LOGS/read_floor.log")
+  fi
+  python3 - <<'PY' 2>&1 | tee "$LOGS/gemm_peak.log"
+import torch
+n = 4096
+def rate(fn):  # 2 n^3 / median of 7 batches of 20 calls, after a warm-up
+    s, e, ts = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for k in range(8):
+        s.record(); [fn() for _ in range(20)]; e.record(); e.synchronize(); ts += [s.elapsed_time(e) / 20] * (k > 0)
+    return 2 * n ** 3 / sorted(ts)[3] / 1e9
+a, b = (torch.randn(n, n, device="cuda", dtype=torch.half) for _ in range(2))
+print(f"cuBLAS f16 GEMM {n}^3 (torch.matmul): {rate(lambda: a @ b):.0f} TFLOP/s")
+i, j = (torch.randint(-127, 127, (n, n), device="cuda", dtype=torch.int8) for _ in range(2))
+print(f"cuBLAS int8 GEMM {n}^3 (torch._int_mm): {rate(lambda: torch._int_mm(i, j)):.0f} TOP/s")
+PY
+  mapfile -t -O "${#rows[@]}" rows < <(sed -nE "s/^(cuBLAS [^:]+): (.*)/\1${TAB}\2/p" "$LOGS/gemm_peak.log")
+  { echo "floor${TAB}figure"; printf '%s\n' "${rows[@]}"; } | show_table
+}
+
+t_ab() {
+  [ $# -ge 3 ] || { echo "usage: run.sh ab BUNDLE_A BUNDLE_B [-n N] -- CMD..." >&2; return 2; }
+  local a b n=3 i side dir rc
+  a="$(cd "$1" && pwd)" && b="$(cd "$2" && pwd)" || return 2; shift 2
+  [ "${1:-}" = "-n" ] && { n=$2; shift 2; }
+  [ "${1:-}" = "--" ] && shift
+  rm -f "$LOGS"/ab-[AB]-*.log
+  for i in $(seq "$n"); do for side in A B; do
+    dir=$a; [ "$side" = B ] && dir=$b
+    (cd "$dir" && FL_BUNDLE="$dir" timeout "${FL_AB_TIMEOUT:-300}" "$@") > "$LOGS/ab-$side-$i.log" 2>&1
+    rc=$?; echo "round $i $side: rc=$rc $(ab_parse one "$LOGS/ab-$side-$i.log")"
+  done; done
+  echo "A = $a"; echo "B = $b"; ab_parse table "$LOGS"
+}
+
+# ab_parse one LOG | table DIR: the figures of a log (fl bench tokens/s, optable and gemv summary
+# times, criterion medians), or the median of each over the ab-A-* / ab-B-* logs side by side.
+ab_parse() {
+  python3 - "$@" <<'PY'
+import glob, json, re, statistics, sys
+UNIT = {"ns": 1e-3, "µs": 1.0, "us": 1.0, "ms": 1e3, "s": 1e6}
+def as_json(s):
+    try:
+        return json.loads(s)
+    except ValueError:
+        return {}
+def figures(path):
+    out, run, quant, name = {}, "", "", ""
+    for line in open(path, errors="replace"):
+        s = line.strip()
+        if s.startswith("{"):
+            j = as_json(s)
+            if "decode_tokens_per_s" in j:
+                r = f"{j['batch']}x{j['prompt_len']}:{j['gen_len']} {j.get('quant', 'none')}"
+                out[f"fl bench {r} decode tok/s"] = j["decode_tokens_per_s"]
+                out[f"fl bench {r} prefill tok/s"] = j["prefill_tokens_per_s"]
+            elif "key" in j and "us" in j:
+                out[f"{j['key']} us"] = j["us"]
+            continue
+        if m := re.search(r"--quant ([^,\s]+),", s):
+            quant = m[1]
+        if m := re.match(r"batch (\d+), prompt (\d+), generate (\d+)", s):
+            run = f"{m[1]}x{m[2]}:{m[3]} {quant or 'none'}"
+        elif (m := re.match(r"(prefill|decode):.*?([\d.]+) tokens/s", s)) and run:
+            out[f"fl bench {run} {m[1]} tok/s"] = float(m[2])
+        elif m := re.match(r"(\S+ \d+x\d+ m=\d+ +\S+) +([\d.]+) us", s):
+            out[re.sub(r" +", " ", m[1]) + " us"] = float(m[2])
+        elif m := re.match(r"(\S.*?): .*?([\d.]+) (TFLOP/s|TOPS)", s):
+            out[f"{m[1]} {m[3]}"] = float(m[2])
+        elif m := re.match(r"(\S*)\s*time:\s*\[\S+ \S+ ([\d.]+) (\S+)", s):
+            out[f"{m[1] or name} us"] = float(m[2]) * UNIT.get(m[3], float("nan"))
+        elif line[:1] not in (" ", "") and not s.startswith(("Benchmarking", "Found", "Warn", "Perf", "No change", "Change")):
+            name = s.split()[0]
+    return out
+if sys.argv[1] == "one":
+    print(" ".join(f"{k}={v:g}" for k, v in list(figures(sys.argv[2]).items())[:8]))
+    sys.exit()
+side = {x: [figures(p) for p in sorted(glob.glob(f"{sys.argv[2]}/ab-{x}-*.log"))] for x in "AB"}
+keys = list(dict.fromkeys(k for x in "AB" for f in side[x] for k in f))
+print("\n| figure | A (median) | B (median) | B / A | runs A, B |\n|---|---|---|---|---|")
+for k in keys:
+    v = {x: [f[k] for f in side[x] if k in f] for x in "AB"}
+    m = {x: statistics.median(v[x]) if v[x] else None for x in "AB"}
+    ratio = f"{m['B'] / m['A']:.3f}" if m["A"] and m["B"] else "-"
+    fmt = lambda y: "-" if y is None else f"{y:.2f}"
+    print(f"| {k.replace('|', '/')} | {fmt(m['A'])} | {fmt(m['B'])} | {ratio} | {len(v['A'])}, {len(v['B'])} |")
+PY
+}
+
+target=$1; shift
+case "$target" in
+  tests) t_tests "$@" ;;
+  memcheck) t_memcheck "$@" ;;
+  bench-ops) t_bench_ops "$@" ;;
+  bench-engine) t_bench_engine "$@" ;;
+  compare-torch) t_compare_torch "$@" ;;
+  compare-llamacpp) t_compare_llamacpp ;;
+  floor) t_floor ;;
+  ab) t_ab "$@" ;;
+  *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
+esac

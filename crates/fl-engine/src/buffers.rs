@@ -1,0 +1,142 @@
+//! The activation buffers of a forward pass ([`Buffers`]): every intermediate tensor of a
+//! pass over `m` tokens, allocated once and reused, and the step's token metadata.
+
+use std::sync::Arc;
+
+use fl_kernels::attention::{self, DecodeWorkspace};
+use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::embedding::DeviceStatus;
+use fl_kernels::DeviceTensor;
+
+use crate::cache::Cache;
+use crate::config::ModelConfig;
+use crate::dtype::RunDType;
+use crate::error::Result;
+use crate::linear::QuantBuffers;
+use crate::model::AttnMode;
+
+/// Per-token scratch of a forward pass over `m` tokens: every intermediate tensor,
+/// allocated once and reused (the decode step's buffers are what its CUDA graph reads).
+pub struct Buffers<T: RunDType> {
+    pub(crate) m: usize,
+    /// Residual stream `[m, hidden]`.
+    pub h: DeviceTensor<T>,
+    /// Normalised input of the next GEMM `[m, hidden]`.
+    pub x: DeviceTensor<T>,
+    /// QKV projection output `[m, q + 2 kv]` (unless the decode GEMV splits it itself).
+    pub(crate) qkv: DeviceTensor<T>,
+    /// Rotated queries `[m, q_heads, head_dim]`.
+    pub(crate) q: DeviceTensor<T>,
+    /// Prefill: this pass's rotated keys, packed `[m, kv_heads, head_dim]`.
+    pub(crate) k: DeviceTensor<T>,
+    /// Prefill: this pass's values, packed `[m, kv_heads, head_dim]`.
+    pub(crate) v: DeviceTensor<T>,
+    /// Attention output `[m, q]`.
+    pub(crate) attn: DeviceTensor<T>,
+    /// A projection's output before the residual add `[m, hidden]`.
+    pub(crate) tmp: DeviceTensor<T>,
+    /// Gate|up projection output `[m, 2 intermediate]`.
+    pub(crate) gate_up: DeviceTensor<T>,
+    /// SwiGLU output `[m, intermediate]`.
+    pub(crate) act: DeviceTensor<T>,
+    /// Token ids `[m]`.
+    pub ids: DeviceTensor<i32>,
+    /// Position of each token in its sequence `[m]`.
+    pub positions: DeviceTensor<i32>,
+    /// Sequence (cache row) of each token `[m]`.
+    pub seq_ids: DeviceTensor<i32>,
+    /// Keys visible to each token for the attention kernel `[m]` (position + 1).
+    pub visible: DeviceTensor<i32>,
+    /// Prefill: prefix offsets of the packed sequences `[batch + 1]`.
+    pub cu_seqlens: DeviceTensor<i32>,
+    /// The decode attention's split workspace.
+    pub(crate) attn_ws: DecodeWorkspace,
+    /// Embedding-lookup status (an out-of-vocabulary id).
+    pub status: DeviceStatus,
+    /// The quantised projections' scratch ([`Model::buffers`](crate::model::Model::buffers);
+    /// empty from [`Buffers::new`]).
+    pub(crate) quant: QuantBuffers<T>,
+}
+
+impl<T: RunDType> Buffers<T> {
+    /// Buffers for `m` tokens of `cfg` running attention in `mode` over `cache` (whose
+    /// shapes size the attention workspace), for a dense model; a quantised model's come from
+    /// [`Model::buffers`](crate::model::Model::buffers).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        m: usize,
+        cache: &Cache<T>,
+        mode: AttnMode,
+    ) -> Result<Self> {
+        let (h, q, kv, i) = (
+            cfg.hidden_size,
+            cfg.q_size(),
+            cfg.kv_size(),
+            cfg.intermediate_size,
+        );
+        let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
+        let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(stream, shape);
+        let lens = zi(&[m])?;
+        let ws_bytes = match (cache.layers.first(), mode) {
+            (Some(kvc), AttnMode::Decode) => {
+                let qt = z(&[m, cfg.num_attention_heads, cfg.head_dim])?;
+                let params = cache.decode_params(cfg);
+                let c = attention::KvCache::Contiguous {
+                    k: kvc.k(),
+                    v: kvc.v(),
+                };
+                attention::decode_workspace_bytes(stream, &qt, &c, &lens, &params)?
+            }
+            _ => 0,
+        };
+        Ok(Buffers {
+            m,
+            h: z(&[m, h])?,
+            x: z(&[m, h])?,
+            qkv: z(&[m, q + 2 * kv])?,
+            q: z(&[m, cfg.num_attention_heads, cfg.head_dim])?,
+            k: z(&[m, cfg.num_key_value_heads, cfg.head_dim])?,
+            v: z(&[m, cfg.num_key_value_heads, cfg.head_dim])?,
+            attn: z(&[m, q])?,
+            tmp: z(&[m, h])?,
+            gate_up: z(&[m, 2 * i])?,
+            act: z(&[m, i])?,
+            ids: zi(&[m])?,
+            positions: zi(&[m])?,
+            seq_ids: zi(&[m])?,
+            visible: lens,
+            cu_seqlens: zi(&[cache.batch + 1])?,
+            attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
+            status: DeviceStatus::new(stream)?,
+            quant: QuantBuffers::default(),
+        })
+    }
+
+    /// Tokens these buffers hold.
+    pub fn tokens(&self) -> usize {
+        self.m
+    }
+
+    /// Uploads a step's token metadata (each `[m]`): ids and sequence rows when given (the
+    /// decode loop's rows never change, so it sends them once), positions, and
+    /// `visible = positions + 1`.
+    pub fn upload(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        ids: Option<&[i32]>,
+        positions: &[i32],
+        seq_ids: Option<&[i32]>,
+    ) -> Result<()> {
+        if let Some(ids) = ids {
+            self.ids.copy_from_host(stream, ids)?;
+        }
+        if let Some(seq_ids) = seq_ids {
+            self.seq_ids.copy_from_host(stream, seq_ids)?;
+        }
+        self.positions.copy_from_host(stream, positions)?;
+        let vis: Vec<i32> = positions.iter().map(|p| p + 1).collect();
+        self.visible.copy_from_host(stream, &vis)?;
+        Ok(())
+    }
+}
