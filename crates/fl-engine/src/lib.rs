@@ -41,11 +41,13 @@ pub mod demo;
 pub mod dtype;
 pub mod engine;
 mod error;
+pub mod kv;
 mod layer;
 pub mod linear;
 pub mod load;
 pub mod model;
 pub mod presets;
+pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
 
