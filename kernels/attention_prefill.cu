@@ -12,6 +12,11 @@
 // workspace. Rows of shared memory are padded by 16 bytes, so that the 8 rows an ldmatrix
 // phase reads fall into distinct banks for every head size used here. f32 inputs run a
 // CUDA-core version of the same loop (prefill_f32_kernel, below the 16-bit one).
+//
+// Both kernels are templated on PAGED: new query tokens at positions ctx - q_len .. ctx - 1
+// over K/V read from a paged cache through a block table (fl_attention_prefill_paged), the
+// same loop with key tiles gathered row by row (cp.async per 16-byte chunk, one table lookup
+// per key) and the causal / window masks shifted by the query's position.
 #include "common/common.cuh"
 
 namespace fl {
@@ -25,6 +30,11 @@ struct Params {
     const int32_t *cu_seqlens;
     int32_t batch, q_heads, kv_heads, total_tokens, window;
     float scale_log2;  // softmax scale * log2(e)
+    // Paged kernels only: k, v are the cache; key j of sequence b is slot j % block_size of
+    // block block_table[b * max_blocks + j / block_size] (block b when block_table is null:
+    // a contiguous cache, block_size = its capacity, max_blocks = 1).
+    const int32_t *ctx_lens, *block_table;
+    int32_t block_size, max_blocks, num_blocks;
 };
 
 // ---------------------------------------------------------------- PTX wrappers
@@ -127,7 +137,61 @@ __device__ __forceinline__ void load_tile(uint32_t sdst, const T *gbase, int64_t
     }
 }
 
-template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB>
+// The sequence a CTA works on: query rows [start, start + len) of the packed q / out, at
+// positions q_off .. q_off + len - 1, over keys 0 .. kv_len - 1. Packed K/V: the sequence's own
+// tokens (q_off = 0, kv_len = len). Paged: kv_len = ctx_lens[b] clamped to the table's
+// capacity and q_off = kv_len - len, negative only for a ctx_len below q_len (rows before
+// position 0 see no key and get zeros).
+template <bool PAGED>
+__device__ __forceinline__ void seq_bounds(const Params &p, int b, int &start, int &len,
+                                           int &q_off, int &kv_len) {
+    packed_seq(p.cu_seqlens, b, p.total_tokens, start, len);
+    if constexpr (PAGED) {
+        const int cap = p.max_blocks * p.block_size;  // <= INT32_MAX, checked on the host
+        kv_len = min(max(p.ctx_lens[b], 0), cap);
+        q_off = kv_len - len;
+    } else {
+        kv_len = len;
+        q_off = 0;
+    }
+}
+
+// Copies the K and V rows of keys kv0 .. kv0 + ROWS - 1 (kv head kvh, sequence b) from the
+// paged cache into padded shared tiles of row stride LD elements, zero-filling keys outside
+// [0, kv_len) and keys whose block id is outside [0, num_blocks): nothing out of bounds is
+// read, whatever the table holds.
+template <typename T, int D, int LD, int ROWS, int THREADS>
+__device__ __forceinline__ void load_kv_paged(uint32_t sk, uint32_t sv, const Params &p, int b,
+                                              int kvh, int kv0, int kv_len) {
+    constexpr int CH = 16 / (int)sizeof(T);  // elements per 16-byte chunk
+    constexpr int CPR = D / CH;              // chunks per row
+    const T *kc = static_cast<const T *>(p.k);
+    const T *vc = static_cast<const T *>(p.v);
+    const int32_t *tbl = p.block_table + (int64_t)b * p.max_blocks;
+    auto row_of = [&](int key) -> int64_t {  // element offset of the key's row, or -1
+        if (key < 0 || key >= kv_len) return -1;
+        const int blk = p.block_table ? __ldg(tbl + key / p.block_size) : b;
+        if (blk < 0 || blk >= p.num_blocks) return -1;
+        return (((int64_t)blk * p.kv_heads + kvh) * p.block_size + key % p.block_size) * D;
+    };
+    auto copy = [&](int r, int c, int64_t row) {
+        const bool ok = row >= 0;
+        const uint32_t off = (uint32_t)((r * LD + c * CH) * (int)sizeof(T));
+        cp_async16(sk + off, ok ? kc + row + c * CH : kc, ok ? 16 : 0);
+        cp_async16(sv + off, ok ? vc + row + c * CH : vc, ok ? 16 : 0);
+    };
+    if constexpr (THREADS % CPR == 0) {  // a thread keeps one chunk column: one lookup per row
+        const int c = threadIdx.x % CPR;
+#pragma unroll
+        for (int r = threadIdx.x / CPR; r < ROWS; r += THREADS / CPR) copy(r, c, row_of(kv0 + r));
+    } else {
+#pragma unroll
+        for (int i = threadIdx.x; i < ROWS * CPR; i += THREADS)
+            copy(i / CPR, i % CPR, row_of(kv0 + i / CPR));
+    }
+}
+
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED>
 __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     using TL = Tile<D, NW, MT, BC, QREG>;
     constexpr int BR = TL::BR, LD = TL::LD, THREADS = TL::THREADS;
@@ -145,8 +209,8 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     const int kvh = h / group;
 
     // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
-    int start, len;
-    packed_seq(p.cu_seqlens, b, p.total_tokens, start, len);
+    int start, len, q_off, kv_len;
+    seq_bounds<PAGED>(p, b, start, len, q_off, kv_len);
     const int q_start = m_block * BR;
     if (q_start >= len) return;
     const int q_last = min(q_start + BR, len) - 1;
@@ -160,10 +224,12 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     const T *kg = static_cast<const T *>(p.k) + (int64_t)start * kv_stride + (int64_t)kvh * D;
     const T *vg = static_cast<const T *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
 
-    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
-    const int n_hi = (q_last + BC) / BC;
+    // Key tiles [n_lo, n_hi): keys 0..q_off + q_last (causal), >= q_off + q_start - window + 1
+    // (window). Paged: no tile when every row is before position 0 (bad ctx_len).
+    const int last_pos = q_off + q_last;
+    const int n_hi = PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
     int n_lo = 0;
-    if (p.window > 0) n_lo = max(0, q_start - p.window + 1) / BC;
+    if (p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
 
     const uint32_t s_base = smem_addr(smem_raw);
     auto k_stage = [&](int s) { return s_base + (uint32_t)(2 * s * TL::KV_ELEMS * 2); };
@@ -172,8 +238,14 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
 
     // Q tile and the first K/V tile.
     load_tile<T, D, BR, THREADS>(s_q, qg, q_stride, q_start, len);
-    load_tile<T, D, BC, THREADS>(k_stage(0), kg, kv_stride, (n_hi - 1) * BC, len);
-    load_tile<T, D, BC, THREADS>(v_stage(0), vg, kv_stride, (n_hi - 1) * BC, len);
+    if constexpr (PAGED) {
+        if (n_hi > n_lo)
+            load_kv_paged<T, D, LD, BC, THREADS>(k_stage(0), v_stage(0), p, b, kvh,
+                                                 (n_hi - 1) * BC, kv_len);
+    } else {
+        load_tile<T, D, BC, THREADS>(k_stage(0), kg, kv_stride, (n_hi - 1) * BC, len);
+        load_tile<T, D, BC, THREADS>(v_stage(0), vg, kv_stride, (n_hi - 1) * BC, len);
+    }
     cp_async_commit();
 
     // ldmatrix lane roles. A (Q): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7),
@@ -212,8 +284,13 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     for (int n = n_hi - 1; n >= n_lo; --n) {
         const int kv0 = n * BC;
         if (n > n_lo) {  // prefetch the next (lower) tile into the other stage
-            load_tile<T, D, BC, THREADS>(k_stage(stage ^ 1), kg, kv_stride, kv0 - BC, len);
-            load_tile<T, D, BC, THREADS>(v_stage(stage ^ 1), vg, kv_stride, kv0 - BC, len);
+            if constexpr (PAGED) {
+                load_kv_paged<T, D, LD, BC, THREADS>(k_stage(stage ^ 1), v_stage(stage ^ 1), p,
+                                                     b, kvh, kv0 - BC, kv_len);
+            } else {
+                load_tile<T, D, BC, THREADS>(k_stage(stage ^ 1), kg, kv_stride, kv0 - BC, len);
+                load_tile<T, D, BC, THREADS>(v_stage(stage ^ 1), vg, kv_stride, kv0 - BC, len);
+            }
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -253,8 +330,8 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
         }
 
         // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
-        const bool masked =
-            kv0 + BC - 1 > q_start || (p.window > 0 && kv0 <= q_last - p.window);
+        const bool masked = kv0 + BC - 1 > q_off + q_start ||
+                            (p.window > 0 && kv0 <= q_off + q_last - p.window);
         if (masked) {
 #pragma unroll
             for (int i = 0; i < MT; ++i)
@@ -263,9 +340,9 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int key = kv0 + j * 8 + 2 * t + (e & 1);
-                        const int r = row_base + i * 16 + (e >> 1) * 8;
-                        const bool ok =
-                            key <= r && key < len && (p.window <= 0 || key > r - p.window);
+                        const int pos = q_off + row_base + i * 16 + (e >> 1) * 8;
+                        const bool ok = key <= pos && key < kv_len &&
+                                        (p.window <= 0 || key > pos - p.window);
                         if (!ok) s[i][j][e] = -INFINITY;
                     }
         }
@@ -339,6 +416,7 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
         stage ^= 1;
     }
 
+    if constexpr (PAGED) cp_async_wait<0>();  // no key tile ran (ctx_len < q_len): Q's copy
     // Normalise and store (rows past the sequence end are not written).
     T *og = static_cast<T *>(p.out) + (int64_t)start * q_stride + (int64_t)h * D + 2 * t;
 #pragma unroll
@@ -415,7 +493,7 @@ __device__ __forceinline__ void fma4(float4 &o, float p, const float4 &v) {
     o.w = fmaf(p, v.w, o.w);
 }
 
-template <int D, int BC>
+template <int D, int BC, bool PAGED>
 __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
     using TL = TileF32<D, BC>;
     constexpr int BR = TL::BR, LD = TL::LD, RM = TL::RM, KN = TL::KN, C4 = TL::C4,
@@ -432,8 +510,8 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
     const int kvh = h / group;
 
     // Sequence bounds, clamped to the packed tensor whatever cu_seqlens holds.
-    int start, len;
-    packed_seq(p.cu_seqlens, b, p.total_tokens, start, len);
+    int start, len, q_off, kv_len;
+    seq_bounds<PAGED>(p, b, start, len, q_off, kv_len);
     const int q_start = m_block * BR;
     if (q_start >= len) return;
     const int q_last = min(q_start + BR, len) - 1;
@@ -450,18 +528,29 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
     const float *vg =
         static_cast<const float *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
 
-    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
-    const int n_hi = (q_last + BC) / BC;
+    // Key tiles [n_lo, n_hi): keys 0..q_off + q_last (causal), >= q_off + q_start - window + 1
+    // (window). Paged: no tile when every row is before position 0 (bad ctx_len).
+    const int last_pos = q_off + q_last;
+    const int n_hi = PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
     int n_lo = 0;
-    if (p.window > 0) n_lo = max(0, q_start - p.window + 1) / BC;
+    if (p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
 
     const uint32_t s_base = smem_addr(smem_raw);
     auto k_off = [&](int s) { return TL::KV_OFF + 2 * s * BC * LD; };  // floats
     auto v_off = [&](int s) { return TL::KV_OFF + (2 * s + 1) * BC * LD; };
 
     load_tile_f32<D, BR>(s_base, qg, q_stride, q_start, len);
-    load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(0) * 4), kg, kv_stride, (n_hi - 1) * BC, len);
-    load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(0) * 4), vg, kv_stride, (n_hi - 1) * BC, len);
+    if constexpr (PAGED) {
+        if (n_hi > n_lo)
+            load_kv_paged<float, D, LD, BC, kF32Threads>(s_base + (uint32_t)(k_off(0) * 4),
+                                                         s_base + (uint32_t)(v_off(0) * 4), p,
+                                                         b, kvh, (n_hi - 1) * BC, kv_len);
+    } else {
+        load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(0) * 4), kg, kv_stride, (n_hi - 1) * BC,
+                             len);
+        load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(0) * 4), vg, kv_stride, (n_hi - 1) * BC,
+                             len);
+    }
     cp_async_commit();
 
     float4 o[RM][DC];
@@ -479,10 +568,16 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
     for (int n = n_hi - 1; n >= n_lo; --n) {
         const int kv0 = n * BC;
         if (n > n_lo) {  // prefetch the next (lower) tile into the other stage
-            load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(stage ^ 1) * 4), kg, kv_stride,
-                                 kv0 - BC, len);
-            load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(stage ^ 1) * 4), vg, kv_stride,
-                                 kv0 - BC, len);
+            if constexpr (PAGED) {
+                load_kv_paged<float, D, LD, BC, kF32Threads>(
+                    s_base + (uint32_t)(k_off(stage ^ 1) * 4),
+                    s_base + (uint32_t)(v_off(stage ^ 1) * 4), p, b, kvh, kv0 - BC, kv_len);
+            } else {
+                load_tile_f32<D, BC>(s_base + (uint32_t)(k_off(stage ^ 1) * 4), kg, kv_stride,
+                                     kv0 - BC, len);
+                load_tile_f32<D, BC>(s_base + (uint32_t)(v_off(stage ^ 1) * 4), vg, kv_stride,
+                                     kv0 - BC, len);
+            }
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -516,16 +611,17 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
         }
 
         // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
-        const bool masked =
-            kv0 + BC - 1 > q_start || (p.window > 0 && kv0 <= q_last - p.window);
+        const bool masked = kv0 + BC - 1 > q_off + q_start ||
+                            (p.window > 0 && kv0 <= q_off + q_last - p.window);
         if (masked) {
 #pragma unroll
             for (int i = 0; i < RM; ++i)
 #pragma unroll
                 for (int j = 0; j < KN; ++j) {
                     const int key = kv0 + tx + 8 * j;
-                    const int r = q_start + ty + 16 * i;
-                    const bool ok = key <= r && key < len && (p.window <= 0 || key > r - p.window);
+                    const int pos = q_off + q_start + ty + 16 * i;
+                    const bool ok =
+                        key <= pos && key < kv_len && (p.window <= 0 || key > pos - p.window);
                     if (!ok) s[i][j] = -INFINITY;
                 }
         }
@@ -582,6 +678,7 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
         stage ^= 1;
     }
 
+    if constexpr (PAGED) cp_async_wait<0>();  // no key tile ran (ctx_len < q_len): Q's copy
     // Normalise and store (rows past the sequence end are not written).
     float *og = static_cast<float *>(p.out) + (int64_t)start * q_stride + (int64_t)h * D;
 #pragma unroll
@@ -621,68 +718,81 @@ inline bool valid(const fl_prefill_attention_args *a) {
     return true;
 }
 
+// What sizes the grid: (q_heads, batch, query tiles of max_len rows).
+struct Grid {
+    int32_t q_heads, batch, head_dim, max_len;
+};
+
 // One tile configuration (Cfg<D>'s, from launch_d).
-template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB>
-fl_status launch_cfg(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED>
+fl_status launch_cfg(const Grid &a, const Params &p, cudaStream_t st) {
     using TL = Tile<D, NW, MT, BC, QREG>;
-    const int64_t m_blocks = ceil_div(a->max_seq_len, TL::BR);
+    const int64_t m_blocks = ceil_div(a.max_len, TL::BR);
     if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
-    auto kern = prefill_kernel<T, D, NW, MT, BC, QREG, MINB>;
+    auto kern = prefill_kernel<T, D, NW, MT, BC, QREG, MINB, PAGED>;
     if (TL::SMEM_BYTES > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)TL::SMEM_BYTES);
         if (e != cudaSuccess) return (fl_status)e;
     }
-    dim3 grid((unsigned)a->q_heads, (unsigned)a->batch, (unsigned)m_blocks);
+    dim3 grid((unsigned)a.q_heads, (unsigned)a.batch, (unsigned)m_blocks);
     kern<<<grid, TL::THREADS, TL::SMEM_BYTES, st>>>(p);
     return launch_status();
 }
 
-template <typename T, int D>
-fl_status launch_d(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+template <typename T, int D, bool PAGED>
+fl_status launch_d(const Grid &a, const Params &p, cudaStream_t st) {
     using C = Cfg<D>;
-    return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB>(a, p, st);
+    return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB, PAGED>(a, p, st);
 }
 
-template <int D>
-fl_status launch_f32_d(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
+template <int D, bool PAGED>
+fl_status launch_f32_d(const Grid &a, const Params &p, cudaStream_t st) {
     constexpr int BC = CfgF32<D>::BC;
     using TL = TileF32<D, BC>;
-    const int64_t m_blocks = ceil_div(a->max_seq_len, TL::BR);
+    const int64_t m_blocks = ceil_div(a.max_len, TL::BR);
     if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
-    auto kern = prefill_f32_kernel<D, BC>;
+    auto kern = prefill_f32_kernel<D, BC, PAGED>;
     if (TL::SMEM_BYTES > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)TL::SMEM_BYTES);
         if (e != cudaSuccess) return (fl_status)e;
     }
-    dim3 grid((unsigned)a->q_heads, (unsigned)a->batch, (unsigned)m_blocks);
+    dim3 grid((unsigned)a.q_heads, (unsigned)a.batch, (unsigned)m_blocks);
     kern<<<grid, kF32Threads, TL::SMEM_BYTES, st>>>(p);
     return launch_status();
 }
 
-inline fl_status launch_f32(const fl_prefill_attention_args *a, const Params &p,
-                            cudaStream_t st) {
-    switch (a->head_dim) {
-    case 64: return launch_f32_d<64>(a, p, st);
-    case 80: return launch_f32_d<80>(a, p, st);
-    case 96: return launch_f32_d<96>(a, p, st);
-    case 128: return launch_f32_d<128>(a, p, st);
-    case 256: return launch_f32_d<256>(a, p, st);
+template <bool PAGED>
+fl_status launch_f32(const Grid &a, const Params &p, cudaStream_t st) {
+    switch (a.head_dim) {
+    case 64: return launch_f32_d<64, PAGED>(a, p, st);
+    case 80: return launch_f32_d<80, PAGED>(a, p, st);
+    case 96: return launch_f32_d<96, PAGED>(a, p, st);
+    case 128: return launch_f32_d<128, PAGED>(a, p, st);
+    case 256: return launch_f32_d<256, PAGED>(a, p, st);
     default: return FL_ERR_INVALID_ARGUMENT;
     }
 }
 
-template <typename T>
-fl_status launch_t(const fl_prefill_attention_args *a, const Params &p, cudaStream_t st) {
-    switch (a->head_dim) {
-    case 64: return launch_d<T, 64>(a, p, st);
-    case 80: return launch_d<T, 80>(a, p, st);
-    case 96: return launch_d<T, 96>(a, p, st);
-    case 128: return launch_d<T, 128>(a, p, st);
-    case 256: return launch_d<T, 256>(a, p, st);
+template <typename T, bool PAGED>
+fl_status launch_t(const Grid &a, const Params &p, cudaStream_t st) {
+    switch (a.head_dim) {
+    case 64: return launch_d<T, 64, PAGED>(a, p, st);
+    case 80: return launch_d<T, 80, PAGED>(a, p, st);
+    case 96: return launch_d<T, 96, PAGED>(a, p, st);
+    case 128: return launch_d<T, 128, PAGED>(a, p, st);
+    case 256: return launch_d<T, 256, PAGED>(a, p, st);
     default: return FL_ERR_INVALID_ARGUMENT;
     }
+}
+
+// One launch over Params `p` (dtype and head size from the caller's args).
+template <bool PAGED>
+fl_status launch_any(fl_dtype dtype, const Grid &g, const Params &p, cudaStream_t st) {
+    if (dtype == FL_DTYPE_F32) return launch_f32<PAGED>(g, p, st);
+    if (dtype == FL_DTYPE_F16) return launch_t<__half, PAGED>(g, p, st);
+    return launch_t<__nv_bfloat16, PAGED>(g, p, st);
 }
 
 inline Params make_params(const fl_prefill_attention_args *a) {
@@ -693,7 +803,28 @@ inline Params make_params(const fl_prefill_attention_args *a) {
     p.total_tokens = a->total_tokens;
     p.window = a->window;
     p.scale_log2 = a->scale * kLog2e;
+    p.ctx_lens = nullptr; p.block_table = nullptr;
+    p.block_size = 0; p.max_blocks = 0; p.num_blocks = 0;
     return p;
+}
+
+inline bool valid_paged(const fl_prefill_paged_attention_args *a) {
+    if (!a || a->batch < 0 || a->batch > 65535) return false;
+    if (a->q_heads < 1 || a->kv_heads < 1 || a->q_heads % a->kv_heads) return false;
+    if (a->dtype != FL_DTYPE_F32 && a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16)
+        return false;
+    if (!head_dim_ok(a->head_dim)) return false;
+    if (a->total_q < 0 || a->max_q_len < 0 || a->max_q_len > a->total_q) return false;
+    if (a->kv_block_size < 1 || a->num_blocks < 1) return false;
+    if (a->layout == FL_KV_PAGED) {
+        if (a->max_blocks_per_seq < 1) return false;
+        if ((int64_t)a->kv_block_size * a->max_blocks_per_seq > INT32_MAX) return false;
+    } else if (a->layout != FL_KV_CONTIGUOUS) {
+        return false;
+    }
+    if (a->window < 0) return false;
+    if (!(a->scale > 0.f) || a->scale == INFINITY) return false;  // also rejects NaN
+    return true;
 }
 
 }  // namespace prefill
@@ -720,9 +851,36 @@ extern "C" fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args
         const fl_status s = fl::prefill_wgmma::launch(a, st);
         if (s != FL_ERR_UNSUPPORTED_DTYPE) return s;  // else: a call that path does not run
     }
-    if (a->dtype == FL_DTYPE_F32) return launch_f32(a, p, st);
-    if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, p, st);
-    return launch_t<__nv_bfloat16>(a, p, st);
+    const Grid g{a->q_heads, a->batch, a->head_dim, a->max_seq_len};
+    return launch_any<false>(a->dtype, g, p, st);
+}
+
+extern "C" fl_status fl_attention_prefill_paged(const fl_prefill_paged_attention_args *a,
+                                               fl_stream stream) {
+    using namespace fl::prefill;
+    if (!valid_paged(a)) return FL_ERR_INVALID_ARGUMENT;
+    if (a->batch == 0 || a->max_q_len == 0) return FL_OK;
+    if (!a->q || !a->k || !a->v || !a->out || !a->cu_seqlens_q || !a->ctx_lens)
+        return FL_ERR_INVALID_ARGUMENT;
+    if (a->layout == FL_KV_PAGED && !a->block_table) return FL_ERR_INVALID_ARGUMENT;
+    if (!fl::aligned16(a->q) || !fl::aligned16(a->k) || !fl::aligned16(a->v) ||
+        !fl::aligned16(a->out))
+        return FL_ERR_MISALIGNED;
+    const bool paged = a->layout == FL_KV_PAGED;
+    Params p;
+    p.q = a->q; p.k = a->k; p.v = a->v; p.out = a->out;
+    p.cu_seqlens = a->cu_seqlens_q;
+    p.batch = a->batch; p.q_heads = a->q_heads; p.kv_heads = a->kv_heads;
+    p.total_tokens = a->total_q;
+    p.window = a->window;
+    p.scale_log2 = a->scale * kLog2e;
+    p.ctx_lens = a->ctx_lens;
+    p.block_table = paged ? a->block_table : nullptr;
+    p.block_size = a->kv_block_size;
+    p.max_blocks = paged ? a->max_blocks_per_seq : 1;
+    p.num_blocks = a->num_blocks;
+    const Grid g{a->q_heads, a->batch, a->head_dim, a->max_q_len};
+    return launch_any<true>(a->dtype, g, p, fl::as_stream(stream));
 }
 
 extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {

@@ -1,6 +1,7 @@
 //! Causal prefill attention: time and TFLOP/s at 512..16384 tokens per sequence, batch =
 //! max(1, 16384 / len), 32 q heads / 8 kv heads, head_dim 128, f16 (bf16 at 4096, f32 at
-//! 1024).
+//! 1024). Paged prefill (`attn_prefill_paged`, 16-token blocks): 8 x 512 new tokens over
+//! 3,584 cached ones and 1 x 2,048 over none, f16 and bf16.
 //!
 //! Throughput is `Throughput::Elements(flops)` with the causal FLOPs counted once:
 //! `4 · head_dim · q_heads · Σ_b L_b (L_b + 1) / 2` (`attention_prefill::prefill_flops`), so
@@ -8,7 +9,10 @@
 //! printed to stderr.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fl_bench::ops::attention_prefill::{flops, make, shape, shape_key, PREFILL_LENS};
+use fl_bench::ops::attention_prefill::{
+    flops, make, make_paged, paged_flops, paged_shape_key, shape, shape_key, PAGED_POINTS,
+    PREFILL_LENS,
+};
 use fl_bench::{gpu_or_skip, time_on_device};
 use fl_kernels::{bf16, f16, FloatDType, Gpu};
 
@@ -17,12 +21,40 @@ fn point<T: FloatDType>(
     gpu: &Gpu,
     len: usize,
 ) {
-    let s = gpu.stream().clone();
     let (hq, hkv, d) = (32usize, 8usize, 128usize);
     let (batch, len) = shape(len);
     let f = flops(batch, len, hq, d);
-    let mut launch = make::<T>(gpu, batch, len, hq, hkv, d).expect("allocate case");
+    let launch = make::<T>(gpu, batch, len, hq, hkv, d).expect("allocate case");
     let id = format!("{}|{}", T::NAME, shape_key(batch, len, hq, hkv, d));
+    measure(g, gpu, "attn_prefill", id, f, launch);
+}
+
+fn paged_point<T: FloatDType>(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    gpu: &Gpu,
+    (batch, q_len, prefix): (usize, usize, usize),
+) {
+    let (hq, hkv, d) = (32usize, 8usize, 128usize);
+    let f = paged_flops(batch, q_len, prefix, hq, d);
+    let launch = make_paged::<T>(gpu, (batch, q_len, prefix), hq, hkv, d).expect("allocate case");
+    let id = format!(
+        "{}|{}",
+        T::NAME,
+        paged_shape_key(batch, q_len, prefix, hq, hkv, d)
+    );
+    measure(g, gpu, "attn_prefill_paged", id, f, launch);
+}
+
+/// Times one prepared launch; `Telem/s` reads as TFLOP/s.
+fn measure(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    gpu: &Gpu,
+    name: &str,
+    id: String,
+    f: u64,
+    mut launch: fl_bench::ops::Launch,
+) {
+    let s = gpu.stream().clone();
     g.throughput(Throughput::Elements(f));
     let mut last = std::time::Duration::ZERO;
     let mut iters = 0u64;
@@ -37,7 +69,7 @@ fn point<T: FloatDType>(
     if iters > 0 {
         let secs = last.as_secs_f64() / iters as f64;
         eprintln!(
-            "attn_prefill {id}: {:.3} ms, {:.1} TFLOP/s",
+            "{name} {id}: {:.3} ms, {:.1} TFLOP/s",
             secs * 1e3,
             f as f64 / secs / 1e12
         );
@@ -54,6 +86,10 @@ fn benches(c: &mut Criterion) {
     }
     point::<bf16>(&mut g, &gpu, 4096);
     point::<f32>(&mut g, &gpu, 1024);
+    for &pt in &PAGED_POINTS {
+        paged_point::<f16>(&mut g, &gpu, pt);
+    }
+    paged_point::<bf16>(&mut g, &gpu, PAGED_POINTS[0]);
     g.finish();
 }
 

@@ -2,6 +2,7 @@
 #ifndef FL_ATTENTION_PREFILL_H
 #define FL_ATTENTION_PREFILL_H
 #include "fl_kernels.h"
+#include "fl_attention.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -65,6 +66,68 @@ fl_status fl_attention_prefill(const fl_prefill_attention_args *args, fl_stream 
  * value: FL_ERR_INVALID_ARGUMENT. For tests. */
 fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *args, int32_t kernel,
                                       fl_stream stream);
+
+/* Causal prefill attention of new query tokens over a KV cache that already holds them:
+ * chunked prefill and mixed prefill + decode steps (FlashInfer's BatchPrefillWithPagedKVCache).
+ *
+ * Sequence b has q_len_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b] new tokens, rows
+ * [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of the packed q / out, at positions
+ * ctx_b - q_len_b .. ctx_b - 1 with ctx_b = ctx_lens[b]; the cache holds the K/V of all ctx_b
+ * positions (the new tokens' included: append them first, fl_kv_append_paged). For the new
+ * token i (position p = ctx_b - q_len_b + i) and q head h:
+ *
+ *   out[s + i, h, :] = sum_j softmax_j(scale * q[s + i, h, :] . K[b, h / group, j, :]) V[b, h / group, j, :]
+ *
+ * over the cached positions j <= p (causal) and, when window > 0, j > p - window.
+ * s = cu_seqlens_q[b], group = q_heads / kv_heads. K[b, h, j, :] is read per `layout` as
+ * fl_attention_decode reads it (FL_KV_PAGED: row j % kv_block_size of block
+ * block_table[b * max_blocks_per_seq + j / kv_block_size]; FL_KV_CONTIGUOUS: row j of
+ * sequence b, capacity kv_block_size). Same kernel, tiles and numerics as
+ * fl_attention_prefill's mma.sync kernel (f32: its CUDA-core version); q_len_b == 1 is a
+ * decode token; q_len_b == 0 writes nothing.
+ *
+ *   q, out        [total_q, q_heads, head_dim], dtype (f32, f16 or bf16), contiguous
+ *   k, v          FL_KV_PAGED: [num_blocks, kv_heads, kv_block_size, head_dim];
+ *                 FL_KV_CONTIGUOUS: [num_blocks (= the cache's batch), kv_heads, kv_block_size,
+ *                 head_dim]; same dtype as q
+ *   cu_seqlens_q  i32 [batch + 1] on the device, non-decreasing (clamped to [0, total_q])
+ *   ctx_lens      i32 [batch] on the device; ctx_lens[b] >= q_len_b (PRECONDITION: a smaller
+ *                 one gives zeros for the rows before position 0), clamped to the capacity
+ *                 kv_block_size * max_blocks_per_seq (contiguous: kv_block_size)
+ *   block_table   i32 [batch, max_blocks_per_seq] on the device (paged only); any kv_block_size
+ *                 >= 1. A block id outside [0, num_blocks) is never read: its keys read as
+ *                 zero vectors (score 0, value 0), so pass only valid ids for the blocks a
+ *                 sequence uses; entries past ceil(ctx_b / kv_block_size) are never read.
+ *   max_q_len     host-known bound on every q_len_b, in [0, total_q] (0: no-op); sizes the
+ *                 grid. PRECONDITION: no sequence has more new tokens (their later rows would
+ *                 be left unwritten).
+ *   scale, window as fl_attention_prefill.
+ * Rows of out not covered by a sequence are not written. Pointers 16-byte aligned
+ * (FL_ERR_MISALIGNED); out must not alias q or the cache. Returns FL_ERR_INVALID_ARGUMENT on a
+ * bad size, dtype, head_dim, layout, scale, a capacity above INT32_MAX or a null pointer;
+ * batch == 0 is a no-op. Shared memory as fl_attention_prefill's mma.sync kernel. */
+typedef struct fl_prefill_paged_attention_args {
+    fl_dtype dtype;
+    int32_t batch, q_heads, kv_heads, head_dim;
+    int32_t total_q;
+    const void *q;
+    const void *k;
+    const void *v;
+    void *out;
+    const int32_t *cu_seqlens_q;
+    const int32_t *ctx_lens;
+    int32_t max_q_len;
+    fl_kv_layout layout;
+    int32_t kv_block_size;        /* paged: tokens per block; contiguous: the capacity */
+    const int32_t *block_table;   /* paged only */
+    int32_t max_blocks_per_seq;   /* paged only */
+    int32_t num_blocks;           /* paged: blocks in the pool; contiguous: the cache's batch */
+    float scale;
+    int32_t window;
+} fl_prefill_paged_attention_args;
+
+fl_status fl_attention_prefill_paged(const fl_prefill_paged_attention_args *args,
+                                     fl_stream stream);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,19 @@
 //! 16-bit cases on both kernels (the automatic choice, which is the wgmma kernel at head_dim
 //! 128 on Hopper, and the mma.sync kernel forced); argument errors; reference properties on
 //! the CPU.
-
-use fl_kernels::attention_prefill::{self, PrefillKernel, PrefillParams, PREFILL_HEAD_DIMS};
+//!
+//! attention_prefill::prefill_paged against reference::attention_prefill::prefill_paged:
+//! ragged prefixes (0 to several blocks, not block-aligned), odd block counts, q_len 0 and 1
+//! and long chunks, permuted block tables with garbage past each sequence's blocks, unused
+//! cache slots and output rows poisoned with NaN, block sizes 16 / 32 / 64 / 128 and 24, the
+//! contiguous cache, GQA 32/8 and MHA, every head_dim, f16 / bf16 / f32, windows; two
+//! chunks (and a shared-prefix batch) against the one-pass prefill; bad tables and
+//! context lengths; argument errors; a proptest over shapes.
+use fl_kernels::attention::KvCache;
+use fl_kernels::attention_prefill::{
+    self, PagedPrefillParams, PrefillKernel, PrefillParams, PREFILL_HEAD_DIMS,
+};
+use fl_kernels::reference::attention_prefill::PagedKv;
 use fl_kernels::testing::{gpu_or_skip, rel_l2, rng, to_f64};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use rand::Rng;
@@ -382,10 +393,587 @@ fn prefill_gpu_proptest() {
         .unwrap();
 }
 
+// ---- paged prefill ----
+
+/// One paged-prefill case: sequence `b` has `q_lens[b]` new tokens over `prefix[b]` cached
+/// ones (ctx = prefix + q_len).
+#[derive(Debug, Clone)]
+struct PagedCase {
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    q_lens: Vec<usize>,
+    prefix: Vec<usize>,
+    /// Tokens per block; 0: a contiguous cache.
+    block: usize,
+    window: usize,
+}
+
+fn paged(
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    q_lens: &[usize],
+    prefix: &[usize],
+    block: usize,
+) -> PagedCase {
+    PagedCase {
+        hq,
+        hkv,
+        d,
+        q_lens: q_lens.to_vec(),
+        prefix: prefix.to_vec(),
+        block,
+        window: 0,
+    }
+}
+
+/// A host-side cache holding `k_seq[b]`, `v_seq[b]` (`[ctx_b, hkv, d]` each) at positions
+/// `0..ctx_b` of sequence `b`, every other slot NaN; blocks assigned in a random order, table
+/// entries past a sequence's blocks hold invalid ids. `block == 0`: contiguous
+/// `[batch + 1, hkv, max_ctx + 5, d]`.
+struct HostCache<T> {
+    k: Vec<T>,
+    v: Vec<T>,
+    shape: [usize; 4],
+    table: Vec<i32>,
+    max_blocks: usize,
+    contiguous: bool,
+}
+
+fn host_cache<T: FloatDType>(
+    k_seq: &[Vec<T>],
+    v_seq: &[Vec<T>],
+    hkv: usize,
+    d: usize,
+    block: usize,
+    r: &mut impl Rng,
+) -> HostCache<T> {
+    let batch = k_seq.len();
+    let ctx: Vec<usize> = k_seq.iter().map(|x| x.len() / (hkv * d)).collect();
+    let (shape, table, max_blocks) = if block == 0 {
+        let cap = ctx.iter().copied().max().unwrap_or(0) + 5;
+        (
+            [batch + 1, hkv, cap, d],
+            (0..batch as i32).collect::<Vec<_>>(),
+            1,
+        )
+    } else {
+        let nb: Vec<usize> = ctx.iter().map(|&c| c.div_ceil(block)).collect();
+        let max_blocks = nb.iter().copied().max().unwrap_or(0) + 2;
+        let num_blocks = nb.iter().sum::<usize>() + 5;
+        let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, r.random_range(0..=i));
+        }
+        let mut next = ids.into_iter();
+        let mut table = Vec::with_capacity(batch * max_blocks);
+        for &n in &nb {
+            for j in 0..max_blocks {
+                table.push(if j < n {
+                    next.next().unwrap()
+                } else if j % 2 == 0 {
+                    -1
+                } else {
+                    num_blocks as i32 + 7
+                });
+            }
+        }
+        ([num_blocks, hkv, block, d], table, max_blocks)
+    };
+    let [_, _, bs, _] = shape;
+    let n = shape.iter().product();
+    let mut k = vec![T::from_f32(f32::NAN); n];
+    let mut v = vec![T::from_f32(f32::NAN); n];
+    for b in 0..batch {
+        for p in 0..ctx[b] {
+            let blk = table[b * max_blocks + p / bs] as usize;
+            for h in 0..hkv {
+                let dst = ((blk * hkv + h) * bs + p % bs) * d;
+                let src = (p * hkv + h) * d;
+                k[dst..dst + d].copy_from_slice(&k_seq[b][src..src + d]);
+                v[dst..dst + d].copy_from_slice(&v_seq[b][src..src + d]);
+            }
+        }
+    }
+    HostCache {
+        k,
+        v,
+        shape,
+        table,
+        max_blocks,
+        contiguous: block == 0,
+    }
+}
+
+/// Runs `prefill_paged` on the cache (`q [total_q, hq, d]`, total_q = covered rows + 3 spare
+/// rows that must keep their NaN poison) and returns the output.
+#[allow(clippy::too_many_arguments)]
+fn launch_paged<T: FloatDType>(
+    gpu: &Gpu,
+    q: &[T],
+    cache: &HostCache<T>,
+    cu: &[usize],
+    ctx: &[usize],
+    hq: usize,
+    d: usize,
+    window: usize,
+) -> Vec<T> {
+    let s = gpu.stream();
+    let total = q.len() / (hq * d);
+    let batch = ctx.len();
+    let dq = DeviceTensor::from_host(s, q, &[total, hq, d]).unwrap();
+    let dk = DeviceTensor::from_host(s, &cache.k, &cache.shape).unwrap();
+    let dv = DeviceTensor::from_host(s, &cache.v, &cache.shape).unwrap();
+    let cu32: Vec<i32> = cu.iter().map(|&x| x as i32).collect();
+    let ctx32: Vec<i32> = ctx.iter().map(|&x| x as i32).collect();
+    let dcu = DeviceTensor::from_host(s, &cu32, &[batch + 1]).unwrap();
+    let dctx = DeviceTensor::from_host(s, &ctx32, &[batch]).unwrap();
+    let dtable = DeviceTensor::from_host(s, &cache.table, &[batch, cache.max_blocks]).unwrap();
+    let kv = if cache.contiguous {
+        KvCache::Contiguous { k: &dk, v: &dv }
+    } else {
+        KvCache::Paged {
+            k: &dk,
+            v: &dv,
+            block_table: &dtable,
+        }
+    };
+    let max_q = cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let params = PagedPrefillParams {
+        window: (window > 0).then_some(window),
+        ..PagedPrefillParams::new(d, max_q)
+    };
+    let mut out = DeviceTensor::filled(s, &[total, hq, d], T::from_f32(f32::NAN)).unwrap();
+    attention_prefill::prefill_paged(s, &dq, &kv, &dcu, &dctx, &mut out, &params).unwrap();
+    out.to_host(s).unwrap()
+}
+
+/// rel L2 of the paged kernel against the reference on the covered rows; panics when a row
+/// outside every sequence was written.
+fn run_paged<T: FloatDType>(gpu: &Gpu, c: &PagedCase, r: &mut impl Rng) -> f64 {
+    let (hq, hkv, d) = (c.hq, c.hkv, c.d);
+    let cu = cu_of(&c.q_lens);
+    let covered = *cu.last().unwrap();
+    let total = covered + 3;
+    let ctx: Vec<usize> = c.q_lens.iter().zip(&c.prefix).map(|(q, p)| q + p).collect();
+    let q: Vec<T> = fl_kernels::testing::random(r, total * hq * d);
+    let k_seq: Vec<Vec<T>> = ctx
+        .iter()
+        .map(|&n| fl_kernels::testing::random(r, n * hkv * d))
+        .collect();
+    let v_seq: Vec<Vec<T>> = ctx
+        .iter()
+        .map(|&n| fl_kernels::testing::random(r, n * hkv * d))
+        .collect();
+    let cache = host_cache(&k_seq, &v_seq, hkv, d, c.block, r);
+    let (k64, v64) = (to_f64(&cache.k), to_f64(&cache.v));
+    let scale = 1.0 / (d as f32).sqrt();
+    let want = reference::attention_prefill::prefill_paged(
+        &to_f64(&q),
+        &PagedKv {
+            k: &k64,
+            v: &v64,
+            block_size: cache.shape[2],
+            block_table: &cache.table,
+            max_blocks: cache.max_blocks,
+        },
+        &cu,
+        &ctx,
+        hq,
+        hkv,
+        d,
+        scale as f64,
+        c.window,
+    );
+    let got = launch_paged(gpu, &q, &cache, &cu, &ctx, hq, d, c.window);
+    let row = hq * d;
+    assert!(
+        got[covered * row..].iter().all(|x| x.to_f32().is_nan()),
+        "{c:?}: rows outside every sequence were written"
+    );
+    if covered == 0 {
+        return 0.0;
+    }
+    rel_l2(&got[..covered * row], &want[..covered * row])
+}
+
+fn check_paged<T: FloatDType>(gpu: &Gpu, c: &PagedCase, r: &mut impl Rng) {
+    let err = run_paged::<T>(gpu, c, r);
+    let tol = tol::<T>();
+    assert!(
+        err < tol,
+        "prefill_paged<{}> {c:?}: rel L2 {err:e}",
+        T::NAME
+    );
+}
+
+#[test]
+fn prefill_paged_ragged_prefixes_and_odd_block_counts() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_ragged_prefixes_and_odd_block_counts") else {
+        return;
+    };
+    let mut r = rng("prefill_paged_ragged");
+    // (q_len, prefix): decode tokens, a first chunk, chunks after 1..several blocks, not
+    // block-aligned, an empty sequence, odd block counts (3, 5, 7 blocks of 16).
+    let q_lens = [1usize, 1, 37, 100, 64, 300, 0, 17, 130];
+    let prefix = [0usize, 76, 0, 19, 48, 261, 50, 15, 111];
+    for &(hq, hkv) in &[(32usize, 8usize), (4, 4)] {
+        // 32 heads: without the 300-token chunk, to keep the f64 reference affordable.
+        let skip = if hq == 32 { 5 } else { usize::MAX };
+        let keep = |x: &[usize]| -> Vec<usize> {
+            x.iter()
+                .enumerate()
+                .filter(|&(i, _)| i != skip)
+                .map(|(_, &v)| v)
+                .collect()
+        };
+        for &d in &[64usize, 128] {
+            for &block in &[16usize, 32] {
+                let c = paged(hq, hkv, d, &keep(&q_lens), &keep(&prefix), block);
+                check_paged::<f16>(&gpu, &c, &mut r);
+                check_paged::<bf16>(&gpu, &c, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn prefill_paged_long_chunks_and_block_sizes() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_long_chunks_and_block_sizes") else {
+        return;
+    };
+    let mut r = rng("prefill_paged_long");
+    // Two heads keep the f64 reference affordable.
+    check_paged::<f16>(
+        &gpu,
+        &paged(2, 1, 128, &[1024, 1], &[2001, 3000], 16),
+        &mut r,
+    );
+    check_paged::<bf16>(&gpu, &paged(2, 2, 64, &[2048], &[0], 32), &mut r);
+    for &block in &[24usize, 64, 128] {
+        check_paged::<f16>(
+            &gpu,
+            &paged(8, 2, 128, &[200, 1, 65], &[333, 7, 0], block),
+            &mut r,
+        );
+    }
+}
+
+#[test]
+fn prefill_paged_every_head_dim_f32_and_contiguous_cache() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_every_head_dim_f32_and_contiguous_cache") else {
+        return;
+    };
+    let mut r = rng("prefill_paged_dims");
+    for &d in &PREFILL_HEAD_DIMS {
+        for &block in &[16usize, 0] {
+            let c = paged(8, 2, d, &[1, 70, 129], &[40, 0, 77], block);
+            check_paged::<f16>(&gpu, &c, &mut r);
+            check_paged::<bf16>(&gpu, &c, &mut r);
+            check_paged::<f32>(&gpu, &c, &mut r);
+        }
+    }
+}
+
+#[test]
+fn prefill_paged_sliding_window() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_sliding_window") else {
+        return;
+    };
+    let mut r = rng("prefill_paged_window");
+    for &w in &[1usize, 5, 64, 100, 5000] {
+        let mut c = paged(8, 2, 128, &[200, 1, 77], &[300, 150, 0], 16);
+        c.window = w;
+        check_paged::<bf16>(&gpu, &c, &mut r);
+        let mut c = paged(4, 4, 64, &[90], &[211], 32);
+        c.window = w;
+        check_paged::<f16>(&gpu, &c, &mut r);
+        check_paged::<f32>(&gpu, &c, &mut r);
+    }
+}
+
+/// A sequence prefilled in two chunks through the paged cache (two launches, and one launch
+/// where both chunks are sequences sharing the same blocks) equals the one-pass prefill of
+/// the packed sequence.
+#[test]
+fn prefill_paged_two_chunks_equal_one_pass() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_two_chunks_equal_one_pass") else {
+        return;
+    };
+    let mut r = rng("prefill_paged_chunks");
+    for &(hq, hkv, d, len, split, block) in &[
+        (32usize, 8usize, 128usize, 700usize, 333usize, 16usize),
+        (4, 4, 64, 1000, 512, 32),
+        (8, 2, 128, 130, 1, 16),
+    ] {
+        two_chunks::<f16>(&gpu, [hq, hkv, d], len, split, block, &mut r);
+        two_chunks::<bf16>(&gpu, [hq, hkv, d], len, split, block, &mut r);
+    }
+}
+
+fn two_chunks<T: FloatDType>(
+    gpu: &Gpu,
+    [hq, hkv, d]: [usize; 3],
+    len: usize,
+    split: usize,
+    block: usize,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let q: Vec<T> = fl_kernels::testing::random(r, len * hq * d);
+    let k: Vec<T> = fl_kernels::testing::random(r, len * hkv * d);
+    let v: Vec<T> = fl_kernels::testing::random(r, len * hkv * d);
+    // One pass over the packed sequence (the existing kernel).
+    let dq = DeviceTensor::from_host(s, &q, &[len, hq, d]).unwrap();
+    let dk = DeviceTensor::from_host(s, &k, &[len, hkv, d]).unwrap();
+    let dv = DeviceTensor::from_host(s, &v, &[len, hkv, d]).unwrap();
+    let dcu = DeviceTensor::from_host(s, &[0i32, len as i32], &[2]).unwrap();
+    let mut full = DeviceTensor::<T>::zeros(s, &[len, hq, d]).unwrap();
+    attention_prefill::prefill(
+        s,
+        &dq,
+        &dk,
+        &dv,
+        &dcu,
+        &mut full,
+        &PrefillParams::new(d, len),
+    )
+    .unwrap();
+    let full = to_f64(&full.to_host(s).unwrap());
+    let row = hq * d;
+    let what = format!(
+        "{} h{hq}/{hkv} d{d} len {len} split {split} block {block}",
+        T::NAME
+    );
+    // Two launches: rows 0..split over ctx split, then split..len over ctx len.
+    let cache = host_cache(&[k], &[v], hkv, d, block, r);
+    let mut got: Vec<T> = Vec::with_capacity(len * row);
+    for (lo, hi) in [(0, split), (split, len)] {
+        let mut qc = q[lo * row..hi * row].to_vec();
+        qc.extend(std::iter::repeat_n(T::from_f32(0.5), 3 * row));
+        let out = launch_paged(gpu, &qc, &cache, &[0, hi - lo], &[hi], hq, d, 0);
+        got.extend_from_slice(&out[..(hi - lo) * row]);
+    }
+    let err = rel_l2(&got, &full);
+    assert!(err < 1e-2, "{what}, two launches: rel L2 {err:e}");
+    // One launch: both chunks as sequences of one batch over the same blocks.
+    let mut shared = cache;
+    shared.table = shared.table.repeat(2);
+    let mut qc = q.clone();
+    qc.extend(std::iter::repeat_n(T::from_f32(0.5), 3 * row));
+    let out = launch_paged(gpu, &qc, &shared, &[0, split, len], &[split, len], hq, d, 0);
+    let err = rel_l2(&out[..len * row], &full);
+    assert!(err < 1e-2, "{what}, one launch: rel L2 {err:e}");
+}
+
+/// Bad device data never reads or writes out of bounds: block ids outside the pool (keys
+/// read as zeros), a context above the table's capacity (clamped), a context shorter than
+/// the new tokens (rows before position 0 get zeros); rows outside every sequence keep their
+/// poison.
+#[test]
+fn prefill_paged_survives_bad_tables_and_context_lengths() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_survives_bad_tables_and_context_lengths") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("prefill_paged_bad");
+    let (hq, hkv, d, bs, nb, mb) = (4usize, 2usize, 128usize, 16usize, 6usize, 4usize);
+    let total = 40usize;
+    let q: Vec<f16> = fl_kernels::testing::random(&mut r, total * hq * d);
+    let k: Vec<f16> = fl_kernels::testing::random(&mut r, nb * hkv * bs * d);
+    let dq = DeviceTensor::from_host(s, &q, &[total, hq, d]).unwrap();
+    let dk = DeviceTensor::from_host(s, &k, &[nb, hkv, bs, d]).unwrap();
+    // seq 0: ids out of the pool; seq 1: ctx 1000 > capacity 64; seq 2: ctx 3 < q_len 10.
+    let table = [-5i32, 99, 1, 2, 3, 4, 5, 0, 2, 3, i32::MAX, i32::MIN];
+    let dt = DeviceTensor::from_host(s, &table, &[3, mb]).unwrap();
+    let dcu = DeviceTensor::from_host(s, &[0i32, 10, 20, 30], &[4]).unwrap();
+    let dctx = DeviceTensor::from_host(s, &[40i32, 1000, 3], &[3]).unwrap();
+    let cache = KvCache::Paged {
+        k: &dk,
+        v: &dk,
+        block_table: &dt,
+    };
+    let mut out = DeviceTensor::filled(s, &[total, hq, d], f16::from_f32(f32::NAN)).unwrap();
+    let p = PagedPrefillParams::new(d, 10);
+    attention_prefill::prefill_paged(s, &dq, &cache, &dcu, &dctx, &mut out, &p).unwrap();
+    let got = out.to_host(s).unwrap();
+    let row = hq * d;
+    assert!(got[..30 * row].iter().all(|x| x.to_f32().is_finite()));
+    assert!(got[30 * row..].iter().all(|x| x.to_f32().is_nan()));
+    // seq 2: rows 20..27 sit before position 0 (zeros); rows 27..30 see positions 0..=2.
+    assert!(got[20 * row..27 * row].iter().all(|x| x.to_f32() == 0.0));
+    // max_q_len 0: nothing to do, nothing written.
+    let mut out = DeviceTensor::filled(s, &[total, hq, d], f16::from_f32(f32::NAN)).unwrap();
+    let p0 = PagedPrefillParams::new(d, 0);
+    attention_prefill::prefill_paged(s, &dq, &cache, &dcu, &dctx, &mut out, &p0).unwrap();
+    assert!(out.to_host(s).unwrap().iter().all(|x| x.to_f32().is_nan()));
+}
+
+#[test]
+fn prefill_paged_bad_arguments_are_named() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_bad_arguments_are_named") else {
+        return;
+    };
+    let s = gpu.stream();
+    let q = DeviceTensor::<f16>::zeros(s, &[16, 8, 128]).unwrap();
+    let k = DeviceTensor::<f16>::zeros(s, &[4, 2, 16, 128]).unwrap();
+    let v = DeviceTensor::<f16>::zeros(s, &[4, 2, 16, 128]).unwrap();
+    let bt = DeviceTensor::from_host(s, &[0i32, 1, 2, 3], &[1, 4]).unwrap();
+    let cu = DeviceTensor::from_host(s, &[0i32, 16], &[2]).unwrap();
+    let ctx = DeviceTensor::from_host(s, &[40i32], &[1]).unwrap();
+    let mut out = DeviceTensor::<f16>::zeros(s, &[16, 8, 128]).unwrap();
+    let p = PagedPrefillParams::new(128, 16);
+    let named = |e: Error, want: &str| match &e {
+        Error::Shape { arg, .. }
+        | Error::InvalidArgument { arg, .. }
+        | Error::TooLarge { arg, .. } => {
+            assert_eq!(*arg, want, "{e}")
+        }
+        _ => panic!("unexpected {e}"),
+    };
+    fn cache<'a>(
+        k: &'a DeviceTensor<f16>,
+        v: &'a DeviceTensor<f16>,
+        block_table: &'a DeviceTensor<i32>,
+    ) -> KvCache<'a, f16> {
+        KvCache::Paged { k, v, block_table }
+    }
+    let ok = cache(&k, &v, &bt);
+    attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx, &mut out, &p).unwrap();
+    let q100 = DeviceTensor::<f16>::zeros(s, &[16, 8, 100]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q100, &ok, &cu, &ctx, &mut out, &p).unwrap_err(),
+        "q",
+    );
+    let k3 = DeviceTensor::<f16>::zeros(s, &[4, 3, 16, 128]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &cache(&k3, &k3, &bt), &cu, &ctx, &mut out, &p)
+            .unwrap_err(),
+        "q",
+    );
+    let k64 = DeviceTensor::<f16>::zeros(s, &[4, 2, 16, 64]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &cache(&k64, &v, &bt), &cu, &ctx, &mut out, &p)
+            .unwrap_err(),
+        "cache.k",
+    );
+    let v1 = DeviceTensor::<f16>::zeros(s, &[4, 1, 16, 128]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &cache(&k, &v1, &bt), &cu, &ctx, &mut out, &p)
+            .unwrap_err(),
+        "cache.v",
+    );
+    let bt2 = DeviceTensor::from_host(s, &[0i32, 1], &[2, 1]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &cache(&k, &v, &bt2), &cu, &ctx, &mut out, &p)
+            .unwrap_err(),
+        "cache.block_table",
+    );
+    let kc = DeviceTensor::<f16>::zeros(s, &[1, 2, 64, 128]).unwrap();
+    let cu2 = DeviceTensor::from_host(s, &[0i32, 8, 16], &[3]).unwrap();
+    let ctx2 = DeviceTensor::from_host(s, &[8i32, 8], &[2]).unwrap();
+    named(
+        attention_prefill::prefill_paged(
+            s,
+            &q,
+            &KvCache::Contiguous { k: &kc, v: &kc },
+            &cu2,
+            &ctx2,
+            &mut out,
+            &p,
+        )
+        .unwrap_err(),
+        "cache.k",
+    );
+    let cu1 = DeviceTensor::from_host(s, &[0i32], &[1]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &ok, &cu1, &ctx, &mut out, &p).unwrap_err(),
+        "cu_seqlens_q",
+    );
+    named(
+        attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx2, &mut out, &p).unwrap_err(),
+        "ctx_lens",
+    );
+    let mut out2 = DeviceTensor::<f16>::zeros(s, &[16, 4, 128]).unwrap();
+    named(
+        attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx, &mut out2, &p).unwrap_err(),
+        "out",
+    );
+    let pb = PagedPrefillParams { max_q_len: 17, ..p };
+    named(
+        attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx, &mut out, &pb).unwrap_err(),
+        "params.max_q_len",
+    );
+    for scale in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+        let pb = PagedPrefillParams { scale, ..p };
+        named(
+            attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx, &mut out, &pb).unwrap_err(),
+            "params.scale",
+        );
+    }
+    let pb = PagedPrefillParams {
+        window: Some(0),
+        ..p
+    };
+    named(
+        attention_prefill::prefill_paged(s, &q, &ok, &cu, &ctx, &mut out, &pb).unwrap_err(),
+        "params.window",
+    );
+}
+
+#[test]
+fn prefill_paged_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("prefill_paged_gpu_proptest") else {
+        return;
+    };
+    use proptest::prelude::*;
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 32,
+        ..ProptestConfig::default()
+    });
+    let strat = (
+        prop::sample::select(vec![(1usize, 1usize), (4, 1), (8, 8), (12, 4), (32, 8)]),
+        prop::sample::select(PREFILL_HEAD_DIMS.to_vec()),
+        proptest::collection::vec((0usize..200, 0usize..300), 1..5),
+        prop::sample::select(vec![0usize, 16, 24, 32, 64, 128]),
+        prop::option::of(1usize..300),
+        0u8..3,
+        any::<u64>(),
+    );
+    runner
+        .run(
+            &strat,
+            |((hq, hkv), d, seqs, block, window, dtype, seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let c = PagedCase {
+                    hq,
+                    hkv,
+                    d,
+                    q_lens: seqs.iter().map(|s| s.0).collect(),
+                    prefix: seqs.iter().map(|s| s.1).collect(),
+                    block,
+                    window: window.unwrap_or(0),
+                };
+                let (err, tol) = match dtype {
+                    0 => (run_paged::<f16>(&gpu, &c, &mut r), 1e-2),
+                    1 => (run_paged::<bf16>(&gpu, &c, &mut r), 1e-2),
+                    _ => (run_paged::<f32>(&gpu, &c, &mut r), tol::<f32>()),
+                };
+                prop_assert!(err < tol, "dtype {dtype} {c:?}: rel L2 {err:e}");
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
 // ---- reference properties (CPU) ----
 
 mod reference_props {
     use super::{cu_of, reference};
+    use fl_kernels::attention_prefill::{prefill_flops, prefill_paged_flops};
+    use fl_kernels::reference::attention_prefill::PagedKv;
     use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest, ProptestConfig, Strategy};
     use rand::Rng;
 
@@ -420,6 +1008,70 @@ mod reference_props {
                     }
                 }
             }
+        }
+
+        // The paged reference over a permuted block table equals the packed reference on the
+        // same rows of the whole sequences, whatever the split into prefix and new tokens.
+        #[test]
+        fn paged_reference_matches_packed_prefill(
+            seqs in proptest::collection::vec((1usize..40, 0.0f64..1.0), 1..4),
+            block in 1usize..9, window in 0usize..6, seed in any::<u64>(),
+        ) {
+            use rand::SeedableRng;
+            let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+            let (hq, hkv, d) = (4usize, 2usize, 3usize);
+            let lens: Vec<usize> = seqs.iter().map(|s| s.0).collect();
+            let q_lens: Vec<usize> =
+                seqs.iter().map(|&(l, f)| ((l as f64 * f) as usize).min(l)).collect();
+            let cu = cu_of(&lens);
+            let total = *cu.last().unwrap();
+            let q: Vec<f64> = (0..total * hq * d).map(|_| r.random_range(-1.0..1.0)).collect();
+            let k: Vec<f64> = (0..total * hkv * d).map(|_| r.random_range(-1.0..1.0)).collect();
+            let v: Vec<f64> = (0..total * hkv * d).map(|_| r.random_range(-1.0..1.0)).collect();
+            let want = reference::attention_prefill::prefill(&q, &k, &v, &cu, hq, hkv, d, 0.6, window);
+            // Scatter every sequence into blocks taken in reverse order, one spare table entry.
+            let max_blocks = lens.iter().map(|l| l.div_ceil(block)).max().unwrap() + 1;
+            let num_blocks = lens.iter().map(|l| l.div_ceil(block)).sum::<usize>();
+            let (mut kc, mut vc) = (vec![f64::NAN; num_blocks * hkv * block * d], vec![f64::NAN; num_blocks * hkv * block * d]);
+            let mut table = vec![-1i32; lens.len() * max_blocks];
+            let mut next = num_blocks;
+            for (b, &l) in lens.iter().enumerate() {
+                for p in 0..l {
+                    if p % block == 0 {
+                        next -= 1;
+                        table[b * max_blocks + p / block] = next as i32;
+                    }
+                    let blk = table[b * max_blocks + p / block] as usize;
+                    for h in 0..hkv {
+                        let dst = ((blk * hkv + h) * block + p % block) * d;
+                        let src = ((cu[b] + p) * hkv + h) * d;
+                        kc[dst..dst + d].copy_from_slice(&k[src..src + d]);
+                        vc[dst..dst + d].copy_from_slice(&v[src..src + d]);
+                    }
+                }
+            }
+            // The new tokens: the last q_lens[b] of each sequence.
+            let cu_q = cu_of(&q_lens);
+            let mut qn = Vec::new();
+            for (b, &n) in q_lens.iter().enumerate() {
+                qn.extend_from_slice(&q[(cu[b + 1] - n) * hq * d..cu[b + 1] * hq * d]);
+            }
+            let cache = PagedKv { k: &kc, v: &vc, block_size: block, block_table: &table, max_blocks };
+            let got = reference::attention_prefill::prefill_paged(
+                &qn, &cache, &cu_q, &lens, hq, hkv, d, 0.6, window);
+            for (b, &n) in q_lens.iter().enumerate() {
+                let w = &want[(cu[b + 1] - n) * hq * d..cu[b + 1] * hq * d];
+                let g = &got[cu_q[b] * hq * d..cu_q[b + 1] * hq * d];
+                for (x, y) in g.iter().zip(w) {
+                    prop_assert!((x - y).abs() < 1e-12, "{x} vs {y}");
+                }
+            }
+            // FLOPs: the whole sequence as new tokens counts what prefill counts.
+            prop_assert_eq!(
+                prefill_paged_flops(&lens, &lens, hq, d),
+                prefill_flops(&lens, hq, d)
+            );
+            prop_assert!(prefill_paged_flops(&q_lens, &lens, hq, d) <= prefill_flops(&lens, hq, d));
         }
 
         // Equal keys give uniform weights: output i is the mean of v[0..=i] (or of the
