@@ -11,7 +11,7 @@ use fl_kernels::DeviceTensor;
 use crate::cache::Cache;
 use crate::config::ModelConfig;
 use crate::dtype::RunDType;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::linear::QuantBuffers;
 use crate::model::AttnMode;
 
@@ -49,6 +49,11 @@ pub struct Buffers<T: RunDType> {
     pub visible: DeviceTensor<i32>,
     /// Prefill: prefix offsets of the packed sequences `[batch + 1]`.
     pub cu_seqlens: DeviceTensor<i32>,
+    /// Paged passes: each sequence's block ids, `[cache.batch, cache.max_blocks_per_seq()]`
+    /// (`[1, 1]` for a contiguous cache).
+    pub block_table: DeviceTensor<i32>,
+    /// Paged passes: each sequence's context length after this pass, `[cache.batch]`.
+    pub ctx_lens: DeviceTensor<i32>,
     /// The decode attention's split workspace.
     pub(crate) attn_ws: DecodeWorkspace,
     /// Embedding-lookup status (an out-of-vocabulary id).
@@ -107,6 +112,12 @@ impl<T: RunDType> Buffers<T> {
             seq_ids: zi(&[m])?,
             visible: lens,
             cu_seqlens: zi(&[cache.batch + 1])?,
+            block_table: if cache.is_paged() {
+                zi(&[cache.batch, cache.max_blocks_per_seq()])?
+            } else {
+                zi(&[1, 1])?
+            },
+            ctx_lens: zi(&[cache.batch])?,
             attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
             status: DeviceStatus::new(stream)?,
             quant: QuantBuffers::default(),
@@ -139,4 +150,54 @@ impl<T: RunDType> Buffers<T> {
         self.visible.copy_from_host(stream, &vis)?;
         Ok(())
     }
+
+    /// Uploads a paged pass's sequence metadata (after [`Buffers::upload`] of its tokens):
+    /// `cu_seqlens` (`[seqs + 1]`, the chunk offsets in the packed tokens), `ctx_lens`
+    /// (`[seqs]`, each sequence's context after this pass) and `block_table` (`seqs` rows of
+    /// [`crate::cache::Cache::max_blocks_per_seq`] block ids, row-major; entries past a
+    /// sequence's blocks are never read). Queued on `stream`, no sync.
+    ///
+    /// Errors: [`EngineError::Invalid`] naming the argument whose length does not match
+    /// `seqs` (more than the cache's `batch`, or a table of another width).
+    pub fn upload_paged(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        cu_seqlens: &[i32],
+        ctx_lens: &[i32],
+        block_table: &[i32],
+    ) -> Result<()> {
+        let seqs = ctx_lens.len();
+        let rows = self.ctx_lens.shape()[0];
+        let width = self.block_table.shape()[1];
+        if seqs == 0 || seqs > rows {
+            return Err(EngineError::invalid(
+                "ctx_lens",
+                format!("{seqs} sequences, the buffers hold 1..={rows}"),
+            ));
+        }
+        if cu_seqlens.len() != seqs + 1 {
+            return Err(EngineError::invalid(
+                "cu_seqlens",
+                format!("{} offsets for {seqs} sequences (needs {})", cu_seqlens.len(), seqs + 1),
+            ));
+        }
+        if block_table.len() != seqs * width {
+            return Err(EngineError::invalid(
+                "block_table",
+                format!("{} ids for {seqs} rows of {width}", block_table.len()),
+            ));
+        }
+        // Unused rows: empty chunks, no context (the kernels skip them).
+        let mut cu = cu_seqlens.to_vec();
+        cu.resize(rows + 1, *cu_seqlens.last().unwrap_or(&0));
+        let mut ctx = ctx_lens.to_vec();
+        ctx.resize(rows, 0);
+        let mut table = block_table.to_vec();
+        table.resize(rows * width, 0);
+        self.cu_seqlens.copy_from_host(stream, &cu)?;
+        self.ctx_lens.copy_from_host(stream, &ctx)?;
+        self.block_table.copy_from_host(stream, &table)?;
+        Ok(())
+    }
+
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use fl_blas::Blas;
 use fl_kernels::attention::{self, DecodeParams};
-use fl_kernels::attention_prefill::{self, PrefillParams};
+use fl_kernels::attention_prefill::{self, PagedPrefillParams, PrefillParams};
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::gemv_dense::QkvRopeAppend;
 use fl_kernels::kv_cache::{self, CacheLayout, KvCache, QkvSplit, RopeAppend, TokenSlots};
@@ -281,10 +281,15 @@ fn attention<T: RunDType>(
             positions: &buf.positions,
         },
         rope: pass.rope,
-        layout: CacheLayout::Contiguous,
+        layout: match pass.mode {
+            AttnMode::Paged { .. } => CacheLayout::Paged {
+                block_table: &buf.block_table,
+            },
+            _ => CacheLayout::Contiguous,
+        },
     };
     let packed = match pass.mode {
-        AttnMode::Decode => None,
+        AttnMode::Decode | AttnMode::Paged { .. } => None,
         AttnMode::Prefill { .. } => Some((&mut buf.k, &mut buf.v)),
     };
     if !appended {
@@ -319,6 +324,25 @@ fn attention<T: RunDType>(
                 &buf.k,
                 &buf.v,
                 &buf.cu_seqlens,
+                &mut buf.attn,
+                &p,
+            )?;
+        }
+        AttnMode::Paged { max_q_len } => {
+            let c = attention::KvCache::Paged {
+                k: kvc.k(),
+                v: kvc.v(),
+                block_table: &buf.block_table,
+            };
+            let mut p = PagedPrefillParams::new(d, max_q_len);
+            p.scale = pass.decode.scale;
+            p.window = cfg.sliding_window;
+            attention_prefill::prefill_paged(
+                stream,
+                &buf.q,
+                &c,
+                &buf.cu_seqlens,
+                &buf.ctx_lens,
                 &mut buf.attn,
                 &p,
             )?;

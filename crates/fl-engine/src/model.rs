@@ -62,6 +62,16 @@ pub enum AttnMode {
         /// The longest sequence in the batch.
         max_len: usize,
     },
+    /// Packed chunks of several sequences over a paged cache ([`Cache::new_paged`]): sequence
+    /// `b` (row `b` of `buf.block_table`, tokens `cu_seqlens[b]..cu_seqlens[b + 1]` at
+    /// positions `ctx_lens[b] - q_len ..= ctx_lens[b] - 1`) appends its chunk's K/V through
+    /// the block table, then attends causally to every key of its context
+    /// ([`fl_kernels::attention_prefill::prefill_paged`]). A chunk may be a whole prompt, the
+    /// rest of one whose prefix is cached, or one decode token: one pass mixes them.
+    Paged {
+        /// The longest chunk in the pass.
+        max_q_len: usize,
+    },
 }
 
 /// The RoPE parameters of a config, in the kernel's terms. The pairing is **interleaved**:
@@ -203,13 +213,25 @@ impl<T: RunDType> Model<T> {
     ) -> Result<()> {
         let m = buf.m;
         let w = &self.weights;
-        if let AttnMode::Prefill { max_len } = mode {
-            if max_len == 0 || max_len > m {
-                return Err(EngineError::invalid(
-                    "max_len",
-                    format!("{max_len} outside 1..={m} (tokens in the pass)"),
-                ));
-            }
+        let longest = match mode {
+            AttnMode::Decode => None,
+            AttnMode::Prefill { max_len } => Some(("max_len", max_len)),
+            AttnMode::Paged { max_q_len } => Some(("max_q_len", max_q_len)),
+        };
+        if let Some((arg, n)) = longest.filter(|&(_, n)| n == 0 || n > m) {
+            return Err(EngineError::invalid(
+                arg,
+                format!("{n} outside 1..={m} (tokens in the pass)"),
+            ));
+        }
+        if cache.is_paged() != matches!(mode, AttnMode::Paged { .. }) {
+            return Err(EngineError::invalid(
+                "cache",
+                format!(
+                    "a {} cache for a {mode:?} pass (paged passes need Cache::new_paged, the others Cache::new)",
+                    if cache.is_paged() { "paged" } else { "contiguous" }
+                ),
+            ));
         }
         if cache.layers.len() != w.layers.len() {
             return Err(EngineError::invalid(
