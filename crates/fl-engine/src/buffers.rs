@@ -178,7 +178,11 @@ impl<T: RunDType> Buffers<T> {
         if cu_seqlens.len() != seqs + 1 {
             return Err(EngineError::invalid(
                 "cu_seqlens",
-                format!("{} offsets for {seqs} sequences (needs {})", cu_seqlens.len(), seqs + 1),
+                format!(
+                    "{} offsets for {seqs} sequences (needs {})",
+                    cu_seqlens.len(),
+                    seqs + 1
+                ),
             ));
         }
         if block_table.len() != seqs * width {
@@ -199,5 +203,4 @@ impl<T: RunDType> Buffers<T> {
         self.block_table.copy_from_host(stream, &table)?;
         Ok(())
     }
-
 }

@@ -60,12 +60,20 @@ impl<T: RunDType> Cache<T> {
         max_seqs: usize,
         max_blocks_per_seq: usize,
     ) -> Result<Self> {
-        for (arg, v) in [("block_size", block_size), ("max_blocks_per_seq", max_blocks_per_seq)] {
+        for (arg, v) in [
+            ("block_size", block_size),
+            ("max_blocks_per_seq", max_blocks_per_seq),
+        ] {
             if v == 0 {
                 return Err(EngineError::invalid(arg, "must be at least 1"));
             }
         }
-        let shape = [num_blocks, cfg.num_key_value_heads, block_size, cfg.head_dim];
+        let shape = [
+            num_blocks,
+            cfg.num_key_value_heads,
+            block_size,
+            cfg.head_dim,
+        ];
         let layers = (0..cfg.num_hidden_layers)
             .map(|_| KvCache::zeros(stream, shape))
             .collect::<fl_kernels::Result<Vec<_>>>()?;

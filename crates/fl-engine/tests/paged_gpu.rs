@@ -91,7 +91,11 @@ fn paged_logits<T: RunDType>(
         let (mut ids, mut pos, mut row) = (vec![], vec![], vec![]);
         let (mut cu, mut ctx, mut table) = (vec![0i32], vec![], vec![]);
         for (r, c) in pass.iter().enumerate() {
-            ids.extend(seqs[c.seq][c.start..c.start + c.len].iter().map(|&t| t as i32));
+            ids.extend(
+                seqs[c.seq][c.start..c.start + c.len]
+                    .iter()
+                    .map(|&t| t as i32),
+            );
             pos.extend(c.start as i32..(c.start + c.len) as i32);
             row.extend(std::iter::repeat_n(r as i32, c.len));
             cu.push(ids.len() as i32);
@@ -144,7 +148,9 @@ fn paged_matches_static<T: RunDType>() {
     for (b, q) in seqs.iter().enumerate() {
         let want = static_logits(model, &mut blas, q);
         for (p, got) in paged[b].iter().enumerate() {
-            let got = got.as_ref().unwrap_or_else(|| panic!("seq {b} pos {p} never ran"));
+            let got = got
+                .as_ref()
+                .unwrap_or_else(|| panic!("seq {b} pos {p} never ran"));
             let err = rel_l2(got, &to_f64(&want[p]));
             assert!(
                 err < tol::<T>(),
