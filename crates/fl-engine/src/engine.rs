@@ -22,8 +22,8 @@ use crate::weights::{Progress, WeightSource, Weights};
 
 /// A model on a GPU with its own stream and cuBLASLt handle.
 pub struct Engine<T: RunDType> {
-    gpu: Gpu,
-    blas: Blas,
+    pub(crate) gpu: Gpu,
+    pub(crate) blas: Blas,
     /// The model.
     pub model: Model<T>,
     /// Capture the decode step in a CUDA graph (default on).

@@ -14,6 +14,12 @@ pub enum EngineError {
     /// Sampling.
     #[error(transparent)]
     Sampling(#[from] fl_sampling::Error),
+    /// The scheduler refused a step or an update.
+    #[error(transparent)]
+    Scheduler(#[from] crate::scheduler::SchedulerError),
+    /// A request the scheduler refuses (the message names the field).
+    #[error(transparent)]
+    Request(#[from] crate::scheduler::RequestError),
     /// `config.json`.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),

@@ -47,6 +47,7 @@ pub mod linear;
 pub mod load;
 pub mod model;
 pub mod presets;
+pub mod runner;
 pub mod scheduler;
 pub mod tokenizer;
 pub mod weights;
