@@ -71,8 +71,8 @@ impl Default for RunnerConfig {
 pub type Completion = (HashMap<u64, Vec<u32>>, Vec<Event>);
 
 /// A model with a paged KV cache and a scheduler: requests in, events out.
-pub struct Runner<T: RunDType> {
-    engine: Engine<T>,
+pub struct Runner<'e, T: RunDType> {
+    engine: &'e mut Engine<T>,
     sched: Scheduler<SamplingParams>,
     cache: Cache<T>,
     /// Activation buffers per token-count bucket (powers of two): a step's tokens are padded
@@ -86,13 +86,14 @@ fn bucket(m: usize) -> usize {
     m.next_power_of_two()
 }
 
-impl<T: RunDType> Runner<T> {
-    /// Wraps a loaded engine: sizes the KV pool (`cfg.num_blocks`, else `cfg.kv_memory` of
+impl<'e, T: RunDType> Runner<'e, T> {
+    /// Borrows a loaded engine (its model, stream and cuBLASLt handle) for as long as the
+    /// runner lives: sizes the KV pool (`cfg.num_blocks`, else `cfg.kv_memory` of
     /// the free memory after reserving the activations of a full step) and the scheduler.
     ///
     /// Errors: [`EngineError::Invalid`] naming `kv_memory`, `block_size`, `max_batched_tokens`
     /// or `max_model_len`; the scheduler's configuration errors; allocation errors.
-    pub fn new(engine: Engine<T>, cfg: &RunnerConfig) -> Result<Self> {
+    pub fn new(engine: &'e mut Engine<T>, cfg: &RunnerConfig) -> Result<Self> {
         let mcfg = engine.model.cfg.clone();
         let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position_embeddings);
         if max_model_len == 0 || max_model_len > mcfg.max_position_embeddings {
@@ -176,7 +177,7 @@ impl<T: RunDType> Runner<T> {
 
     /// The engine (model, GPU).
     pub fn engine(&self) -> &Engine<T> {
-        &self.engine
+        self.engine
     }
 
     /// Queues a request; its `params.sampling.seed` and `request_id` are set from the

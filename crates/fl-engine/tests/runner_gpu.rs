@@ -95,7 +95,7 @@ fn runner_matches_static_engine_f32() {
         num_blocks: Some(12),
         ..Default::default()
     };
-    let mut r = Runner::new(e, &cfg).expect("runner");
+    let mut r = Runner::new(&mut e, &cfg).expect("runner");
     for (i, (p, &n)) in prompts.iter().zip(&news).enumerate() {
         r.add_request(request(i as u64, p.clone(), n, SamplingParams::greedy(), 0))
             .expect("add");
@@ -149,12 +149,14 @@ fn sampled_request_ignores_its_batch_mates() {
         max_num_seqs: 8,
         ..Default::default()
     };
-    let mut alone = Runner::new(engine(), &cfg).expect("runner");
+    let mut e = engine();
+    let mut alone = Runner::new(&mut e, &cfg).expect("runner");
     alone
         .add_request(request(5, p.clone(), 24, sp, 1234))
         .unwrap();
     let (a, _) = alone.run_to_completion().unwrap();
-    let mut crowd = Runner::new(engine(), &cfg).expect("runner");
+    drop(alone);
+    let mut crowd = Runner::new(&mut e, &cfg).expect("runner");
     for i in 0..6u64 {
         let mate = request(
             100 + i,

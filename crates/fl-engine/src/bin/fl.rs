@@ -98,6 +98,11 @@ enum Cmd {
         /// Several runs on one load: `BATCH:PROMPT:GEN,...` (overrides the three above).
         #[arg(long)]
         runs: Option<String>,
+        /// Also run each shape through the continuous-batching runner (paged KV cache,
+        /// every request queued at once, chunked prefill under an 8,192-token budget) on the
+        /// same load, and print its figures under the static engine's.
+        #[arg(long)]
+        runner: bool,
     },
     /// Logits for checks against another implementation: reads
     /// `{"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N}` and writes
@@ -184,19 +189,26 @@ fn main() {
             gen_len,
             json,
             runs,
+            runner,
         } => dispatch!(model, |e, _m| {
             let list = match &runs {
                 Some(r) => parse_runs(r)?,
                 None => vec![(batch, prompt_len, gen_len)],
             };
             for (b, p, g) in list {
-                match bench(e, b, p, g, json) {
-                    Ok(()) => {}
-                    // A shape that does not fit is reported and the next one runs.
-                    Err(x @ EngineError::Invalid { .. }) if runs.is_some() => {
-                        println!("batch {b}, prompt {p}, generate {g}: {x}")
+                let mut results = vec![bench(e, b, p, g, json)];
+                if runner {
+                    results.push(runner_bench(e, b, p, g, json));
+                }
+                for res in results {
+                    match res {
+                        Ok(()) => {}
+                        // A shape that does not fit is reported and the next one runs.
+                        Err(x @ EngineError::Invalid { .. }) if runs.is_some() || runner => {
+                            println!("batch {b}, prompt {p}, generate {g}: {x}")
+                        }
+                        Err(x) => return Err(x),
                     }
-                    Err(x) => return Err(x),
                 }
             }
             Ok(())
@@ -516,5 +528,74 @@ fn logits<T: RunDType>(e: &mut Engine<T>, input: &PathBuf, out_path: &PathBuf) -
         "graph": out.graph,
     });
     std::fs::write(out_path, j.to_string()).map_err(|x| file_err(out_path, x.to_string()))?;
+    Ok(())
+}
+
+/// `fl bench --runner`: the same shape through [`Runner`]: `batch` requests of `prompt_len`
+/// dummy tokens queued at once, `gen_len` tokens each (end ids ignored), greedy.
+fn runner_bench<T: RunDType>(
+    e: &mut Engine<T>,
+    batch: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    json: bool,
+) -> Result<()> {
+    use fl_engine::runner::{Runner, RunnerConfig};
+    use fl_engine::scheduler::{Event, Request as Queued, RequestParams};
+    let vocab = e.model.cfg.vocab_size as u32;
+    let cfg = RunnerConfig {
+        max_num_seqs: batch.max(1),
+        ..Default::default()
+    };
+    let mut r = Runner::new(e, &cfg)?;
+    let request = |id: u64, new: usize| {
+        let mut params = RequestParams::<SamplingParams>::new(new);
+        params.ignore_eos = true;
+        params.sampling = SamplingParams::greedy();
+        let b = id as usize % batch.max(1);
+        let prompt = (0..prompt_len)
+            .map(|i| ((b * 7919 + i * 104_729 + 1) as u32) % vocab)
+            .collect();
+        Queued { id, prompt, params }
+    };
+    // Warm-up: one short request (module loading, cuBLASLt plans, buffer buckets).
+    r.add_request(request(u64::MAX, 2))?;
+    r.run_to_completion()?;
+    for b in 0..batch {
+        r.add_request(request(b as u64, gen_len))?;
+    }
+    let t0 = std::time::Instant::now();
+    let (mut tokens, mut steps) = (0usize, 0usize);
+    let mut started = std::collections::HashSet::new();
+    let mut all_first = None;
+    while r.has_unfinished() {
+        for ev in r.step()? {
+            if let Event::Token { id, .. } = ev {
+                tokens += 1;
+                started.insert(id);
+            }
+        }
+        steps += 1;
+        if all_first.is_none() && started.len() == batch {
+            all_first = Some(t0.elapsed().as_secs_f64());
+        }
+    }
+    let total = t0.elapsed().as_secs_f64();
+    let ttft_all = all_first.unwrap_or(total);
+    // Tokens after each request's first, over the time after the last first token.
+    let decode_tps = (tokens - batch.min(tokens)) as f64 / (total - ttft_all).max(1e-9);
+    let prefill_tps = (batch * prompt_len) as f64 / ttft_all;
+    let preempt = r.scheduler().num_preemptions();
+    if json {
+        println!(
+            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"prefill_tokens_per_s\":{prefill_tps:.1},\"all_first_tokens_ms\":{:.3},\"decode_tokens_per_s\":{decode_tps:.1},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            ttft_all * 1e3
+        );
+    } else {
+        println!(
+            "runner: every first token after {:.1} ms ({prefill_tps:.0} prompt tokens/s), then {decode_tps:.1} tokens/s; {steps} steps, {preempt} preemptions, {tokens} tokens",
+            ttft_all * 1e3
+        );
+    }
     Ok(())
 }
