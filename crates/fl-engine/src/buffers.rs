@@ -49,8 +49,9 @@ pub struct Buffers<T: RunDType> {
     pub visible: DeviceTensor<i32>,
     /// Prefill: prefix offsets of the packed sequences `[batch + 1]`.
     pub cu_seqlens: DeviceTensor<i32>,
-    /// Paged passes: each sequence's block ids, `[cache.batch, cache.max_blocks_per_seq()]`
-    /// (`[1, 1]` for a contiguous cache).
+    /// Paged caches: each sequence's block ids, `[cache.batch, cache.max_blocks_per_seq()]`
+    /// (`[m, ..]` in a decode pass, token `b` being sequence `b`; `[1, 1]` for a contiguous
+    /// cache).
     pub block_table: DeviceTensor<i32>,
     /// Paged passes: each sequence's context length after this pass, `[cache.batch]`.
     pub ctx_lens: DeviceTensor<i32>,
@@ -83,13 +84,27 @@ impl<T: RunDType> Buffers<T> {
         let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
         let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(stream, shape);
         let lens = zi(&[m])?;
+        // Paged caches: a block-table row per sequence; a decode pass has one per token.
+        let block_table = match (cache.is_paged(), mode) {
+            (false, _) => zi(&[1, 1])?,
+            (true, AttnMode::Decode) => zi(&[m, cache.max_blocks_per_seq()])?,
+            (true, _) => zi(&[cache.batch, cache.max_blocks_per_seq()])?,
+        };
         let ws_bytes = match (cache.layers.first(), mode) {
             (Some(kvc), AttnMode::Decode) => {
                 let qt = z(&[m, cfg.num_attention_heads, cfg.head_dim])?;
                 let params = cache.decode_params(cfg);
-                let c = attention::KvCache::Contiguous {
-                    k: kvc.k(),
-                    v: kvc.v(),
+                let c = if cache.is_paged() {
+                    attention::KvCache::Paged {
+                        k: kvc.k(),
+                        v: kvc.v(),
+                        block_table: &block_table,
+                    }
+                } else {
+                    attention::KvCache::Contiguous {
+                        k: kvc.k(),
+                        v: kvc.v(),
+                    }
                 };
                 attention::decode_workspace_bytes(stream, &qt, &c, &lens, &params)?
             }
@@ -112,11 +127,7 @@ impl<T: RunDType> Buffers<T> {
             seq_ids: zi(&[m])?,
             visible: lens,
             cu_seqlens: zi(&[cache.batch + 1])?,
-            block_table: if cache.is_paged() {
-                zi(&[cache.batch, cache.max_blocks_per_seq()])?
-            } else {
-                zi(&[1, 1])?
-            },
+            block_table,
             ctx_lens: zi(&[cache.batch])?,
             attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
             status: DeviceStatus::new(stream)?,
@@ -151,7 +162,8 @@ impl<T: RunDType> Buffers<T> {
         Ok(())
     }
 
-    /// Uploads a paged pass's sequence metadata (after [`Buffers::upload`] of its tokens):
+    /// Uploads the sequence metadata of a pass over a paged cache (after [`Buffers::upload`]
+    /// of its tokens; a decode pass reads only the block table, one row per token):
     /// `cu_seqlens` (`[seqs + 1]`, the chunk offsets in the packed tokens), `ctx_lens`
     /// (`[seqs]`, each sequence's context after this pass) and `block_table` (`seqs` rows of
     /// [`crate::cache::Cache::max_blocks_per_seq`] block ids, row-major; entries past a
@@ -168,11 +180,14 @@ impl<T: RunDType> Buffers<T> {
     ) -> Result<()> {
         let seqs = ctx_lens.len();
         let rows = self.ctx_lens.shape()[0];
-        let width = self.block_table.shape()[1];
-        if seqs == 0 || seqs > rows {
+        let (table_rows, width) = (self.block_table.shape()[0], self.block_table.shape()[1]);
+        if seqs == 0 || seqs > rows.min(table_rows) {
             return Err(EngineError::invalid(
                 "ctx_lens",
-                format!("{seqs} sequences, the buffers hold 1..={rows}"),
+                format!(
+                    "{seqs} sequences, the buffers hold 1..={}",
+                    rows.min(table_rows)
+                ),
             ));
         }
         if cu_seqlens.len() != seqs + 1 {
@@ -197,7 +212,7 @@ impl<T: RunDType> Buffers<T> {
         let mut ctx = ctx_lens.to_vec();
         ctx.resize(rows, 0);
         let mut table = block_table.to_vec();
-        table.resize(rows * width, 0);
+        table.resize(table_rows * width, 0);
         self.cu_seqlens.copy_from_host(stream, &cu)?;
         self.ctx_lens.copy_from_host(stream, &ctx)?;
         self.block_table.copy_from_host(stream, &table)?;

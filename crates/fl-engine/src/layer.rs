@@ -53,8 +53,11 @@ pub(crate) struct Pass<'a> {
     /// Every RMSNorm runs inside the dense GEMV that reads it. Only with `gemv` and layers
     /// for which [`fuses_norms`] holds.
     pub fuse_norm: bool,
-    /// RoPE and the KV append run in the dense QKV GEMV's epilogue: decode passes with `gemv`.
+    /// RoPE and the KV append run in the dense QKV GEMV's epilogue: decode passes with `gemv`
+    /// over a contiguous cache.
     pub fuse_rope: bool,
+    /// The cache is paged (`buf.block_table` maps each sequence's positions to blocks).
+    pub paged: bool,
 }
 
 /// Whether a layer's RMSNorms can run inside its GEMVs: every projection dense and no
@@ -281,11 +284,12 @@ fn attention<T: RunDType>(
             positions: &buf.positions,
         },
         rope: pass.rope,
-        layout: match pass.mode {
-            AttnMode::Paged { .. } => CacheLayout::Paged {
+        layout: if pass.paged {
+            CacheLayout::Paged {
                 block_table: &buf.block_table,
-            },
-            _ => CacheLayout::Contiguous,
+            }
+        } else {
+            CacheLayout::Contiguous
         },
     };
     let packed = match pass.mode {
@@ -298,9 +302,17 @@ fn attention<T: RunDType>(
     buf.attn.set_shape(&[m, hq, d])?;
     match pass.mode {
         AttnMode::Decode => {
-            let c = attention::KvCache::Contiguous {
-                k: kvc.k(),
-                v: kvc.v(),
+            let c = if pass.paged {
+                attention::KvCache::Paged {
+                    k: kvc.k(),
+                    v: kvc.v(),
+                    block_table: &buf.block_table,
+                }
+            } else {
+                attention::KvCache::Contiguous {
+                    k: kvc.k(),
+                    v: kvc.v(),
+                }
             };
             attention::decode(
                 stream,

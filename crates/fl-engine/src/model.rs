@@ -52,7 +52,8 @@ use crate::weights::Weights;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnMode {
     /// One new token per sequence (`m == batch`, token `b` is sequence `b`): the decode
-    /// kernel over the cache.
+    /// kernel over the cache (contiguous, or paged through `buf.block_table`, a row per
+    /// token).
     Decode,
     /// Packed prompt tokens of several sequences starting at position 0 (offsets in
     /// `cu_seqlens`): causal flash attention over this pass's own K/V
@@ -224,11 +225,16 @@ impl<T: RunDType> Model<T> {
                 format!("{n} outside 1..={m} (tokens in the pass)"),
             ));
         }
-        if cache.is_paged() != matches!(mode, AttnMode::Paged { .. }) {
+        let fits = match mode {
+            AttnMode::Decode => true,
+            AttnMode::Prefill { .. } => !cache.is_paged(),
+            AttnMode::Paged { .. } => cache.is_paged(),
+        };
+        if !fits {
             return Err(EngineError::invalid(
                 "cache",
                 format!(
-                    "a {} cache for a {mode:?} pass (paged passes need Cache::new_paged, the others Cache::new)",
+                    "a {} cache for a {mode:?} pass (paged passes need Cache::new_paged, prefill passes Cache::new)",
                     if cache.is_paged() { "paged" } else { "contiguous" }
                 ),
             ));
@@ -256,7 +262,9 @@ impl<T: RunDType> Model<T> {
             fuse_norm: gemv
                 && m <= self.fuse_norm_max_m
                 && w.layers.iter().all(|l| layer::fuses_norms(l)),
-            fuse_rope: gemv && mode == AttnMode::Decode,
+            // The QKV GEMV's epilogue appends to a contiguous cache only.
+            fuse_rope: gemv && mode == AttnMode::Decode && !cache.is_paged(),
+            paged: cache.is_paged(),
         };
         embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;
         // x = rms_norm(h) for the first layer, unless it normalises h itself (in its GEMVs, or

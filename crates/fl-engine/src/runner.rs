@@ -11,11 +11,14 @@
 //! request's seed and its token index, so a request's tokens do not depend on its batch
 //! mates), and returns the scheduler's [`Event`]s.
 //!
+//! A step of single tokens (every decode step once the prompts are in) runs the decode
+//! attention over the paged cache; a step with a longer chunk runs every row through the paged
+//! prefill attention.
+//!
 //! What this first runner does not do yet (issue 31): CUDA graphs per batch bucket (decode
-//! steps run eagerly), the fused RoPE + append in the QKV GEMV and the decode attention kernel
-//! (paged passes run the paged prefill attention for every row), logits processors
-//! (penalties), copy-on-write copies (no scheduler API forks yet: a plan with copies is an
-//! error).
+//! steps run eagerly), the fused RoPE + append in the QKV GEMV on the paged path, decode rows
+//! of mixed steps on the decode kernel, logits processors (penalties), copy-on-write copies
+//! (no scheduler API forks yet: a plan with copies is an error).
 
 use std::collections::HashMap;
 
@@ -75,10 +78,22 @@ pub struct Runner<'e, T: RunDType> {
     engine: &'e mut Engine<T>,
     sched: Scheduler<SamplingParams>,
     cache: Cache<T>,
-    /// Activation buffers per token-count bucket (powers of two): a step's tokens are padded
-    /// up to its bucket with rows that write nothing.
-    buffers: HashMap<usize, Buffers<T>>,
+    /// Activation buffers per (token-count bucket, decode-only pass): a step's tokens are
+    /// padded up to a power of two with rows that write nothing.
+    buffers: HashMap<(usize, bool), Buffers<T>>,
     workspace: SampleWorkspace,
+    last: StepStats,
+}
+
+/// What the last [`Runner::step`] ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepStats {
+    /// Prompt tokens computed (prefill chunks).
+    pub prefill_tokens: usize,
+    /// Decode tokens computed.
+    pub decode_tokens: usize,
+    /// Sequences in the step.
+    pub seqs: usize,
 }
 
 /// Activation rows of a step of `m` tokens: the next power of two.
@@ -167,6 +182,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             cache,
             buffers: HashMap::new(),
             workspace,
+            last: StepStats::default(),
         })
     }
 
@@ -194,6 +210,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
         Ok(self.sched.abort(id)?)
     }
 
+    /// What the last [`Runner::step`] ran.
+    pub fn last_step(&self) -> StepStats {
+        self.last
+    }
+
     /// Whether any request is waiting or running.
     pub fn has_unfinished(&self) -> bool {
         self.sched.has_unfinished()
@@ -203,6 +224,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
     /// Waits for the GPU once, to read the sampled tokens.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         let plan = self.sched.schedule()?;
+        self.last = StepStats {
+            prefill_tokens: plan.num_prefill_tokens,
+            decode_tokens: plan.num_decode_tokens,
+            seqs: plan.seqs.len(),
+        };
         if plan.seqs.is_empty() {
             return Ok(self.sched.update(&plan, &[])?);
         }
@@ -273,25 +299,28 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 steps.push(s.num_generated as i32);
             }
         }
-        // Padding rows: token 0 at position -1 of sequence 0, which writes no K/V and is in no
-        // sequence's range.
+        // Padding rows: token 0 at position -1 of sequence 0, which writes no K/V, is in no
+        // sequence's range and sees no key.
         ids.resize(padded, 0);
         pos.resize(padded, -1);
         row.resize(padded, 0);
+        // A step of single tokens (decodes, one-token prompts) runs the decode attention over
+        // the paged cache, token b being sequence b; others the paged prefill attention.
+        let decode = max_q_len == 1;
+        let mode = if decode {
+            AttnMode::Decode
+        } else {
+            AttnMode::Paged { max_q_len }
+        };
         let model = &self.engine.model;
-        if !self.buffers.contains_key(&padded) {
-            let b = model.buffers(
-                &stream,
-                padded,
-                &self.cache,
-                AttnMode::Paged { max_q_len: 1 },
-            )?;
-            self.buffers.insert(padded, b);
+        let key = (padded, decode);
+        if !self.buffers.contains_key(&key) {
+            let b = model.buffers(&stream, padded, &self.cache, mode)?;
+            self.buffers.insert(key, b);
         }
-        let buf = self.buffers.get_mut(&padded).expect("inserted above");
+        let buf = self.buffers.get_mut(&key).expect("inserted above");
         buf.upload(&stream, Some(&ids), &pos, Some(&row))?;
         buf.upload_paged(&stream, &cu, &ctx, &table)?;
-        let mode = AttnMode::Paged { max_q_len };
         model.forward(&stream, &mut self.engine.blas, buf, &mut self.cache, mode)?;
         let r = last_rows.len();
         if r == 0 {

@@ -3,7 +3,8 @@
 //! blocks in the pool, every token's logits equal those of one static prefill of the whole
 //! sequence over a contiguous cache (f32 within 1e-4: the two sides differ only in the order
 //! of f32 sums; f16 within 1e-2). One paged pass mixes a prompt's first chunk, another
-//! sequence's later chunk and single decode tokens.
+//! sequence's later chunk and single decode tokens; a pass of single tokens runs the decode
+//! attention over the paged cache.
 
 use fl_blas::Blas;
 use fl_engine::buffers::Buffers;
@@ -86,7 +87,13 @@ fn paged_logits<T: RunDType>(
     for pass in passes {
         let m: usize = pass.iter().map(|c| c.len).sum();
         let max_q_len = pass.iter().map(|c| c.len).max().unwrap();
-        let mode = AttnMode::Paged { max_q_len };
+        // A pass of single tokens runs the decode attention over the paged cache (as the
+        // runner does); others the paged prefill attention.
+        let mode = if max_q_len == 1 {
+            AttnMode::Decode
+        } else {
+            AttnMode::Paged { max_q_len }
+        };
         let mut buf = model.buffers(&s, m, &cache, mode).unwrap();
         let (mut ids, mut pos, mut row) = (vec![], vec![], vec![]);
         let (mut cu, mut ctx, mut table) = (vec![0i32], vec![], vec![]);
@@ -179,8 +186,8 @@ fn paged_chunks_match_static_prefill_f16() {
 }
 
 #[test]
-fn paged_pass_needs_a_paged_cache() {
-    let Some(_gpu) = gpu_or_skip("paged_pass_needs_a_paged_cache") else {
+fn paged_and_prefill_passes_need_their_cache() {
+    let Some(_gpu) = gpu_or_skip("paged_and_prefill_passes_need_their_cache") else {
         return;
     };
     let _serial = serial();
@@ -200,9 +207,9 @@ fn paged_pass_needs_a_paged_cache() {
     let mut buf = model.buffers(&s, 4, &paged, mode).unwrap();
     let err = buf.upload_paged(&s, &[0, 4], &[4], &[0]).unwrap_err();
     assert!(err.to_string().contains("block_table"), "{err}");
-    let decode = AttnMode::Decode;
+    let prefill = AttnMode::Prefill { max_len: 4 };
     let err = model
-        .forward(&s, &mut blas, &mut buf, &mut paged, decode)
+        .forward(&s, &mut blas, &mut buf, &mut paged, prefill)
         .unwrap_err();
     assert!(err.to_string().contains("cache"), "{err}");
     let too_long = AttnMode::Paged { max_q_len: 5 };

@@ -566,10 +566,20 @@ fn runner_bench<T: RunDType>(
     }
     let t0 = std::time::Instant::now();
     let (mut tokens, mut steps) = (0usize, 0usize);
+    let (mut decode_s, mut decode_tokens, mut decode_steps) = (0f64, 0usize, 0usize);
     let mut started = std::collections::HashSet::new();
     let mut all_first = None;
     while r.has_unfinished() {
-        for ev in r.step()? {
+        let ts = std::time::Instant::now();
+        let events = r.step()?; // waits for the step's tokens
+        let dt = ts.elapsed().as_secs_f64();
+        let st = r.last_step();
+        if st.prefill_tokens == 0 && st.decode_tokens > 0 {
+            decode_s += dt;
+            decode_tokens += st.decode_tokens;
+            decode_steps += 1;
+        }
+        for ev in events {
             if let Event::Token { id, .. } = ev {
                 tokens += 1;
                 started.insert(id);
@@ -582,18 +592,19 @@ fn runner_bench<T: RunDType>(
     }
     let total = t0.elapsed().as_secs_f64();
     let ttft_all = all_first.unwrap_or(total);
-    // Tokens after each request's first, over the time after the last first token.
-    let decode_tps = (tokens - batch.min(tokens)) as f64 / (total - ttft_all).max(1e-9);
-    let prefill_tps = (batch * prompt_len) as f64 / ttft_all;
+    let out_tps = tokens as f64 / total;
+    // Steps with decode tokens only (the steady state; steps mixing prefill chunks aside).
+    let decode_tps = decode_tokens as f64 / decode_s.max(1e-9);
+    let ms_per_step = 1e3 * decode_s / decode_steps.max(1) as f64;
     let preempt = r.scheduler().num_preemptions();
     if json {
         println!(
-            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"prefill_tokens_per_s\":{prefill_tps:.1},\"all_first_tokens_ms\":{:.3},\"decode_tokens_per_s\":{decode_tps:.1},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"decode_steps\":{decode_steps},\"steps\":{steps},\"preemptions\":{preempt}}}",
             ttft_all * 1e3
         );
     } else {
         println!(
-            "runner: every first token after {:.1} ms ({prefill_tps:.0} prompt tokens/s), then {decode_tps:.1} tokens/s; {steps} steps, {preempt} preemptions, {tokens} tokens",
+            "runner: every first token after {:.1} ms; {out_tps:.1} output tokens/s overall; decode-only steps {ms_per_step:.3} ms/step, {decode_tps:.1} tokens/s ({decode_steps} of {steps} steps); {preempt} preemptions",
             ttft_all * 1e3
         );
     }
