@@ -531,7 +531,7 @@ fn logits<T: RunDType>(e: &mut Engine<T>, input: &PathBuf, out_path: &PathBuf) -
     Ok(())
 }
 
-/// `fl bench --runner`: the same shape through [`Runner`]: `batch` requests of `prompt_len`
+/// `fl bench --runner`: the same shape through [`fl_engine::runner::Runner`]: `batch` requests of `prompt_len`
 /// dummy tokens queued at once, `gen_len` tokens each (end ids ignored), greedy.
 fn runner_bench<T: RunDType>(
     e: &mut Engine<T>,
