@@ -50,6 +50,7 @@ pub mod presets;
 pub mod runner;
 pub mod scheduler;
 pub mod tokenizer;
+pub mod trace;
 pub mod weights;
 
 pub use error::{EngineError, Result};

@@ -103,6 +103,26 @@ enum Cmd {
         /// same load, and print its figures under the static engine's.
         #[arg(long)]
         runner: bool,
+        /// Replay a trace of this many requests through the runner instead of the shapes
+        /// above: arrivals per `--rate`, lengths per `--prompt-lens` / `--output-lens`; reports
+        /// throughput and TTFT / TPOT / inter-token latency percentiles.
+        #[arg(long)]
+        trace: Option<usize>,
+        /// A trace from a JSON file instead: `[{"arrival_s", "prompt_len", "output_len"}, ...]`.
+        #[arg(long)]
+        trace_file: Option<PathBuf>,
+        /// Trace arrivals per second (Poisson); default: every request at once.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Trace prompt lengths: `N` or `LO-HI` (uniform).
+        #[arg(long, default_value = "64-4096")]
+        prompt_lens: String,
+        /// Trace output lengths: `N` or `LO-HI` (uniform).
+        #[arg(long, default_value = "16-1024")]
+        output_lens: String,
+        /// Seed of the generated trace.
+        #[arg(long, default_value_t = 1)]
+        trace_seed: u64,
     },
     /// Logits for checks against another implementation: reads
     /// `{"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N}` and writes
@@ -190,7 +210,32 @@ fn main() {
             json,
             runs,
             runner,
+            trace,
+            trace_file,
+            rate,
+            prompt_lens,
+            output_lens,
+            trace_seed,
         } => dispatch!(model, |e, _m| {
+            if trace.is_some() || trace_file.is_some() {
+                let requests = match &trace_file {
+                    Some(f) => {
+                        let text = std::fs::read_to_string(f).map_err(|x| {
+                            EngineError::invalid("--trace-file", format!("{}: {x}", f.display()))
+                        })?;
+                        fl_engine::trace::parse_trace_json(&text)?
+                    }
+                    None => fl_engine::trace::TraceSpec {
+                        requests: trace.unwrap_or(0),
+                        rate,
+                        prompt: fl_engine::trace::Lengths::parse(&prompt_lens)?,
+                        output: fl_engine::trace::Lengths::parse(&output_lens)?,
+                        seed: trace_seed,
+                    }
+                    .generate()?,
+                };
+                return trace_bench(e, &requests, json);
+            }
             let list = match &runs {
                 Some(r) => parse_runs(r)?,
                 None => vec![(batch, prompt_len, gen_len)],
@@ -606,6 +651,126 @@ fn runner_bench<T: RunDType>(
         println!(
             "runner: every first token after {:.1} ms; {out_tps:.1} output tokens/s overall; decode-only steps {ms_per_step:.3} ms/step, {decode_tps:.1} tokens/s ({decode_steps} of {steps} steps); {preempt} preemptions",
             ttft_all * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// `fl bench --trace`: replays `trace` through [`fl_engine::runner::Runner`] (requests join when
+/// their arrival time has passed; dummy prompt ids, greedy, end ids ignored) and prints
+/// throughput and latency percentiles. Requests that cannot fit the model's context are
+/// counted and skipped.
+fn trace_bench<T: RunDType>(
+    e: &mut Engine<T>,
+    trace: &[fl_engine::trace::TraceRequest],
+    json: bool,
+) -> Result<()> {
+    use fl_engine::runner::{Runner, RunnerConfig};
+    use fl_engine::scheduler::{Event, Request as Queued, RequestParams};
+    use fl_engine::trace::Percentiles;
+    use std::time::{Duration, Instant};
+    let vocab = e.model.cfg.vocab_size as u32;
+    let mut r = Runner::new(e, &RunnerConfig::default())?;
+    let request = |id: u64, prompt_len: usize, new: usize| {
+        let mut params = RequestParams::<SamplingParams>::new(new);
+        params.ignore_eos = true;
+        params.sampling = SamplingParams::greedy();
+        let prompt = (0..prompt_len)
+            .map(|i| {
+                ((id as usize)
+                    .wrapping_mul(7919)
+                    .wrapping_add(i * 104_729 + 1) as u32)
+                    % vocab
+            })
+            .collect();
+        Queued { id, prompt, params }
+    };
+    // Warm-up: one short request (module loading, cuBLASLt plans).
+    r.add_request(request(u64::MAX, 16, 2))?;
+    r.run_to_completion()?;
+    let n = trace.len();
+    let (mut first, mut last) = (vec![None::<f64>; n], vec![0f64; n]);
+    let (mut ttft, mut tpot, mut itl) = (vec![], vec![], vec![]);
+    let (mut next, mut tokens, mut refused, mut steps) = (0usize, 0usize, 0usize, 0usize);
+    let t0 = Instant::now();
+    while next < n || r.has_unfinished() {
+        let now = t0.elapsed().as_secs_f64();
+        while next < n && trace[next].arrival_s <= now {
+            let q = &trace[next];
+            match r.add_request(request(next as u64, q.prompt_len, q.output_len)) {
+                Ok(()) => {}
+                Err(EngineError::Request(_)) => refused += 1,
+                Err(x) => return Err(x),
+            }
+            next += 1;
+        }
+        if !r.has_unfinished() {
+            if next < n {
+                let wait = trace[next].arrival_s - t0.elapsed().as_secs_f64();
+                std::thread::sleep(Duration::from_secs_f64(wait.max(0.0)));
+            }
+            continue;
+        }
+        let events = r.step()?; // waits for the step's tokens
+        steps += 1;
+        let t = t0.elapsed().as_secs_f64();
+        for ev in events {
+            match ev {
+                Event::Token { id, .. } => {
+                    let i = id as usize;
+                    tokens += 1;
+                    match first[i] {
+                        None => {
+                            first[i] = Some(t);
+                            ttft.push(t - trace[i].arrival_s);
+                        }
+                        Some(_) => itl.push(t - last[i]),
+                    }
+                    last[i] = t;
+                }
+                Event::Finished { id, usage, .. } => {
+                    let i = id as usize;
+                    if let (Some(f), true) = (first[i], usage.completion_tokens > 1) {
+                        tpot.push((last[i] - f) / (usage.completion_tokens - 1) as f64);
+                    }
+                }
+            }
+        }
+    }
+    let total = t0.elapsed().as_secs_f64();
+    let served = n - refused;
+    let ms = |p: Option<Percentiles>| {
+        p.map_or([f64::NAN; 3], |p| [p.p50 * 1e3, p.p90 * 1e3, p.p99 * 1e3])
+    };
+    let (a, b, c) = (
+        ms(Percentiles::of(&ttft)),
+        ms(Percentiles::of(&tpot)),
+        ms(Percentiles::of(&itl)),
+    );
+    let preempt = r.scheduler().num_preemptions();
+    let hits = r.scheduler().kv_stats().prefix_hit_tokens;
+    if json {
+        println!(
+            "{{\"trace\":true,\"requests\":{n},\"refused\":{refused},\"seconds\":{total:.3},\"output_tokens\":{tokens},\"output_tokens_per_s\":{:.1},\"requests_per_s\":{:.2},\"ttft_ms\":[{:.2},{:.2},{:.2}],\"tpot_ms\":[{:.3},{:.3},{:.3}],\"itl_ms\":[{:.3},{:.3},{:.3}],\"steps\":{steps},\"preemptions\":{preempt},\"prefix_hit_tokens\":{hits}}}",
+            tokens as f64 / total, served as f64 / total, a[0], a[1], a[2], b[0], b[1], b[2], c[0], c[1], c[2]
+        );
+    } else {
+        println!(
+            "trace: {served} of {n} requests ({refused} refused: longer than the context) in {total:.2} s; {:.1} output tokens/s, {:.2} requests/s; {steps} steps, {preempt} preemptions, {hits} prefix-cache hit tokens",
+            tokens as f64 / total,
+            served as f64 / total
+        );
+        println!(
+            "  TTFT ms p50 / p90 / p99: {:.1} / {:.1} / {:.1}",
+            a[0], a[1], a[2]
+        );
+        println!(
+            "  TPOT ms p50 / p90 / p99: {:.2} / {:.2} / {:.2}",
+            b[0], b[1], b[2]
+        );
+        println!(
+            "  inter-token ms p50 / p90 / p99: {:.2} / {:.2} / {:.2}",
+            c[0], c[1], c[2]
         );
     }
     Ok(())
