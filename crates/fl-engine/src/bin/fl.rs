@@ -444,11 +444,7 @@ fn bench<T: RunDType>(
     }
     let vocab = e.model.cfg.vocab_size as u32;
     let prompts: Vec<Vec<u32>> = (0..batch)
-        .map(|b| {
-            (0..prompt_len)
-                .map(|i| ((b * 7919 + i * 104_729 + 1) as u32) % vocab)
-                .collect()
-        })
+        .map(|b| dummy_prompt(b, prompt_len, vocab))
         .collect();
     let req = Request {
         prompts,
@@ -586,22 +582,20 @@ fn runner_bench<T: RunDType>(
     json: bool,
 ) -> Result<()> {
     use fl_engine::runner::{Runner, RunnerConfig};
-    use fl_engine::scheduler::{Event, Request as Queued, RequestParams};
+    use fl_engine::scheduler::Event;
     let vocab = e.model.cfg.vocab_size as u32;
     let cfg = RunnerConfig {
         max_num_seqs: batch.max(1),
         ..Default::default()
     };
     let mut r = Runner::new(e, &cfg)?;
+    // Request b gets the static run's prompt b.
     let request = |id: u64, new: usize| {
-        let mut params = RequestParams::<SamplingParams>::new(new);
-        params.ignore_eos = true;
-        params.sampling = SamplingParams::greedy();
-        let b = id as usize % batch.max(1);
-        let prompt = (0..prompt_len)
-            .map(|i| ((b * 7919 + i * 104_729 + 1) as u32) % vocab)
-            .collect();
-        Queued { id, prompt, params }
+        greedy_request(
+            id,
+            dummy_prompt(id as usize % batch.max(1), prompt_len, vocab),
+            new,
+        )
     };
     // Warm-up: one short request (module loading, cuBLASLt plans, buffer buckets).
     r.add_request(request(u64::MAX, 2))?;
@@ -666,24 +660,13 @@ fn trace_bench<T: RunDType>(
     json: bool,
 ) -> Result<()> {
     use fl_engine::runner::{Runner, RunnerConfig};
-    use fl_engine::scheduler::{Event, Request as Queued, RequestParams};
+    use fl_engine::scheduler::Event;
     use fl_engine::trace::Percentiles;
     use std::time::{Duration, Instant};
     let vocab = e.model.cfg.vocab_size as u32;
     let mut r = Runner::new(e, &RunnerConfig::default())?;
     let request = |id: u64, prompt_len: usize, new: usize| {
-        let mut params = RequestParams::<SamplingParams>::new(new);
-        params.ignore_eos = true;
-        params.sampling = SamplingParams::greedy();
-        let prompt = (0..prompt_len)
-            .map(|i| {
-                ((id as usize)
-                    .wrapping_mul(7919)
-                    .wrapping_add(i * 104_729 + 1) as u32)
-                    % vocab
-            })
-            .collect();
-        Queued { id, prompt, params }
+        greedy_request(id, dummy_prompt(id as usize, prompt_len, vocab), new)
     };
     // Warm-up: one short request (module loading, cuBLASLt plans).
     r.add_request(request(u64::MAX, 16, 2))?;
@@ -774,4 +757,23 @@ fn trace_bench<T: RunDType>(
         );
     }
     Ok(())
+}
+
+/// The benches' dummy prompt `seq`: `prompt_len` ids spread over the vocabulary.
+fn dummy_prompt(seq: usize, prompt_len: usize, vocab: u32) -> Vec<u32> {
+    (0..prompt_len)
+        .map(|i| (seq.wrapping_mul(7919).wrapping_add(i * 104_729 + 1) as u32) % vocab)
+        .collect()
+}
+
+/// A runner request of `prompt` for `new` greedy tokens, end ids ignored (the benches).
+fn greedy_request(
+    id: u64,
+    prompt: Vec<u32>,
+    new: usize,
+) -> fl_engine::scheduler::Request<SamplingParams> {
+    let mut params = fl_engine::scheduler::RequestParams::<SamplingParams>::new(new);
+    params.ignore_eos = true;
+    params.sampling = SamplingParams::greedy();
+    fl_engine::scheduler::Request { id, prompt, params }
 }
