@@ -46,14 +46,20 @@ constexpr int ROPE = 16;
 
 // The extra kernel argument of the ROPE epilogue, by value (the inverse frequencies live in
 // the parameter space, as rope.cu passes them); other epilogues get the empty NoExtra.
+// The cache is contiguous [batch, nkv, max_seq, head_dim] when block_table is NULL, else paged
+// [num_blocks, nkv, block_size, head_dim] through block_table [batch, max_blocks] (one kernel
+// serves both: the layout is a uniform branch in the epilogue).
 template <typename T> struct RopeExtra {
     float inv_freq[FL_ROPE_MAX_PAIRS];
     const int32_t *seq_ids, *positions;
     T *q_out, *k_cache, *v_cache;
     int32_t *err;
-    int64_t max_seq;
+    const int32_t *block_table;  // paged only
+    int64_t max_seq;             // contiguous only
+    int64_t num_blocks;          // paged only
     int32_t nq, nkv, head_dim, half;  // half = rotary_dim / 2
-    int32_t batch;
+    int32_t batch;                    // sequences: cache rows, or block-table rows when paged
+    int32_t max_blocks, block_size;   // paged only
 };
 struct NoExtra {};
 template <typename T, int EPI>
@@ -65,6 +71,19 @@ template <int NT> __host__ __device__ constexpr int unroll() { return 8 / NT; }
 // ---------------------------------------------------------------- device helpers
 // The weight loads (ld_stream128, evict-first policy) and the m16n8k16 mma are common.cuh's.
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// The element offset of (sequence s, position p)'s head-0 row in the paged cache of a ROPE
+// launch, or -1 - FL_KV_ERR_* when that slot does not exist (kv_cache.cu's slot_of rules).
+template <typename T>
+__device__ __forceinline__ int64_t paged_slot(const RopeExtra<T> &ex, int s, int p) {
+    if (s < 0 || s >= ex.batch) return -1 - FL_KV_ERR_SEQUENCE;
+    if (p < 0) return -1 - FL_KV_ERR_POSITION;
+    const int bi = p / ex.block_size;
+    if (bi >= ex.max_blocks) return -1 - FL_KV_ERR_POSITION;
+    const int b = __ldg(ex.block_table + (int64_t)s * ex.max_blocks + bi);
+    if (b < 0 || b >= ex.num_blocks) return -1 - FL_KV_ERR_BLOCK;
+    return ((int64_t)b * ex.nkv * ex.block_size + (p - bi * ex.block_size)) * ex.head_dim;
+}
 
 // ---------------------------------------------------------------- the kernel
 // grid.x = ceil(n / (8 * NT)) (SWIGLU: ceil(n / 8)), block = 32 * W (W <= kMaxWarps).
@@ -205,9 +224,15 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
     for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c) red[warp * NT * 128 + (4 * j + c) * 32 + lane] = acc[j][c];
-    __syncthreads();
 
     if constexpr (EPI == ROPE) {
+        // Paged cache: each token's slot (paged_slot: the block-table lookup) once per CTA, by
+        // thread tok, before the barrier that the partial tiles need anyway.
+        __shared__ int64_t slot_base[FL_GEMV_DENSE_MAX_M];
+        if (ex.block_table && threadIdx.x < m)
+            slot_base[threadIdx.x] = paged_slot(ex, __ldg(ex.seq_ids + threadIdx.x),
+                                                __ldg(ex.positions + threadIdx.x));
+        __syncthreads();
         // One thread per pair of adjacent columns (2c, 2c + 1) of one token: e = (2j + hi) * 32
         // + ln holds acc entries c = 2 hi and 2 hi + 1 of lane ln in tile j (token (ln >> 2) +
         // 8 hi, columns 8j + 2 (ln & 3) + {0, 1}). n and head_dim are even, so a pair never
@@ -228,7 +253,9 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
                 a1 += to_f32<T>(bias[col + 1]);
             }
             const int s = __ldg(ex.seq_ids + tok), p = __ldg(ex.positions + tok);
-            const int code = (s < 0 || s >= ex.batch) ? FL_KV_ERR_SEQUENCE
+            const int64_t sb = ex.block_table ? slot_base[tok] : 0;
+            const int code = ex.block_table ? (sb < 0 ? (int)(-1 - sb) : 0)
+                             : (s < 0 || s >= ex.batch)   ? FL_KV_ERR_SEQUENCE
                              : (p < 0 || p >= ex.max_seq) ? FL_KV_ERR_POSITION
                                                           : 0;
             if (code) {
@@ -251,13 +278,16 @@ gemv_dense_kernel(const T *__restrict__ x, const T *__restrict__ w, const T *__r
             } else {
                 const int kh = v_head ? head - ex.nq - ex.nkv : head - ex.nq;
                 dst = (v_head ? ex.v_cache : ex.k_cache) +
-                      (((int64_t)s * ex.nkv + kh) * ex.max_seq + p) * ex.head_dim + el;
+                      (ex.block_table
+                           ? sb + ((int64_t)kh * ex.block_size) * ex.head_dim + el
+                           : (((int64_t)s * ex.nkv + kh) * ex.max_seq + p) * ex.head_dim + el);
             }
             dst[0] = from_f32<T>(a0);
             dst[1] = from_f32<T>(a1);
         }
         return;
     }
+    __syncthreads();
     constexpr int OUTS = (EPI == SWIGLU ? 1 : NT) * 128;
     for (int e = threadIdx.x; e < OUTS; e += blockDim.x) {
         const int ln = e & 31, c = (e >> 5) & 3, j = e >> 7;
@@ -406,21 +436,22 @@ extern "C" fl_status fl_gemv_dense_rms_norm(fl_dtype dtype, fl_gemv_dense_epilog
 
 namespace fl {
 namespace gemv_dense {
-template <typename T>
-fl_status rope_append(const void *h, const void *gamma, float eps, const void *w,
-                      const void *bias, int m, int64_t n, int64_t k, RopeExtra<T> &ex,
-                      cudaStream_t s) {
-    return launch<T, ROPE>(h, w, bias, nullptr, m, n, k, gamma, eps, s, ex);
-}
-}  // namespace gemv_dense
-}  // namespace fl
+// Where a ROPE launch appends: contiguous (block_table NULL; batch, max_seq) or paged
+// (block_table [batch, max_blocks], num_blocks, block_size).
+struct CacheDest {
+    const int32_t *block_table;
+    int32_t batch;
+    int64_t max_seq;
+    int32_t max_blocks;
+    int64_t num_blocks;
+    int32_t block_size;
+};
 
 // Fills the ROPE epilogue's argument (frequencies past rotary_dim / 2 zeroed).
 template <typename T>
-static void fl_gemv_dense_fill_extra(fl::gemv_dense::RopeExtra<T> &ex, const fl_rope_params *p,
-                                     const int32_t *seq_ids, const int32_t *positions,
-                                     void *q_out, void *k_cache, void *v_cache, int32_t *err,
-                                     int64_t max_seq, int32_t nq, int32_t nkv, int32_t batch) {
+static void fill_extra(RopeExtra<T> &ex, const fl_rope_params *p, const int32_t *seq_ids,
+                       const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
+                       int32_t *err, int32_t nq, int32_t nkv, const CacheDest &c) {
     const int half = p->rotary_dim / 2;
     for (int i = 0; i < FL_ROPE_MAX_PAIRS; ++i) ex.inv_freq[i] = i < half ? p->inv_freq[i] : 0.f;
     ex.seq_ids = seq_ids;
@@ -429,23 +460,28 @@ static void fl_gemv_dense_fill_extra(fl::gemv_dense::RopeExtra<T> &ex, const fl_
     ex.k_cache = static_cast<T *>(k_cache);
     ex.v_cache = static_cast<T *>(v_cache);
     ex.err = err;
-    ex.max_seq = max_seq;
+    ex.block_table = c.block_table;
+    ex.max_seq = c.max_seq;
+    ex.num_blocks = c.num_blocks;
     ex.nq = nq;
     ex.nkv = nkv;
     ex.head_dim = p->head_dim;
     ex.half = half;
-    ex.batch = batch;
+    ex.batch = c.batch;
+    ex.max_blocks = c.max_blocks;
+    ex.block_size = c.block_size;
 }
 
-extern "C" fl_status fl_gemv_dense_rope_append(
-    fl_dtype dtype, const void *h, const void *gamma, float eps, const void *w, const void *bias,
-    int64_t m, int64_t k, int32_t q_heads, int32_t kv_heads, const fl_rope_params *params,
-    const int32_t *seq_ids, const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
-    int32_t batch, int64_t max_seq, int32_t *err_flag, fl_stream stream) {
-    const fl_rope_params *p = params;
-    if (!fl::rope_params_ok(p) || p->interleaved != 1 || p->head_dim % 8 != 0)
+// Both ROPE launchers: the checks that do not depend on the cache layout, then the launch.
+static fl_status rope_append_run(fl_dtype dtype, const void *h, const void *gamma, float eps,
+                                 const void *w, const void *bias, int64_t m, int64_t k,
+                                 int32_t q_heads, int32_t kv_heads, const fl_rope_params *p,
+                                 const int32_t *seq_ids, const int32_t *positions, void *q_out,
+                                 void *k_cache, void *v_cache, const CacheDest &c,
+                                 int32_t *err_flag, fl_stream stream) {
+    if (!rope_params_ok(p) || p->interleaved != 1 || p->head_dim % 8 != 0)
         return FL_ERR_INVALID_ARGUMENT;
-    if (q_heads < 0 || kv_heads < 1 || batch < 1 || max_seq < 1) return FL_ERR_INVALID_ARGUMENT;
+    if (q_heads < 0 || kv_heads < 1 || c.batch < 1) return FL_ERR_INVALID_ARGUMENT;
     if (gamma && (!(eps > 0.f) || !(eps < INFINITY))) return FL_ERR_INVALID_ARGUMENT;
     if (m < 0 || m > FL_GEMV_DENSE_MAX_M || k <= 0 || k % 8 != 0) return FL_ERR_INVALID_ARGUMENT;
     const int64_t n = ((int64_t)q_heads + 2 * (int64_t)kv_heads) * p->head_dim;
@@ -454,21 +490,49 @@ extern "C" fl_status fl_gemv_dense_rope_append(
     if (m == 0) return FL_OK;
     if (!h || !w || !seq_ids || !positions || !k_cache || !v_cache || (q_heads > 0 && !q_out))
         return FL_ERR_INVALID_ARGUMENT;
-    if (!fl::aligned16(h) || !fl::aligned16(w) || (gamma && !fl::aligned16(gamma)))
-        return FL_ERR_MISALIGNED;
+    if (!aligned16(h) || !aligned16(w) || (gamma && !aligned16(gamma))) return FL_ERR_MISALIGNED;
     // Pairs are stored as two 2-byte values; bias is read per element.
     if (((reinterpret_cast<uintptr_t>(q_out) | reinterpret_cast<uintptr_t>(k_cache) |
           reinterpret_cast<uintptr_t>(v_cache) | reinterpret_cast<uintptr_t>(bias)) & 1u) != 0)
         return FL_ERR_MISALIGNED;
-    const cudaStream_t s = fl::as_stream(stream);
+    const cudaStream_t s = as_stream(stream);
     if (dtype == FL_DTYPE_F16) {
-        fl::gemv_dense::RopeExtra<__half> ex;
-        fl_gemv_dense_fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag,
-                                 max_seq, q_heads, kv_heads, batch);
-        return fl::gemv_dense::rope_append<__half>(h, gamma, eps, w, bias, (int)m, n, k, ex, s);
+        RopeExtra<__half> ex;
+        fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag, q_heads,
+                   kv_heads, c);
+        return launch<__half, ROPE>(h, w, bias, nullptr, (int)m, n, k, gamma, eps, s, ex);
     }
-    fl::gemv_dense::RopeExtra<__nv_bfloat16> ex;
-    fl_gemv_dense_fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag,
-                             max_seq, q_heads, kv_heads, batch);
-    return fl::gemv_dense::rope_append<__nv_bfloat16>(h, gamma, eps, w, bias, (int)m, n, k, ex, s);
+    RopeExtra<__nv_bfloat16> ex;
+    fill_extra(ex, p, seq_ids, positions, q_out, k_cache, v_cache, err_flag, q_heads, kv_heads,
+               c);
+    return launch<__nv_bfloat16, ROPE>(h, w, bias, nullptr, (int)m, n, k, gamma, eps, s, ex);
+}
+}  // namespace gemv_dense
+}  // namespace fl
+
+extern "C" fl_status fl_gemv_dense_rope_append(
+    fl_dtype dtype, const void *h, const void *gamma, float eps, const void *w, const void *bias,
+    int64_t m, int64_t k, int32_t q_heads, int32_t kv_heads, const fl_rope_params *params,
+    const int32_t *seq_ids, const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
+    int32_t batch, int64_t max_seq, int32_t *err_flag, fl_stream stream) {
+    if (max_seq < 1) return FL_ERR_INVALID_ARGUMENT;
+    const fl::gemv_dense::CacheDest c{nullptr, batch, max_seq, 0, 0, 0};
+    return fl::gemv_dense::rope_append_run(dtype, h, gamma, eps, w, bias, m, k, q_heads,
+                                           kv_heads, params, seq_ids, positions, q_out, k_cache,
+                                           v_cache, c, err_flag, stream);
+}
+
+extern "C" fl_status fl_gemv_dense_rope_append_paged(
+    fl_dtype dtype, const void *h, const void *gamma, float eps, const void *w, const void *bias,
+    int64_t m, int64_t k, int32_t q_heads, int32_t kv_heads, const fl_rope_params *params,
+    const int32_t *seq_ids, const int32_t *positions, void *q_out, void *k_cache, void *v_cache,
+    const int32_t *block_table, int32_t batch, int32_t max_blocks_per_seq, int64_t num_blocks,
+    int32_t block_size, int32_t *err_flag, fl_stream stream) {
+    if (max_blocks_per_seq < 1 || num_blocks < 1 || block_size < 1 || (m > 0 && !block_table))
+        return FL_ERR_INVALID_ARGUMENT;
+    const fl::gemv_dense::CacheDest c{block_table, batch, 0, max_blocks_per_seq, num_blocks,
+                                      block_size};
+    return fl::gemv_dense::rope_append_run(dtype, h, gamma, eps, w, bias, m, k, q_heads,
+                                           kv_heads, params, seq_ids, positions, q_out, k_cache,
+                                           v_cache, c, err_flag, stream);
 }

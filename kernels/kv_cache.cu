@@ -1,6 +1,7 @@
 // KV-cache append: this step's packed K and V rows scattered into a contiguous
 // [batch, kv_heads, max_seq, head_dim] cache or a paged (vLLM-style) [num_blocks, kv_heads,
-// block_size, head_dim] cache, with dtype conversion. Memory-bound copy.
+// block_size, head_dim] cache, with dtype conversion. Memory-bound copy. At the end of the file:
+// the fused QKV split + RoPE + append, and the copy-on-write block copy of a paged cache.
 //
 // Work split: one row per token, blockDim = (units per token, rows per block); a unit is N
 // elements of one head (16 bytes of cache). A thread issues its first unit's K and V loads
@@ -571,4 +572,67 @@ extern "C" fl_status fl_kv_rope_append_paged(
     if (tokens == 0) return FL_OK;
     const fl::kv::Dest d{batch, 0, block_table, max_blocks_per_seq, num_blocks, block_size};
     FL_KV_ROPE_DISPATCH(params->interleaved != 0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copy-on-write block copies (fl_kv_copy_blocks): whole blocks of a paged cache, raw words, one
+// launch for all pairs of a step. A block is one row of row_words words; grid (pair, chunk, K or
+// V) with fl::copy_row_chunk (4 words per thread, loads before stores), as embedding.cu's row
+// gather. The dst-distinct / dst-not-a-src precondition is what makes CTAs independent.
+// ---------------------------------------------------------------------------------------------
+namespace fl {
+namespace kv {
+
+template <typename W>
+__global__ void __launch_bounds__(256)
+    copy_blocks_kernel(W *kc, W *vc, int64_t num_blocks, int64_t row_words,
+                       const int32_t *__restrict__ pairs, int32_t *err) {
+    const int64_t i = blockIdx.x;
+    const int32_t src = __ldg(pairs + 2 * i);
+    const int32_t dst = __ldg(pairs + 2 * i + 1);
+    if (src < 0 || src >= num_blocks || dst < 0 || dst >= num_blocks) {
+        if (err && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0)
+            atomicOr(err, FL_KV_ERR_BLOCK);
+        return;
+    }
+    W *cache = blockIdx.z == 0 ? kc : vc;
+    copy_row_chunk<W>(cache + src * row_words, cache + dst * row_words, row_words);
+}
+
+}  // namespace kv
+}  // namespace fl
+
+extern "C" fl_status fl_kv_copy_blocks(fl_dtype dtype, void *k_cache, void *v_cache,
+                                       int64_t num_blocks, int32_t kv_heads, int32_t block_size,
+                                       int32_t head_dim, const int32_t *pairs, int32_t n,
+                                       int32_t *err_flag, fl_stream stream) {
+    int64_t elem = 0;
+    switch (dtype) {
+    case FL_DTYPE_F32:
+    case FL_DTYPE_I32: elem = 4; break;
+    case FL_DTYPE_F16:
+    case FL_DTYPE_BF16: elem = 2; break;
+    case FL_DTYPE_I8:
+    case FL_DTYPE_U8: elem = 1; break;
+    default: return FL_ERR_UNSUPPORTED_DTYPE;
+    }
+    if (num_blocks < 1 || kv_heads < 1 || block_size < 1 || head_dim < 1 || n < 0)
+        return FL_ERR_INVALID_ARGUMENT;
+    // kv_heads * block_size < 2^62, so only the last two products can overflow.
+    const int64_t heads_slots = (int64_t)kv_heads * block_size;
+    if (heads_slots > INT64_MAX / head_dim / elem) return FL_ERR_INVALID_ARGUMENT;
+    const int64_t block_bytes = heads_slots * head_dim * elem;
+    if (num_blocks > INT64_MAX / block_bytes) return FL_ERR_INVALID_ARGUMENT;
+    if (n == 0) return FL_OK;
+    if (!k_cache || !v_cache || !pairs) return FL_ERR_INVALID_ARGUMENT;
+    const int wb = fl::row_word_bytes(k_cache, v_cache, block_bytes);
+    const int64_t row_words = block_bytes / wb;
+    dim3 grid, block;
+    if (!fl::row_grid(n, row_words, &grid, &block)) return FL_ERR_INVALID_ARGUMENT;
+    grid.z = 2;  // K and V
+    cudaStream_t s = fl::as_stream(stream);
+    FL_DISPATCH_WORD(wb, fl::kv::copy_blocks_kernel<word_t><<<grid, block, 0, s>>>(
+                             static_cast<word_t *>(k_cache), static_cast<word_t *>(v_cache),
+                             num_blocks, row_words, pairs, err_flag));
+    return fl::launch_status();
 }

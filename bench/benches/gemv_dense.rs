@@ -180,6 +180,7 @@ fn shape_group(c: &mut Criterion, gpu: &Gpu, blas: &mut Blas, n: usize, k: usize
                             seq_ids: &seq_ids,
                             positions: &positions,
                         },
+                        layout: CacheLayout::Contiguous,
                     };
                     gemv_dense::linear_rope_append(
                         &s,

@@ -89,6 +89,33 @@ fl_status fl_gemv_dense_rope_append(fl_dtype dtype, const void *h, const void *g
                                     void *v_cache, int32_t batch, int64_t max_seq,
                                     int32_t *err_flag, fl_stream stream);
 
+/* fl_gemv_dense_rope_append into a PAGED cache (the layout of fl_kv_rope_append_paged):
+ * k_cache, v_cache [num_blocks, kv_heads, block_size, d] of `dtype`, and the token of sequence
+ * s = seq_ids[t] at position p = positions[t] goes to block
+ * b = block_table[s * max_blocks_per_seq + p / block_size], slot p % block_size:
+ *     k_cache[b, h, p % block_size, :] = T(R(acc[t, k head h]))   h < kv_heads
+ *     v_cache[b, h, p % block_size, :] = T(acc[t, v head h])
+ * (q_out, the rotation and the rounding exactly as fl_gemv_dense_rope_append).
+ * block_table: int32 [batch, max_blocks_per_seq] row-major, on the device; batch is its rows.
+ * Same kernel as the contiguous launcher (the block lookup is done once per token and CTA).
+ * Errors: as fl_gemv_dense_rope_append, with FL_ERR_INVALID_ARGUMENT for batch < 1,
+ * max_blocks_per_seq < 1, num_blocks < 1, block_size < 1 or a NULL block_table (m > 0) in
+ * place of the max_seq check. On the device a token whose slot does not exist writes nothing
+ * (neither q_out nor the cache) and ORs into *err_flag (may be NULL; never cleared here), as
+ * fl_kv_rope_append_paged: FL_KV_ERR_SEQUENCE for s outside 0..batch, FL_KV_ERR_POSITION for
+ * p < 0 or p / block_size >= max_blocks_per_seq, FL_KV_ERR_BLOCK for a block id outside
+ * 0..num_blocks. q_out and the caches must not overlap h, W, bias, block_table or each
+ * other. */
+fl_status fl_gemv_dense_rope_append_paged(fl_dtype dtype, const void *h, const void *gamma,
+                                          float eps, const void *w, const void *bias, int64_t m,
+                                          int64_t k, int32_t q_heads, int32_t kv_heads,
+                                          const fl_rope_params *params, const int32_t *seq_ids,
+                                          const int32_t *positions, void *q_out, void *k_cache,
+                                          void *v_cache, const int32_t *block_table,
+                                          int32_t batch, int32_t max_blocks_per_seq,
+                                          int64_t num_blocks, int32_t block_size,
+                                          int32_t *err_flag, fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,7 +11,8 @@ extern "C" {
 #define FL_KV_ERR_SEQUENCE 1 /* seq_ids[t] < 0 or >= batch */
 #define FL_KV_ERR_POSITION 2 /* positions[t] < 0, or >= max_seq (contiguous), or
                                 positions[t] / block_size >= max_blocks_per_seq (paged) */
-#define FL_KV_ERR_BLOCK 4    /* paged: block id from the table < 0 or >= num_blocks */
+#define FL_KV_ERR_BLOCK 4    /* paged: block id from the table < 0 or >= num_blocks;
+                                fl_kv_copy_blocks: a src or dst outside [0, num_blocks) */
 
 /* Appends this step's K and V (after RoPE) to a contiguous cache.
  *
@@ -96,6 +97,28 @@ fl_status fl_kv_rope_append_paged(fl_dtype in_dtype, const void *qkv, int64_t qk
                                   int32_t max_blocks_per_seq, fl_dtype cache_dtype,
                                   void *k_cache, void *v_cache, int64_t num_blocks,
                                   int32_t block_size, int32_t *err_flag, fl_stream stream);
+
+/* Copies whole blocks of one layer's paged K and V caches (copy-on-write of blocks shared by
+ * forked sequences or beams), all pairs in one launch:
+ *     k_cache[dst, :, :, :] = k_cache[src, :, :, :],  v_cache[dst] = v_cache[src]
+ * for each (src, dst) = (pairs[2 i], pairs[2 i + 1]), i < n (pairs: int32 [n, 2] on the
+ * device). k_cache, v_cache: [num_blocks, kv_heads, block_size, head_dim] of dtype, so a block
+ * is kv_heads * block_size * head_dim contiguous elements. A raw copy (bit-exact): any fl_dtype,
+ * including byte-sized quantised caches.
+ * Precondition (the block manager's): the dst ids are distinct and none is also a src in the
+ * same call (so src != dst); src ids may repeat (one block copied to several forks). Otherwise
+ * the result is unspecified.
+ * Errors: FL_ERR_INVALID_ARGUMENT for sizes < 1 (n < 0), a cache past INT64_MAX bytes, a block
+ * past the grid (more than 65535 chunks of 1024 words) or NULL pointers (none is read when
+ * n == 0, a no-op); FL_ERR_UNSUPPORTED_DTYPE for an unknown dtype.
+ * On the device a pair with src or dst outside [0, num_blocks) copies nothing and ORs
+ * FL_KV_ERR_BLOCK into *err_flag (may be NULL; never cleared here).
+ * One CTA per (pair, chunk of a block, K or V); 16-byte words when both cache pointers and the
+ * block size in bytes are multiples of 16 (else the widest of 8/4/2/1 that fits). */
+fl_status fl_kv_copy_blocks(fl_dtype dtype, void *k_cache, void *v_cache, int64_t num_blocks,
+                            int32_t kv_heads, int32_t block_size, int32_t head_dim,
+                            const int32_t *pairs, int32_t n, int32_t *err_flag,
+                            fl_stream stream);
 
 #ifdef __cplusplus
 }

@@ -54,7 +54,7 @@ pub(crate) struct Pass<'a> {
     /// for which [`fuses_norms`] holds.
     pub fuse_norm: bool,
     /// RoPE and the KV append run in the dense QKV GEMV's epilogue: decode passes with `gemv`
-    /// over a contiguous cache.
+    /// (contiguous or paged cache).
     pub fuse_rope: bool,
     /// The cache is paged (`buf.block_table` maps each sequence's positions to blocks).
     pub paged: bool,
@@ -104,6 +104,13 @@ pub(crate) fn forward<T: RunDType>(
                 slots: TokenSlots {
                     seq_ids: &buf.seq_ids,
                     positions: &buf.positions,
+                },
+                layout: if pass.paged {
+                    CacheLayout::Paged {
+                        block_table: &buf.block_table,
+                    }
+                } else {
+                    CacheLayout::Contiguous
                 },
             };
             T::dense_linear_rope_append(

@@ -11,6 +11,8 @@
 //! - [`engine`]: the generation loop (prefill, sampling with fl-sampling, decode steps
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
 //!   resolution;
+//! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
+//!   stream each one's tokens and finish reason, abort, metrics);
 //! - the `fl` binary: `fl generate`, `fl bench`, `fl logits` (for checks), `fl demo`.
 //!
 //! ```no_run
@@ -49,6 +51,7 @@ pub mod model;
 pub mod presets;
 pub mod runner;
 pub mod scheduler;
+pub mod service;
 pub mod tokenizer;
 pub mod trace;
 pub mod weights;

@@ -262,8 +262,7 @@ impl<T: RunDType> Model<T> {
             fuse_norm: gemv
                 && m <= self.fuse_norm_max_m
                 && w.layers.iter().all(|l| layer::fuses_norms(l)),
-            // The QKV GEMV's epilogue appends to a contiguous cache only.
-            fuse_rope: gemv && mode == AttnMode::Decode && !cache.is_paged(),
+            fuse_rope: gemv && mode == AttnMode::Decode,
             paged: cache.is_paged(),
         };
         embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;

@@ -17,7 +17,13 @@ pub struct UnknownPreset {
 
 /// The names [`preset`] knows, in a fixed order.
 pub fn preset_names() -> &'static [&'static str] {
-    &["llama-2-7b", "llama-2-13b", "llama-3-8b", "tiny"]
+    &[
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-3-8b",
+        "llama-3.1-8b",
+        "tiny",
+    ]
 }
 
 fn llama2(hidden: usize, inter: usize, layers: usize, heads: usize) -> ModelConfig {
@@ -71,6 +77,18 @@ pub fn preset(name: &str) -> Result<ModelConfig, UnknownPreset> {
             eos_token_ids: vec![128_001],
             dtype: Some(ConfigDtype::BF16),
             ..llama2(4096, 14_336, 32, 32)
+        },
+        // Llama 3's weights shapes with the 128k context of 3.1 (its RoPE scaling).
+        "llama-3.1-8b" => ModelConfig {
+            max_position_embeddings: 131_072,
+            rope_scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            },
+            eos_token_ids: vec![128_001, 128_008, 128_009],
+            ..preset("llama-3-8b")?
         },
         "tiny" => ModelConfig {
             num_key_value_heads: 1,

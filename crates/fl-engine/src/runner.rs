@@ -11,20 +11,35 @@
 //! request's seed and its token index, so a request's tokens do not depend on its batch
 //! mates), and returns the scheduler's [`Event`]s.
 //!
-//! A step of single tokens (every decode step once the prompts are in) runs the decode
-//! attention over the paged cache; a step with a longer chunk runs every row through the paged
-//! prefill attention.
+//! How a step runs:
+//! - a step of single tokens (every decode step once the prompts are in) runs the decode
+//!   attention over the paged cache, the QKV GEMV rotating and appending to the paged cache in
+//!   its epilogue (f16 / bf16), and the LM head over every row; forward + LM head are captured
+//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) in a CUDA graph on
+//!   the bucket's second use and replayed after that;
+//! - a step with a longer chunk runs every row through the paged prefill attention (prefix
+//!   from the cache, the chunk causal), then gathers the rows that need logits;
+//! - copy-on-write block copies of the plan run first ([`fl_kernels::kv_cache::copy_blocks`]);
+//! - penalties (over each request's generated tokens) and the end-id ban under
+//!   `min_new_tokens` run on the logits when some row has them, then each row is sampled with
+//!   its own parameters;
+//! - [`RequestOptions`] adds teacher forcing and logits read-back per request (checks
+//!   against another implementation: `fl logits`).
 //!
-//! What this first runner does not do yet (issue 31): CUDA graphs per batch bucket (decode
-//! steps run eagerly), the fused RoPE + append in the QKV GEMV on the paged path, decode rows
-//! of mixed steps on the decode kernel, logits processors (penalties), copy-on-write copies
-//! (no scheduler API forks yet: a plan with copies is an error).
+//! Not yet: the decode rows of a mixed step run through the prefill attention (correct, slower
+//! than the decode kernel for long contexts); the paged prefill attention is the mma.sync
+//! kernel (the Hopper wgmma kernel reads packed K/V only).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use fl_kernels::embedding;
-use fl_kernels::DeviceTensor;
-use fl_sampling::{DeviceParams, SampleOptions, SampleWorkspace, SamplingParams};
+use fl_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use fl_kernels::cudarc::driver::{CudaGraph, CudaStream};
+use fl_kernels::{embedding, kv_cache, DeviceTensor};
+use fl_sampling::{
+    DeviceParams, History, PenaltyWorkspace, Processors, SampleOptions, SampleWorkspace,
+    SamplingParams,
+};
 
 use crate::buffers::Buffers;
 use crate::cache::Cache;
@@ -33,7 +48,7 @@ use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv;
 use crate::model::AttnMode;
-use crate::scheduler::{Event, Request, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
 
 /// How a [`Runner`] sizes its KV pool and its steps.
 #[derive(Clone, Debug)]
@@ -80,9 +95,68 @@ pub struct Runner<'e, T: RunDType> {
     cache: Cache<T>,
     /// Activation buffers per (token-count bucket, decode-only pass): a step's tokens are
     /// padded up to a power of two with rows that write nothing.
-    buffers: HashMap<(usize, bool), Buffers<T>>,
+    passes: HashMap<(usize, bool), PassBuffers<T>>,
+    /// The LM head's and the sampler's buffers per row bucket.
+    heads: HashMap<usize, Head<T>>,
     workspace: SampleWorkspace,
+    penalty_ws: Option<PenaltyWorkspace>,
+    /// Teacher forcing and logits read-back, per request that asked.
+    extras: HashMap<RequestId, Extras>,
     last: StepStats,
+}
+
+/// A pass's buffers and, for a decode bucket, the CUDA graph of its forward + LM head.
+struct PassBuffers<T: RunDType> {
+    buf: Buffers<T>,
+    graph: Option<CudaGraph>,
+    /// Decode passes: the block table on the device (uploaded again only when it changes;
+    /// the sequence rows are `0..m`, uploaded once).
+    table: Vec<i32>,
+    /// Eager runs so far (a decode bucket is captured on its second use, after module
+    /// loading and cuBLASLt's first plans).
+    runs: usize,
+}
+
+/// The rows that get logits and a token, `rows` of them (a power of two; padding rows
+/// gather row 0 and are sampled greedily, their tokens dropped).
+struct Head<T: RunDType> {
+    /// Which activation row each logits row reads (paged passes; decode passes use every row).
+    rows: DeviceTensor<i32>,
+    x: DeviceTensor<T>,
+    logits: DeviceTensor<T>,
+    tokens: DeviceTensor<i32>,
+    steps: DeviceTensor<i32>,
+    params: DeviceParams,
+}
+
+impl<T: RunDType> Head<T> {
+    fn new(stream: &Arc<CudaStream>, rows: usize, hidden: usize, vocab: usize) -> Result<Self> {
+        Ok(Head {
+            rows: DeviceTensor::zeros(stream, &[rows])?,
+            x: DeviceTensor::zeros(stream, &[rows, hidden])?,
+            logits: DeviceTensor::zeros(stream, &[rows, vocab])?,
+            tokens: DeviceTensor::zeros(stream, &[rows])?,
+            steps: DeviceTensor::zeros(stream, &[rows])?,
+            params: DeviceParams::new(stream, &vec![SamplingParams::greedy(); rows])?,
+        })
+    }
+}
+
+/// What a request asked for beyond sampling ([`Runner::add_request_with`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestOptions {
+    /// Teacher forcing: generated token `i` is `forced[i]` (for `i < forced.len()`) instead
+    /// of the sampled one; the logits are still those the model produced.
+    pub forced: Vec<u32>,
+    /// Keep the logits (as f32) from which each token is sampled, for
+    /// [`Runner::take_logits`]. Costs a read-back of `[vocab]` floats per token.
+    pub logits: bool,
+}
+
+#[derive(Default)]
+struct Extras {
+    forced: Vec<u32>,
+    logits: Option<Vec<Vec<f32>>>,
 }
 
 /// What the last [`Runner::step`] ran.
@@ -94,11 +168,23 @@ pub struct StepStats {
     pub decode_tokens: usize,
     /// Sequences in the step.
     pub seqs: usize,
+    /// The step replayed a captured CUDA graph.
+    pub graph: bool,
 }
 
 /// Activation rows of a step of `m` tokens: the next power of two.
 fn bucket(m: usize) -> usize {
     m.next_power_of_two()
+}
+
+/// One row of a step that gets logits.
+struct LogitRow {
+    id: RequestId,
+    /// Row of the pass's activations.
+    row: i32,
+    params: SamplingParams,
+    /// Tokens the request has generated (the Philox step).
+    generated: usize,
 }
 
 impl<'e, T: RunDType> Runner<'e, T> {
@@ -180,8 +266,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
             engine,
             sched,
             cache,
-            buffers: HashMap::new(),
+            passes: HashMap::new(),
+            heads: HashMap::new(),
             workspace,
+            penalty_ws: None,
+            extras: HashMap::new(),
             last: StepStats::default(),
         })
     }
@@ -198,15 +287,51 @@ impl<'e, T: RunDType> Runner<'e, T> {
 
     /// Queues a request; its `params.sampling.seed` and `request_id` are set from the
     /// request's `seed` and `id`. Errors name the field ([`crate::scheduler::RequestError`]).
-    pub fn add_request(&mut self, mut req: Request<SamplingParams>) -> Result<()> {
+    pub fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()> {
+        self.add_request_with(req, RequestOptions::default())
+    }
+
+    /// [`Runner::add_request`] with teacher forcing and/or logits read-back.
+    ///
+    /// Errors: as [`Runner::add_request`]; [`EngineError::Invalid`] naming `forced` for an
+    /// id outside the vocabulary.
+    pub fn add_request_with(
+        &mut self,
+        mut req: Request<SamplingParams>,
+        opts: RequestOptions,
+    ) -> Result<()> {
+        let vocab = self.engine.model.cfg.vocab_size;
+        if let Some(&t) = opts.forced.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::invalid(
+                "forced",
+                format!("token id {t} >= vocab_size {vocab}"),
+            ));
+        }
         req.params.sampling.seed = req.params.seed;
         req.params.sampling.request_id = req.id;
+        let id = req.id;
         self.sched.add_request(req)?;
+        if opts != RequestOptions::default() {
+            self.extras.insert(
+                id,
+                Extras {
+                    forced: opts.forced,
+                    logits: opts.logits.then(Vec::new),
+                },
+            );
+        }
         Ok(())
+    }
+
+    /// The logits kept for request `id` so far (one `[vocab]` row per generated token, in
+    /// order), when it was added with [`RequestOptions::logits`]; taking them clears them.
+    pub fn take_logits(&mut self, id: RequestId) -> Option<Vec<Vec<f32>>> {
+        self.extras.get_mut(&id).and_then(|e| e.logits.take())
     }
 
     /// Aborts a request: its blocks are freed; returns its [`Event::Finished`].
     pub fn abort(&mut self, id: u64) -> Result<Event> {
+        self.extras.remove(&id);
         Ok(self.sched.abort(id)?)
     }
 
@@ -228,6 +353,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             prefill_tokens: plan.num_prefill_tokens,
             decode_tokens: plan.num_decode_tokens,
             seqs: plan.seqs.len(),
+            graph: false,
         };
         if plan.seqs.is_empty() {
             return Ok(self.sched.update(&plan, &[])?);
@@ -235,26 +361,50 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let sampled = match self.execute(&plan) {
             Ok(s) => s,
             Err(e) => {
-                // Leave the scheduler consistent: abort every request of the failed step.
+                // Leave the scheduler consistent: abort every request of the failed step and
+                // close the step (its aborted rows are ignored).
                 let ids: Vec<u64> = plan.seqs.iter().map(|s| s.id).collect();
                 for id in ids {
-                    let _ = self.sched.abort(id);
+                    let _ = self.abort(id);
                 }
+                let _ = self.sched.update(&plan, &[]);
                 return Err(e);
             }
         };
-        Ok(self.sched.update(&plan, &sampled)?)
+        let events = self.sched.update(&plan, &sampled)?;
+        for e in &events {
+            if let Event::Finished { id, .. } = e {
+                // Kept logits stay until taken; forcing ends with the request.
+                if self.extras.get(id).is_some_and(|x| x.logits.is_none()) {
+                    self.extras.remove(id);
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// Executes the plan's copy-on-write block copies on every layer.
+    fn copy_blocks(&mut self, plan: &StepPlan) -> Result<()> {
+        if plan.copies.is_empty() {
+            return Ok(());
+        }
+        let stream = self.engine.gpu.stream().clone();
+        let pairs: Vec<i32> = plan
+            .copies
+            .iter()
+            .flat_map(|c| [c.src as i32, c.dst as i32])
+            .collect();
+        let pairs = DeviceTensor::from_host(&stream, &pairs, &[plan.copies.len(), 2])?;
+        for kvc in &mut self.cache.layers {
+            kv_cache::copy_blocks(&stream, &pairs, kvc, None)?;
+        }
+        Ok(())
     }
 
     /// Runs `plan` on the GPU: one paged forward pass, the LM head on the rows that need
     /// logits, sampling. Returns `(request, token)` per such row.
     fn execute(&mut self, plan: &StepPlan) -> Result<Vec<(u64, u32)>> {
-        if !plan.copies.is_empty() {
-            return Err(EngineError::invalid(
-                "plan.copies",
-                "copy-on-write block copies are not executed by this runner yet",
-            ));
-        }
+        self.copy_blocks(plan)?;
         let stream = self.engine.gpu.stream().clone();
         let cfg = &self.engine.model.cfg;
         let (hidden, vocab) = (cfg.hidden_size, cfg.vocab_size);
@@ -267,8 +417,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             Vec::with_capacity(padded),
         );
         let (mut cu, mut ctx, mut table) = (vec![0i32], vec![], vec![]);
-        let (mut last_rows, mut logit_ids, mut params, mut steps) =
-            (vec![], vec![], vec![], vec![]);
+        let mut heads: Vec<LogitRow> = vec![];
         let mut max_q_len = 1;
         for (r, s) in plan.seqs.iter().enumerate() {
             let n = s.token_ids.len();
@@ -290,13 +439,15 @@ impl<'e, T: RunDType> Runner<'e, T> {
             table.extend(std::iter::repeat_n(-1, width - s.block_table.len()));
             max_q_len = max_q_len.max(n);
             if s.needs_logits {
-                last_rows.push(ids.len() as i32 - 1);
-                logit_ids.push(s.id);
                 let p = self.sched.params(s.id).ok_or_else(|| {
                     EngineError::invalid("plan.seqs", format!("request {} is unknown", s.id))
                 })?;
-                params.push(p.sampling);
-                steps.push(s.num_generated as i32);
+                heads.push(LogitRow {
+                    id: s.id,
+                    row: ids.len() as i32 - 1,
+                    params: p.sampling,
+                    generated: s.num_generated,
+                });
             }
         }
         // Padding rows: token 0 at position -1 of sequence 0, which writes no K/V, is in no
@@ -304,56 +455,251 @@ impl<'e, T: RunDType> Runner<'e, T> {
         ids.resize(padded, 0);
         pos.resize(padded, -1);
         row.resize(padded, 0);
-        // A step of single tokens (decodes, one-token prompts) runs the decode attention over
-        // the paged cache, token b being sequence b; others the paged prefill attention.
+        // A step of single tokens (decodes, one-token prompts or chunks) runs the decode
+        // attention over the paged cache, token b being sequence b, and its LM head reads
+        // every row (so forward + head replay as one CUDA graph); others the paged prefill
+        // attention and a gather of the rows that need logits.
         let decode = max_q_len == 1;
         let mode = if decode {
             AttnMode::Decode
         } else {
             AttnMode::Paged { max_q_len }
         };
-        let model = &self.engine.model;
+        let rows = if decode {
+            padded
+        } else {
+            bucket(heads.len().max(1))
+        };
         let key = (padded, decode);
-        if !self.buffers.contains_key(&key) {
-            let b = model.buffers(&stream, padded, &self.cache, mode)?;
-            self.buffers.insert(key, b);
+        if !self.passes.contains_key(&key) {
+            let mut buf = self
+                .engine
+                .model
+                .buffers(&stream, padded, &self.cache, mode)?;
+            if decode {
+                let rows: Vec<i32> = (0..padded as i32).collect();
+                buf.seq_ids.copy_from_host(&stream, &rows)?;
+            }
+            self.passes.insert(
+                key,
+                PassBuffers {
+                    buf,
+                    graph: None,
+                    table: vec![],
+                    runs: 0,
+                },
+            );
         }
-        let buf = self.buffers.get_mut(&key).expect("inserted above");
-        buf.upload(&stream, Some(&ids), &pos, Some(&row))?;
-        buf.upload_paged(&stream, &cu, &ctx, &table)?;
-        model.forward(&stream, &mut self.engine.blas, buf, &mut self.cache, mode)?;
-        let r = last_rows.len();
-        if r == 0 {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.heads.entry(rows) {
+            v.insert(Head::new(&stream, rows, hidden, vocab)?);
+        }
+        let pass = self.passes.get_mut(&key).expect("inserted above");
+        let head = self.heads.get_mut(&rows).expect("inserted above");
+        let buf = &mut pass.buf;
+        if decode {
+            // Token b is sequence b: the rows never change, the table rarely (a new block
+            // every block_size steps); padding rows keep block 0 and write nothing.
+            buf.upload(&stream, Some(&ids), &pos, None)?;
+            table.resize(padded * width, 0);
+            if pass.table != table {
+                buf.block_table.copy_from_host(&stream, &table)?;
+                pass.table = table;
+            }
+        } else {
+            buf.upload(&stream, Some(&ids), &pos, Some(&row))?;
+            buf.upload_paged(&stream, &cu, &ctx, &table)?;
+        }
+
+        // Sampling rows: row i of the head is request heads[i] (decode: the activation row
+        // of every sequence, so a row without logits is sampled and dropped).
+        let mut params = vec![SamplingParams::greedy(); rows];
+        let mut steps = vec![0i32; rows];
+        let mut slot = Vec::with_capacity(heads.len());
+        for (i, h) in heads.iter().enumerate() {
+            let r = if decode { h.row as usize } else { i };
+            params[r] = h.params;
+            steps[r] = h.generated as i32;
+            slot.push(r);
+        }
+        if head.params.host() != params.as_slice() {
+            head.params.update(&stream, &params)?;
+        }
+        head.steps.copy_from_host(&stream, &steps)?;
+
+        let engine = &mut *self.engine;
+        let model = &engine.model;
+        if decode {
+            match &pass.graph {
+                Some(g) => {
+                    g.launch()?;
+                    self.last.graph = true;
+                }
+                None if engine.use_graph && pass.runs >= 1 => {
+                    pass.graph = capture(&stream, |s| {
+                        model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
+                        model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
+                    })?;
+                    match &pass.graph {
+                        Some(g) => {
+                            g.launch()?;
+                            self.last.graph = true;
+                        }
+                        None => {
+                            model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
+                            model.lm_head(&stream, &mut engine.blas, &buf.x, &mut head.logits)?;
+                        }
+                    }
+                }
+                None => {
+                    model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
+                    model.lm_head(&stream, &mut engine.blas, &buf.x, &mut head.logits)?;
+                }
+            }
+        } else {
+            model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
+            if heads.is_empty() {
+                pass.runs += 1;
+                buf.status.check(&stream)?;
+                return Ok(vec![]);
+            }
+            let mut gather: Vec<i32> = heads.iter().map(|h| h.row).collect();
+            gather.resize(rows, 0);
+            head.rows.copy_from_host(&stream, &gather)?;
+            embedding::lookup(&stream, &head.rows, &buf.x, &mut head.x, &mut buf.status)?;
+            model.lm_head(&stream, &mut engine.blas, &head.x, &mut head.logits)?;
+        }
+        pass.runs += 1;
+        if heads.is_empty() {
             buf.status.check(&stream)?;
             return Ok(vec![]);
         }
-        let rows = DeviceTensor::from_host(&stream, &last_rows, &[r])?;
-        let mut x = DeviceTensor::<T>::zeros(&stream, &[r, hidden])?;
-        embedding::lookup(&stream, &rows, &buf.x, &mut x, &mut buf.status)?;
-        let mut logits = DeviceTensor::<T>::zeros(&stream, &[r, vocab])?;
-        model.lm_head(&stream, &mut self.engine.blas, &x, &mut logits)?;
-        let dparams = DeviceParams::new(&stream, &params)?;
-        let steps = DeviceTensor::from_host(&stream, &steps, &[r])?;
+        self.process_logits(&stream, &heads, &slot, rows)?;
+        let head = self.heads.get_mut(&rows).expect("inserted above");
         let opts = SampleOptions {
-            steps: Some(&steps),
+            steps: Some(&head.steps),
             ..Default::default()
         };
-        let mut tokens = DeviceTensor::<i32>::zeros(&stream, &[r])?;
         fl_sampling::sample(
             &stream,
-            &logits,
-            &dparams,
+            &head.logits,
+            &head.params,
             &opts,
-            &mut tokens,
+            &mut head.tokens,
             &mut self.workspace,
         )?;
-        let host = tokens.to_host(&stream)?;
+        let want_logits = heads
+            .iter()
+            .any(|h| self.extras.get(&h.id).is_some_and(|x| x.logits.is_some()));
+        let host_logits = if want_logits {
+            Some(head.logits.to_host(&stream)?)
+        } else {
+            None
+        };
+        let host = head.tokens.to_host(&stream)?;
+        let buf = &mut self.passes.get_mut(&key).expect("inserted above").buf;
         buf.status.check(&stream)?;
-        Ok(logit_ids
-            .into_iter()
-            .zip(host)
-            .map(|(id, t)| (id, t as u32))
-            .collect())
+        let mut out = Vec::with_capacity(heads.len());
+        for (h, &r) in heads.iter().zip(&slot) {
+            let mut token = host[r] as u32;
+            if let Some(x) = self.extras.get_mut(&h.id) {
+                if let (Some(kept), Some(l)) = (x.logits.as_mut(), host_logits.as_ref()) {
+                    kept.push(
+                        l[r * vocab..(r + 1) * vocab]
+                            .iter()
+                            .map(|v| v.to_f32())
+                            .collect(),
+                    );
+                }
+                if let Some(&f) = x.forced.get(h.generated) {
+                    token = f;
+                }
+            }
+            out.push((h.id, token));
+        }
+        Ok(out)
+    }
+
+    /// Penalties over each request's generated tokens and the end-id ban under
+    /// `min_new_tokens`, in place on the head's logits, when some row needs them.
+    fn process_logits(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        heads: &[LogitRow],
+        slot: &[usize],
+        rows: usize,
+    ) -> Result<()> {
+        let penalties = heads.iter().any(|h| h.params.has_penalties());
+        let min_new = heads
+            .iter()
+            .any(|h| (h.generated as u32) < h.params.min_new_tokens);
+        if !penalties && !min_new {
+            return Ok(());
+        }
+        let vocab = self.engine.model.cfg.vocab_size;
+        let mut hist_tokens: Vec<i32> = vec![];
+        let mut hist_lens = vec![0i32; rows];
+        let width = heads.iter().map(|h| h.generated).max().unwrap_or(0).max(1);
+        if penalties {
+            hist_tokens = vec![-1; rows * width];
+            for (h, &r) in heads.iter().zip(slot) {
+                if let Some(out) = self.sched.output_tokens(h.id) {
+                    for (j, &t) in out.iter().take(width).enumerate() {
+                        hist_tokens[r * width + j] = t as i32;
+                    }
+                    hist_lens[r] = out.len().min(width) as i32;
+                }
+            }
+        }
+        // Per-row bans: a request's own end ids while it is under its min_new_tokens.
+        let mut bans: Vec<Vec<i32>> = vec![vec![]; rows];
+        for (h, &r) in heads.iter().zip(slot) {
+            if (h.generated as u32) < h.params.min_new_tokens {
+                if let Some(p) = self.sched.params(h.id) {
+                    if !p.ignore_eos {
+                        bans[r].extend(p.eos_token_ids.iter().map(|&t| t as i32));
+                    }
+                    bans[r].extend(p.stop_token_ids.iter().map(|&t| t as i32));
+                }
+            }
+        }
+        let ban_width = bans.iter().map(Vec::len).max().unwrap_or(0);
+        let banned = if ban_width > 0 {
+            let mut flat = vec![-1i32; rows * ban_width];
+            for (r, b) in bans.iter().enumerate() {
+                flat[r * ban_width..r * ban_width + b.len()].copy_from_slice(b);
+            }
+            Some(DeviceTensor::from_host(stream, &flat, &[rows, ban_width])?)
+        } else {
+            None
+        };
+        let history = if penalties {
+            Some((
+                DeviceTensor::from_host(stream, &hist_tokens, &[rows, width])?,
+                DeviceTensor::from_host(stream, &hist_lens, &[rows])?,
+            ))
+        } else {
+            None
+        };
+        if penalties && self.penalty_ws.is_none() {
+            self.penalty_ws = Some(PenaltyWorkspace::new(stream, vocab)?);
+        }
+        let head = self.heads.get_mut(&rows).expect("allocated by execute");
+        let inputs = Processors {
+            history: history
+                .as_ref()
+                .map(|(tokens, lens)| History { tokens, lens }),
+            banned: banned.as_ref(),
+            end_ids: None,
+            lengths: None,
+        };
+        fl_sampling::process_logits(
+            stream,
+            &mut head.logits,
+            &head.params,
+            &inputs,
+            self.penalty_ws.as_mut(),
+        )?;
+        Ok(())
     }
 
     /// Steps until every queued request is finished; returns each request's generated tokens
@@ -370,5 +716,32 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
         }
         Ok((out, events))
+    }
+}
+
+/// Captures `body` on `stream` into a CUDA graph (nothing runs). `Ok(None)` when the driver
+/// refuses the capture (the step then runs eagerly).
+fn capture(
+    stream: &Arc<CudaStream>,
+    body: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
+) -> Result<Option<CudaGraph>> {
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let res = body(stream);
+    let g = stream.end_capture(CUgraphInstantiate_flags(0));
+    match (res, g) {
+        (Ok(()), Ok(Some(g))) => {
+            g.upload()?;
+            Ok(Some(g))
+        }
+        (Err(e), Err(c)) => {
+            eprintln!("fl: CUDA graph capture invalidated ({e}; {c}); running without a graph");
+            Ok(None)
+        }
+        (Err(e), _) => Err(e),
+        (Ok(()), Ok(None)) => Ok(None),
+        (Ok(()), Err(e)) => {
+            eprintln!("fl: CUDA graph capture failed ({e}); running without a graph");
+            Ok(None)
+        }
     }
 }

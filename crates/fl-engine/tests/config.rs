@@ -224,7 +224,13 @@ fn architectures_alone_dispatch() {
 fn presets_known_counts_and_unknown_name() {
     assert_eq!(
         preset_names(),
-        ["llama-2-7b", "llama-2-13b", "llama-3-8b", "tiny"]
+        [
+            "llama-2-7b",
+            "llama-2-13b",
+            "llama-3-8b",
+            "llama-3.1-8b",
+            "tiny"
+        ]
     );
     for name in preset_names() {
         let c = preset(name).unwrap_or_else(|e| panic!("{e}"));
@@ -236,6 +242,8 @@ fn presets_known_counts_and_unknown_name() {
     assert_eq!(p("llama-2-13b").param_count(), 13_015_864_320);
     assert_eq!(p("llama-3-8b").param_count(), 8_030_261_248);
     assert_eq!(p("llama-3-8b").weight_bytes(2), 16_060_522_496);
+    assert_eq!(p("llama-3.1-8b").param_count(), 8_030_261_248);
+    assert_eq!(p("llama-3.1-8b").max_position_embeddings, 131_072);
     let tiny = p("tiny");
     assert!(tiny.num_key_value_heads < tiny.num_attention_heads);
     assert!(tiny.param_count() < 1_000_000);

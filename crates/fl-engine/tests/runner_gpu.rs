@@ -5,12 +5,14 @@
 
 use std::collections::HashMap;
 
+use fl_engine::dtype::RunDType;
 use fl_engine::engine::{Engine, Request as StaticRequest, StepNeeds};
 use fl_engine::presets::preset;
-use fl_engine::runner::{Runner, RunnerConfig};
+use fl_engine::runner::{RequestOptions, Runner, RunnerConfig};
 use fl_engine::scheduler::{Event, FinishReason, Request, RequestParams};
 use fl_engine::weights::WeightSource;
-use fl_kernels::testing::gpu_or_skip;
+use fl_kernels::testing::{gpu_or_skip, rel_l2, to_f64};
+use fl_kernels::{bf16, f16};
 use fl_sampling::SamplingParams;
 
 #[allow(dead_code)] // this binary uses `serial` only
@@ -18,8 +20,12 @@ mod common;
 use common::serial;
 
 fn engine() -> Engine<f32> {
+    engine_of::<f32>()
+}
+
+fn engine_of<T: RunDType>() -> Engine<T> {
     let cfg = preset("tiny").expect("tiny preset");
-    Engine::<f32>::load(0, cfg, WeightSource::Dummy { seed: 7 }, None).expect("load tiny")
+    Engine::<T>::load(0, cfg, WeightSource::Dummy { seed: 7 }, None).expect("load tiny")
 }
 
 fn prompt(n: usize, seed: u32) -> Vec<u32> {
@@ -171,4 +177,212 @@ fn sampled_request_ignores_its_batch_mates() {
     let (b, _) = crowd.run_to_completion().unwrap();
     assert_eq!(a.get(&5), b.get(&5), "same seed, different batch mates");
     assert_eq!(a[&5].len(), 24);
+}
+
+/// Teacher-forced logits of each prompt alone from the static engine: `[step][vocab]`.
+fn static_forced_logits<T: RunDType>(
+    e: &mut Engine<T>,
+    p: &[u32],
+    forced: &[u32],
+) -> Vec<Vec<f32>> {
+    let r = StaticRequest {
+        prompts: vec![p.to_vec()],
+        max_new_tokens: forced.len() + 1,
+        sampling: vec![SamplingParams::greedy()],
+        end_ids: vec![],
+        ignore_eos: true,
+        forced: Some(vec![forced.to_vec()]),
+    };
+    let needs = StepNeeds {
+        logits: true,
+        tokens: true,
+    };
+    let mut rows = vec![];
+    e.generate(&r, needs, &mut |s| {
+        rows.push(s.logits.expect("logits asked").to_vec());
+        true
+    })
+    .expect("static generate");
+    rows
+}
+
+/// Every request's logits (prefill and each teacher-forced decode step) from the runner,
+/// with requests chunked, sharing a prefix and decoding together in CUDA-graph buckets of
+/// 1..8 rows (f16 / bf16: the QKV GEMV's fused RoPE + paged append), match the static
+/// engine's for the prompt alone: f32 within 1e-4, f16 within 1e-2, bf16 within 2e-2.
+fn forced_logits_match<T: RunDType>(tol: f64) {
+    let _serial = serial();
+    let mut e = engine_of::<T>();
+    let shared = prompt(33, 2);
+    let mut prompts: Vec<Vec<u32>> = (0..7u32)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(prompt(1 + 13 * i as usize % 29, 40 + i));
+            p
+        })
+        .collect();
+    prompts.push(prompt(1, 9));
+    let forced: Vec<Vec<u32>> = (0..prompts.len() as u32)
+        .map(|i| prompt(6 + 3 * i as usize, 60 + i))
+        .collect();
+    let want: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .zip(&forced)
+        .map(|(p, f)| static_forced_logits(&mut e, p, f))
+        .collect();
+    let cfg = RunnerConfig {
+        max_batched_tokens: 40,
+        max_num_seqs: 8,
+        max_model_len: Some(256),
+        num_blocks: Some(96),
+        ..Default::default()
+    };
+    let mut r = Runner::new(&mut e, &cfg).expect("runner");
+    for (i, (p, f)) in prompts.iter().zip(&forced).enumerate() {
+        let opts = RequestOptions {
+            forced: f.clone(),
+            logits: true,
+        };
+        r.add_request_with(
+            request(
+                i as u64,
+                p.clone(),
+                f.len() + 1,
+                SamplingParams::greedy(),
+                0,
+            ),
+            opts,
+        )
+        .expect("add");
+    }
+    let mut graphs = 0;
+    let mut got_tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    while r.has_unfinished() {
+        for ev in r.step().expect("step") {
+            if let Event::Token { id, token } = ev {
+                got_tokens.entry(id).or_default().push(token);
+            }
+        }
+        graphs += r.last_step().graph as usize;
+    }
+    assert!(graphs > 0, "no decode step replayed a CUDA graph");
+    for (i, w) in want.iter().enumerate() {
+        let got = r.take_logits(i as u64).expect("kept logits");
+        assert_eq!(got.len(), w.len(), "request {i}: logits rows");
+        for (s, (g, w)) in got.iter().zip(w).enumerate() {
+            let err = rel_l2(g, &to_f64(w));
+            assert!(
+                err < tol,
+                "{}: request {i} step {s}: relL2 {err:.2e} >= {tol:.0e}",
+                T::NAME
+            );
+        }
+        // The forced ids are what the request generated (its last token is sampled).
+        let toks = &got_tokens[&(i as u64)];
+        assert_eq!(&toks[..forced[i].len()], forced[i].as_slice());
+    }
+}
+
+#[test]
+fn forced_logits_match_static_f32() {
+    if gpu_or_skip("forced_logits_match_static_f32").is_none() {
+        return;
+    }
+    forced_logits_match::<f32>(1e-4);
+}
+
+#[test]
+fn forced_logits_match_static_f16() {
+    if gpu_or_skip("forced_logits_match_static_f16").is_none() {
+        return;
+    }
+    forced_logits_match::<f16>(1e-2);
+}
+
+#[test]
+fn forced_logits_match_static_bf16() {
+    if gpu_or_skip("forced_logits_match_static_bf16").is_none() {
+        return;
+    }
+    forced_logits_match::<bf16>(2e-2);
+}
+
+/// Penalties (over each request's generated tokens) and min_new_tokens (its end ids banned
+/// until then) give the tokens the static engine's sampler gives the request alone.
+#[test]
+fn penalties_and_min_new_tokens_match_static() {
+    if gpu_or_skip("penalties_and_min_new_tokens_match_static").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut e = engine();
+    let cases = [
+        SamplingParams {
+            repetition_penalty: 1.8,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            presence_penalty: 0.7,
+            frequency_penalty: 0.4,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams::greedy(),
+    ];
+    let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(11 + 5 * i, 70 + i as u32)).collect();
+    // The end id: request 2's greedy token 3, banned until 6 tokens are out.
+    let free = static_greedy(&mut e, &prompts[2], 8);
+    let end = free[3];
+    let new = 14;
+    let mut want = vec![];
+    for (i, p) in prompts.iter().enumerate() {
+        let mut sp = cases[i];
+        if i == 2 {
+            sp.min_new_tokens = 6;
+        }
+        let r = StaticRequest {
+            prompts: vec![p.clone()],
+            max_new_tokens: new,
+            sampling: vec![sp],
+            end_ids: if i == 2 { vec![end] } else { vec![] },
+            ignore_eos: i != 2,
+            forced: None,
+        };
+        let needs = StepNeeds {
+            logits: false,
+            tokens: true,
+        };
+        let out = e.generate(&r, needs, &mut |_| true).expect("static");
+        want.push(out.tokens[0].clone());
+    }
+    let cfg = RunnerConfig {
+        max_batched_tokens: 24,
+        max_num_seqs: 4,
+        max_model_len: Some(128),
+        num_blocks: Some(32),
+        ..Default::default()
+    };
+    let mut r = Runner::new(&mut e, &cfg).expect("runner");
+    for (i, p) in prompts.iter().enumerate() {
+        let mut sp = cases[i];
+        let mut q = request(i as u64, p.clone(), new, sp, 0);
+        if i == 2 {
+            sp.min_new_tokens = 6;
+            q.params.sampling = sp;
+            q.params.ignore_eos = false;
+            q.params.eos_token_ids = vec![end];
+        }
+        r.add_request(q).expect("add");
+    }
+    let (got, _) = r.run_to_completion().expect("run");
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(
+            got.get(&(i as u64)),
+            Some(w),
+            "request {i}: runner vs static"
+        );
+    }
+    assert!(
+        !got[&2][..5].contains(&end),
+        "end id sampled under min_new_tokens"
+    );
 }

@@ -34,7 +34,7 @@ use fl_kernels_sys::fl_gemv_dense_epilogue as Epi;
 
 use crate::dtype::HalfDType;
 use crate::error::check;
-use crate::kv_cache::{KvCache, QkvSplit, TokenSlots};
+use crate::kv_cache::{CacheLayout, KvCache, QkvSplit, TokenSlots};
 use crate::rope::{RopeParams, RopeStyle};
 use crate::tensor::{as_i32, as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
@@ -416,6 +416,9 @@ pub struct QkvRopeAppend<'a> {
     pub rope: &'a RopeParams,
     /// Sequence and position of each token (the positions also give the rotary angles).
     pub slots: TokenSlots<'a>,
+    /// Cache layout (and block table): contiguous, or paged as
+    /// [`crate::kv_cache::append_paged`].
+    pub layout: CacheLayout<'a>,
 }
 
 /// The QKV projection of a decode step with RoPE and the KV-cache append fused into its
@@ -429,31 +432,39 @@ pub struct QkvRopeAppend<'a> {
 /// applied to the f32 values:
 ///
 /// ```text
-/// q_out[t, h, :]        = T(R(acc[t, q head h]))     h < q_heads
-/// cache.k[s, h, p, :]   = T(R(acc[t, k head h]))     h < kv_heads
-/// cache.v[s, h, p, :]   = T(acc[t, v head h])
+/// q_out[t, h, :]             = T(R(acc[t, q head h]))     h < q_heads
+/// cache.k[slot(s, p), h, :]  = T(R(acc[t, k head h]))     h < kv_heads
+/// cache.v[slot(s, p), h, :]  = T(acc[t, v head h])
 /// ```
 ///
-/// Each value is rounded once (the unfused pair rounds `qkv` before rotating, so the two agree
-/// to one rounding of `T`). Elements past `rope.rotary_dim` are not rotated.
+/// where `slot` is `[s, h, p]` ([`CacheLayout::Contiguous`]) or `[block_table[s, p /
+/// block_size], h, p % block_size]` ([`CacheLayout::Paged`], the layout of
+/// [`crate::kv_cache::append_paged`]). Each value is rounded once (the unfused pair rounds
+/// `qkv` before rotating, so the two agree to one rounding of `T`). Elements past
+/// `rope.rotary_dim` are not rotated.
 ///
 /// Shapes: `h [m, k]` (`m` in 0..=[`MAX_M`], `k` a positive multiple of [`K_MULTIPLE`]),
 /// `norm.weight [k]`, `w [(q_heads + 2 kv_heads) * d, k]` with `d = rope.head_dim` a
 /// multiple of 8, `bias` as `w`'s rows, `seq_ids` and `positions` `[m]`, `q_out [m, q_heads,
-/// d]`, `cache` contiguous `[batch, kv_heads, max_seq, d]`, `err_flag [1]`. Dtypes: all f16
-/// or all bf16 (the cache too).
+/// d]`, `cache` `[batch, kv_heads, max_seq, d]` (contiguous) or `[num_blocks, kv_heads,
+/// block_size, d]` with `block_table [batch, max_blocks_per_seq]` (i32; paged), `err_flag
+/// [1]`. Dtypes: all f16 or all bf16 (the cache too).
 ///
 /// Errors: those of [`rms_norm_linear`] (`h` is named `x`); those of
 /// [`RopeParams::validate`]; [`Error::InvalidArgument`] naming `rope` (not interleaved, or
 /// `head_dim` not a multiple of 8), `heads` (no kv head) or `cache` (holds no slot);
-/// [`Error::Shape`] naming `w`, `bias`, `seq_ids`, `positions`, `q_out`, `cache` or
-/// `err_flag`. On the device a token whose slot does not exist (sequence outside `0..batch`,
-/// position outside `0..max_seq`) writes nothing (neither `q_out` nor the cache) and sets
-/// [`crate::kv_cache::ERR_SEQUENCE`] / [`crate::kv_cache::ERR_POSITION`] in `err_flag` when given.
+/// [`Error::Shape`] naming `w`, `bias`, `seq_ids`, `positions`, `q_out`, `cache`,
+/// `block_table` (not 2-D, no column, or no row while there are tokens) or `err_flag`;
+/// [`Error::TooLarge`] for a batch, table width or block size past `i32`. On the device a
+/// token whose slot does not exist (sequence outside `0..batch`, a negative position, one past
+/// `max_seq` or the block table, a block id outside `0..num_blocks`) writes nothing (neither
+/// `q_out` nor the cache) and sets [`crate::kv_cache::ERR_SEQUENCE`],
+/// [`crate::kv_cache::ERR_POSITION`] or [`crate::kv_cache::ERR_BLOCK`] in `err_flag` when
+/// given (see [`crate::kv_cache::check_error_flag`]).
 ///
 /// ```no_run
 /// use fl_kernels::gemv_dense::{self, QkvRopeAppend, RmsNorm};
-/// use fl_kernels::kv_cache::{KvCache, QkvSplit, TokenSlots};
+/// use fl_kernels::kv_cache::{CacheLayout, KvCache, QkvSplit, TokenSlots};
 /// use fl_kernels::rope::{RopeParams, RopeStyle};
 /// use fl_kernels::{f16, DeviceTensor, Gpu};
 /// let gpu = Gpu::new(0)?;
@@ -473,9 +484,17 @@ pub struct QkvRopeAppend<'a> {
 ///     heads,
 ///     rope: &rope,
 ///     slots: TokenSlots { seq_ids: &seq_ids, positions: &positions },
+///     layout: CacheLayout::Contiguous,
 /// };
 /// let norm = RmsNorm { weight: &gamma, eps: 1e-5 };
 /// gemv_dense::linear_rope_append(s, &h, Some(norm), &w, None, &args, &mut q, &mut cache, None)?;
+///
+/// // The same into a paged cache of 64 blocks of 16 slots: sequence 0 owns blocks 7 and 3, so
+/// // position 17 lands in block 3, slot 1.
+/// let table = DeviceTensor::from_host(s, &[7i32, 3], &[1, 2])?;
+/// let mut paged = KvCache::<f16>::zeros(s, [64, 32, 16, d])?;
+/// let args = QkvRopeAppend { layout: CacheLayout::Paged { block_table: &table }, ..args };
+/// gemv_dense::linear_rope_append(s, &h, Some(norm), &w, None, &args, &mut q, &mut paged, None)?;
 /// # Ok::<(), fl_kernels::Error>(())
 /// ```
 #[allow(clippy::too_many_arguments)]
@@ -527,27 +546,50 @@ pub fn linear_rope_append<T: HalfDType>(
     expect_shape("seq_ids", args.slots.seq_ids, &[m])?;
     expect_shape("positions", args.slots.positions, &[m])?;
     expect_shape("q_out", q_out, &[m, q_heads, d])?;
-    let [batch, c_heads, max_seq, c_dim] = cache.shape();
+    let [c0, c_heads, c_slots, c_dim] = cache.shape();
     if c_heads != kv_heads || c_dim != d {
+        let expected = match args.layout {
+            CacheLayout::Contiguous => format!("[batch, {kv_heads}, max_seq, {d}]"),
+            CacheLayout::Paged { .. } => format!("[num_blocks, {kv_heads}, block_size, {d}]"),
+        };
         return Err(Error::Shape {
             arg: "cache",
-            expected: format!(
-                "[batch, {kv_heads}, max_seq, {d}] (kv_heads of heads, head_dim of rope)"
-            ),
+            expected: format!("{expected} (kv_heads of heads, head_dim of rope)"),
             got: cache.shape().to_vec(),
         });
     }
+    // (block_table, batch, max_blocks_per_seq) when paged
+    let paged = match args.layout {
+        CacheLayout::Contiguous => None,
+        CacheLayout::Paged { block_table } => {
+            let (b, mb) = crate::kv_cache::block_table_dims(block_table)?;
+            Some((block_table, b, mb))
+        }
+    };
+    let batch = paged.map_or(c0, |(_, b, _)| b);
     let (pf, _gf) = crate::kv_cache::flag_ptr(stream, err_flag)?;
     if m == 0 {
         return Ok(());
     }
-    if batch == 0 || max_seq == 0 {
+    if cache.k().is_empty() {
         return Err(Error::invalid(
             "cache",
             format!("shape {:?} holds no slot", cache.shape()),
         ));
     }
-    let batch_i = as_i32("cache", batch)?;
+    if let (Some((table, _, _)), 0) = (paged, batch) {
+        return Err(Error::Shape {
+            arg: "block_table",
+            expected: "[batch, max_blocks_per_seq] with batch >= 1 (there are tokens)".into(),
+            got: table.shape().to_vec(),
+        });
+    }
+    let batch_arg = if paged.is_some() {
+        "block_table"
+    } else {
+        "cache"
+    };
+    let batch_i = as_i32(batch_arg, batch)?;
     let (mi, ki) = (as_i64("x", m)?, as_i64("x", k)?);
     let (ph, _gh) = h.ptr(stream);
     let (pw, _gw) = w.ptr(stream);
@@ -560,35 +602,75 @@ pub fn linear_rope_append<T: HalfDType>(
     let (kc, vc) = cache.parts_mut();
     let (pkc, _gk) = kc.ptr_mut(stream);
     let (pvc, _gv) = vc.ptr_mut(stream);
-    // SAFETY: h holds m·k elements of T, w n·k, bias n, gamma k, seq_ids and positions m i32,
-    // q_out m·q_heads·d, each cache batch·kv_heads·max_seq·d (all checked above); the kernel
-    // writes cache slots only for 0 <= s < batch and 0 <= p < max_seq. q_out and the caches are
-    // borrowed mutably, so they are distinct allocations from every input. `p` lives across
-    // the call (the launcher copies the frequencies). The guards keep every buffer alive until
-    // the launch is queued on `stream`.
-    let status = unsafe {
-        fl_kernels_sys::fl_gemv_dense_rope_append(
-            T::ID,
-            ph as _,
-            pg as _,
-            eps,
-            pw as _,
-            pb as _,
-            mi,
-            ki,
-            q_heads as i32,
-            kv_heads as i32,
-            &p,
-            ps as _,
-            pp as _,
-            pq as _,
-            pkc as _,
-            pvc as _,
-            batch_i,
-            max_seq as i64,
-            pf as _,
-            raw_stream(stream),
-        )
+    let status = match paged {
+        None => {
+            // SAFETY: h holds m·k elements of T, w n·k, bias n, gamma k, seq_ids and positions
+            // m i32, q_out m·q_heads·d, each cache batch·kv_heads·max_seq·d (all checked above);
+            // the kernel writes cache slots only for 0 <= s < batch and 0 <= p < max_seq. q_out
+            // and the caches are borrowed mutably, so they are distinct allocations from every
+            // input. `p` lives across the call (the launcher copies the frequencies). The guards
+            // keep every buffer alive until the launch is queued on `stream`.
+            unsafe {
+                fl_kernels_sys::fl_gemv_dense_rope_append(
+                    T::ID,
+                    ph as _,
+                    pg as _,
+                    eps,
+                    pw as _,
+                    pb as _,
+                    mi,
+                    ki,
+                    q_heads as i32,
+                    kv_heads as i32,
+                    &p,
+                    ps as _,
+                    pp as _,
+                    pq as _,
+                    pkc as _,
+                    pvc as _,
+                    batch_i,
+                    c_slots as i64,
+                    pf as _,
+                    raw_stream(stream),
+                )
+            }
+        }
+        Some((table, _, max_blocks)) => {
+            let max_blocks_i = as_i32("block_table", max_blocks)?;
+            let block_size_i = as_i32("block_size", c_slots)?;
+            let (pt, _gt) = table.ptr(stream);
+            // SAFETY: as above, with each cache num_blocks·kv_heads·block_size·d elements; the
+            // block table holds batch·max_blocks i32 and the kernel reads entry (s, p /
+            // block_size) only for s < batch and p / block_size < max_blocks, and writes only
+            // blocks in 0..num_blocks.
+            unsafe {
+                fl_kernels_sys::fl_gemv_dense_rope_append_paged(
+                    T::ID,
+                    ph as _,
+                    pg as _,
+                    eps,
+                    pw as _,
+                    pb as _,
+                    mi,
+                    ki,
+                    q_heads as i32,
+                    kv_heads as i32,
+                    &p,
+                    ps as _,
+                    pp as _,
+                    pq as _,
+                    pkc as _,
+                    pvc as _,
+                    pt as _,
+                    batch_i,
+                    max_blocks_i,
+                    c0 as i64,
+                    block_size_i,
+                    pf as _,
+                    raw_stream(stream),
+                )
+            }
+        }
     };
     check("gemv_dense::linear_rope_append", status)
 }

@@ -15,6 +15,9 @@
 //! [`rope_append`] fuses the step before: it takes the fused QKV GEMM output, applies rotary
 //! embedding to q and k, writes q out and k, v into the cache, in one launch.
 //!
+//! [`copy_blocks`] copies whole blocks of a paged cache (copy-on-write of blocks shared by
+//! forked sequences or beams), every pair of a step in one launch.
+//!
 //! CPU references: [`crate::reference::kv_cache`](mod@crate::reference::kv_cache).
 
 use std::sync::Arc;
@@ -32,7 +35,8 @@ pub const ERR_SEQUENCE: i32 = fl_kernels_sys::FL_KV_ERR_SEQUENCE as i32;
 /// Error-flag bit: a position was `< 0`, `>= max_seq` (contiguous) or past the block table
 /// (paged).
 pub const ERR_POSITION: i32 = fl_kernels_sys::FL_KV_ERR_POSITION as i32;
-/// Error-flag bit: a block id from the block table was `< 0` or `>= num_blocks` (paged).
+/// Error-flag bit: a block id from the block table (paged append) or a `src` / `dst` of
+/// [`copy_blocks`] was `< 0` or `>= num_blocks`.
 pub const ERR_BLOCK: i32 = fl_kernels_sys::FL_KV_ERR_BLOCK as i32;
 
 /// The K and V caches of one layer, two 4-D tensors of the same shape.
@@ -244,6 +248,19 @@ pub fn append<I: FloatDType, C: FloatDType>(
     check("kv_cache::append", status)
 }
 
+/// `(batch, max_blocks_per_seq)` of a block table, checked: [`Error::Shape`] naming
+/// `block_table` unless it is 2-D with at least one column.
+pub(crate) fn block_table_dims(block_table: &DeviceTensor<i32>) -> Result<(usize, usize)> {
+    match *block_table.shape() {
+        [b, m] if m > 0 => Ok((b, m)),
+        _ => Err(Error::Shape {
+            arg: "block_table",
+            expected: "[batch, max_blocks_per_seq] with max_blocks_per_seq >= 1".into(),
+            got: block_table.shape().to_vec(),
+        }),
+    }
+}
+
 /// Appends `k` and `v` to a paged cache (vLLM layout): the token of sequence `s` at position `p`
 /// goes to block `b = block_table[s, p / block_size]`, slot `p % block_size`:
 /// `cache.k[b, h, p % block_size, :] = k[t, h, :]` (same for `v`), converted from `I` to `C`.
@@ -283,16 +300,7 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
 ) -> Result<()> {
     let [num_blocks, kv_heads, block_size, head_dim] = cache.shape();
     let tokens = check_new(k, v, slots, kv_heads, head_dim)?;
-    let (batch, max_blocks) = match block_table.shape() {
-        &[b, m] if m > 0 => (b, m),
-        _ => {
-            return Err(Error::Shape {
-                arg: "block_table",
-                expected: "[batch, max_blocks_per_seq] with max_blocks_per_seq >= 1".into(),
-                got: block_table.shape().to_vec(),
-            })
-        }
-    };
+    let (batch, max_blocks) = block_table_dims(block_table)?;
     let batch_i = as_i32("batch", batch)?;
     let max_blocks_i = as_i32("block_table", max_blocks)?;
     let block_size_i = as_i32("block_size", block_size)?;
@@ -351,9 +359,118 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
     check("kv_cache::append_paged", status)
 }
 
-/// Reads an error flag written by [`append`] / [`append_paged`] (waits for `stream`): `Ok`
-/// when it is 0, else [`Error::DeviceCheck`] listing what was found. The flag is not cleared;
-/// zero it (e.g. `copy_from_host(s, &[0])`) to reuse it.
+/// Largest block [`copy_blocks`] takes, in elements (the launcher's grid holds 65,535 chunks of
+/// 1,024 words, and a word is at least one element).
+const MAX_COPY_BLOCK_ELEMS: usize = 65_535 * 1_024;
+
+/// Copies whole blocks of a paged cache, K and V, in one launch: for each row `(src, dst)` of
+/// `pairs`,
+///
+/// ```text
+/// cache.k[dst, :, :, :] = cache.k[src, :, :, :],   cache.v[dst, :, :, :] = cache.v[src, :, :, :]
+/// ```
+///
+/// bit for bit (a raw copy). This is the copy-on-write step of a block manager: before a
+/// sequence appends into a partial block it shares with a fork (beams, `n > 1` sampling), it
+/// moves to a fresh block, and the runner copies the shared block into it before the step's KV
+/// writes (queue this first on the same stream). Whole blocks are copied, whatever prefix of
+/// slots is filled.
+///
+/// Shapes: `pairs [n, 2]` (i32, row-major `src, dst`); `cache` `[num_blocks, kv_heads,
+/// block_size, head_dim]`; `err_flag [1]`. Dtypes: `C` any of `f32`, `f16`, `bf16`.
+/// Precondition (what a block manager guarantees): the `dst` ids are distinct and none is also
+/// a `src` in the same call; `src` ids may repeat (one block copied to several forks). If it is
+/// broken the copied contents are unspecified (nothing outside the cache is touched).
+/// `n == 0` launches nothing.
+///
+/// Errors: [`Error::Shape`] naming `pairs` (not `[n, 2]`) or `err_flag`;
+/// [`Error::InvalidArgument`] naming `cache` when it is empty and there are pairs;
+/// [`Error::TooLarge`] naming `pairs` (`n` past `i32`), `kv_heads`, `block_size`, `head_dim`
+/// (past `i32`) or `cache` (a block of more than 65,535 × 1,024 elements). On the device a
+/// pair with `src` or `dst` outside `0..num_blocks` copies nothing and sets [`ERR_BLOCK`] in
+/// `err_flag` when given (see [`check_error_flag`]).
+///
+/// ```no_run
+/// use fl_kernels::{kv_cache::{self, KvCache}, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// // 64 blocks of 16 slots; three beams share the partial block 5: two move to fresh blocks
+/// let mut cache = KvCache::<f16>::zeros(s, [64, 8, 16, 128])?;
+/// let pairs = DeviceTensor::from_host(s, &[5i32, 12, 5, 13], &[2, 2])?;
+/// let mut flag = DeviceTensor::<i32>::zeros(s, &[1])?;
+/// kv_cache::copy_blocks(s, &pairs, &mut cache, Some(&mut flag))?;
+/// kv_cache::check_error_flag(s, &flag)?; // waits; Err if a block id was outside the pool
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn copy_blocks<C: FloatDType>(
+    stream: &CudaStream,
+    pairs: &DeviceTensor<i32>,
+    cache: &mut KvCache<C>,
+    err_flag: Option<&mut DeviceTensor<i32>>,
+) -> Result<()> {
+    let n = match pairs.shape() {
+        &[n, 2] => n,
+        _ => {
+            return Err(Error::Shape {
+                arg: "pairs",
+                expected: "[n, 2] (src, dst block ids)".into(),
+                got: pairs.shape().to_vec(),
+            })
+        }
+    };
+    let n_i = as_i32("pairs", n)?;
+    let [num_blocks, kv_heads, block_size, head_dim] = cache.shape();
+    let kv_heads_i = as_i32("kv_heads", kv_heads)?;
+    let block_size_i = as_i32("block_size", block_size)?;
+    let head_dim_i = as_i32("head_dim", head_dim)?;
+    let (pf, _gf) = flag_ptr(stream, err_flag)?;
+    if n == 0 {
+        return Ok(());
+    }
+    if cache.k.is_empty() {
+        return Err(Error::invalid(
+            "cache",
+            format!("shape {:?} holds no block", cache.shape()),
+        ));
+    }
+    // The cache exists in memory, so this product cannot overflow.
+    let block_elems = kv_heads * block_size * head_dim;
+    if block_elems > MAX_COPY_BLOCK_ELEMS {
+        return Err(Error::TooLarge {
+            arg: "cache",
+            value: block_elems,
+            limit: MAX_COPY_BLOCK_ELEMS,
+        });
+    }
+    let (pp, _gp) = pairs.ptr(stream);
+    let (pkc, _gkc) = cache.k.ptr_mut(stream);
+    let (pvc, _gvc) = cache.v.ptr_mut(stream);
+    // SAFETY: pairs holds n * 2 i32; the caches num_blocks * kv_heads * block_size * head_dim
+    // elements of C each (checked above), and the kernel reads and writes only blocks whose ids
+    // are in 0..num_blocks. The flag is one i32 or null. Buffers live until the guards drop,
+    // after the launch is queued on `stream`.
+    let status = unsafe {
+        fl_kernels_sys::fl_kv_copy_blocks(
+            C::ID,
+            pkc as _,
+            pvc as _,
+            num_blocks as i64,
+            kv_heads_i,
+            block_size_i,
+            head_dim_i,
+            pp as _,
+            n_i,
+            pf as _,
+            raw_stream(stream),
+        )
+    };
+    check("kv_cache::copy_blocks", status)
+}
+
+/// Reads an error flag written by [`append`], [`append_paged`], [`rope_append`] or
+/// [`copy_blocks`] (waits for `stream`): `Ok` when it is 0, else [`Error::DeviceCheck`]
+/// listing what was found. The flag is not cleared; zero it (e.g. `copy_from_host(s, &[0])`)
+/// to reuse it.
 ///
 /// Errors: also [`Error::Shape`] naming `err_flag` when it is not `[1]`.
 pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) -> Result<()> {
@@ -366,7 +483,7 @@ pub fn check_error_flag(stream: &Arc<CudaStream>, err_flag: &DeviceTensor<i32>) 
             (ERR_POSITION, "a position outside the cache"),
             (ERR_BLOCK, "a block id outside the block pool"),
         ],
-        "those tokens were not written",
+        "those tokens (or block copies) were not written",
     )
 }
 
@@ -401,7 +518,8 @@ pub(crate) fn qkv_row_heads(heads: QkvSplit, head_dim: usize) -> Result<usize> {
         })
 }
 
-/// Which cache layout [`rope_append`] writes.
+/// Which cache layout [`rope_append`] (and
+/// [`gemv_dense::linear_rope_append`](crate::gemv_dense::linear_rope_append)) writes.
 #[derive(Clone, Copy, Debug)]
 pub enum CacheLayout<'a> {
     /// `[batch, kv_heads, max_seq, head_dim]`, as [`append`].
@@ -547,16 +665,10 @@ pub fn rope_append<I: FloatDType, C: FloatDType>(
     // (batch, max_seq, block_table, max_blocks)
     let paged = match args.layout {
         CacheLayout::Contiguous => None,
-        CacheLayout::Paged { block_table } => match block_table.shape() {
-            &[b, m] if m > 0 => Some((block_table, b, m)),
-            _ => {
-                return Err(Error::Shape {
-                    arg: "block_table",
-                    expected: "[batch, max_blocks_per_seq] with max_blocks_per_seq >= 1".into(),
-                    got: block_table.shape().to_vec(),
-                })
-            }
-        },
+        CacheLayout::Paged { block_table } => {
+            let (b, m) = block_table_dims(block_table)?;
+            Some((block_table, b, m))
+        }
     };
     let batch = paged.map_or(c0, |(_, b, _)| b);
     let batch_i = as_i32("batch", batch)?;

@@ -489,7 +489,9 @@ fn gemv_dense_gpu_proptest() {
 // ---- linear_rope_append: QKV projection + interleaved RoPE + KV-cache append ----
 
 use fl_kernels::gemv_dense::{QkvRopeAppend, RmsNorm};
-use fl_kernels::kv_cache::{self, KvCache, QkvSplit, TokenSlots, ERR_POSITION, ERR_SEQUENCE};
+use fl_kernels::kv_cache::{
+    self, CacheLayout, KvCache, QkvSplit, TokenSlots, ERR_BLOCK, ERR_POSITION, ERR_SEQUENCE,
+};
 use fl_kernels::rope::{RopeParams, RopeStyle, Scaling};
 
 const LLAMA3: Scaling = Scaling::Llama3 {
@@ -621,6 +623,56 @@ fn normalised<T: HalfDType>(c: &Qkv, inp: &QkvInputs<T>) -> Vec<T> {
     }
 }
 
+/// A cache of one launch: name, what the GPU left, its contents before, the reference.
+type CacheCheck<'a, T> = (&'a str, &'a [T], &'a [T], &'a [f64]);
+
+/// Compares one launch's outputs with the reference: `q_out` rows the reference wrote (not
+/// NaN) within `bound` (rel L2), the others still NaN; each cache within `bound` on the
+/// elements `written` marks and bit for bit its initial contents everywhere else; with
+/// `all_written = Some(e)`, exactly `e` elements of each cache written.
+fn assert_rope_append_outputs<T: HalfDType>(
+    what: &str,
+    (gq, want_q): (&[T], &[f64]),
+    caches: [CacheCheck<'_, T>; 2],
+    written: &[bool],
+    all_written: Option<usize>,
+) {
+    let (mut g, mut w) = (vec![], vec![]);
+    for (i, (&gv, &wv)) in gq.iter().zip(want_q).enumerate() {
+        if wv.is_nan() {
+            assert!(
+                gv.to_f64().is_nan(),
+                "{what}: q_out[{i}] written for a token without a slot"
+            );
+        } else {
+            g.push(gv);
+            w.push(wv);
+        }
+    }
+    let err = rel_l2(&g, &w);
+    assert!(err < bound::<T>(), "{what}: q_out rel L2 {err:e}");
+    for (name, got, init, wc) in caches {
+        let (mut g, mut w) = (vec![], vec![]);
+        for (i, &wr) in written.iter().enumerate() {
+            if wr {
+                g.push(got[i]);
+                w.push(wc[i]);
+            } else {
+                assert_eq!(
+                    got[i].to_f64().to_bits(),
+                    init[i].to_f64().to_bits(),
+                    "{what}: {name} cache element {i} changed though no token names its slot"
+                );
+            }
+        }
+        let err = rel_l2(&g, &w);
+        assert!(err < bound::<T>(), "{what}: {name} cache rel L2 {err:e}");
+        if let Some(e) = all_written {
+            assert_eq!(g.len(), e, "{what}: {name} cache: slots written");
+        }
+    }
+}
+
 /// Runs `linear_rope_append` once on random inputs, the caches pre-filled with ±[2, 3] and
 /// `q_out` with NaN, and compares with `reference::gemv_dense::linear_rope_append`: the error
 /// flag exactly (when `with_flag`; else no flag is passed); `q_out` rows of tokens with a slot
@@ -669,6 +721,7 @@ fn check_rope_append<T: HalfDType>(
             seq_ids: &dseq,
             positions: &dpos,
         },
+        layout: CacheLayout::Contiguous,
     };
     let norm = c.norm.then_some(RmsNorm {
         weight: &dg,
@@ -720,43 +773,15 @@ fn check_rope_append<T: HalfDType>(
     } else {
         assert_eq!(got_flag, 0, "{what}: a flag not passed was written");
     }
-    // q_out: valid rows against the reference, the others untouched (NaN).
-    let (mut g, mut w) = (vec![], vec![]);
-    for (i, (&gv, &wv)) in gq.iter().zip(&want.q).enumerate() {
-        if wv.is_nan() {
-            assert!(
-                gv.to_f64().is_nan(),
-                "{what}: q_out[{i}] written for a token without a slot"
-            );
-        } else {
-            g.push(gv);
-            w.push(wv);
-        }
-    }
-    let err = rel_l2(&g, &w);
-    assert!(err < bound::<T>(), "{what}: q_out rel L2 {err:e}");
-    // Caches: written slots against the reference, the rest bit for bit as before.
     let mask = written_mask(shape, seq, pos);
-    for (name, got, init, wc) in [("k", &gk, &kc0, &wk), ("v", &gv, &vc0, &wv)] {
-        let (mut g, mut w) = (vec![], vec![]);
-        for i in 0..cn {
-            if mask[i].is_nan() {
-                assert_eq!(
-                    got[i].to_f64().to_bits(),
-                    init[i].to_f64().to_bits(),
-                    "{what}: {name} cache element {i} changed though no token names its slot"
-                );
-            } else {
-                g.push(got[i]);
-                w.push(wc[i]);
-            }
-        }
-        let err = rel_l2(&g, &w);
-        assert!(err < bound::<T>(), "{what}: {name} cache rel L2 {err:e}");
-        if want.flag == 0 {
-            assert_eq!(g.len(), m * hkv * d, "{what}: {name} cache: slots written");
-        }
-    }
+    let written: Vec<bool> = mask.iter().map(|v| !v.is_nan()).collect();
+    assert_rope_append_outputs(
+        &what,
+        (&gq, &want.q),
+        [("k", &gk, &kc0, &wk), ("v", &gv, &vc0, &wv)],
+        &written,
+        (want.flag == 0).then_some(m * hkv * d),
+    );
     want.flag
 }
 
@@ -928,6 +953,7 @@ fn gemv_dense_rope_append_invalid_slots_write_nothing_and_flag() {
             seq_ids: &seq,
             positions: &pos,
         },
+        layout: CacheLayout::Contiguous,
     };
     gemv_dense::linear_rope_append(
         s,
@@ -976,7 +1002,12 @@ fn gemv_dense_rope_append_errors_name_the_argument() {
         positions: &pos,
     };
     fn args<'a>(heads: QkvSplit, rope: &'a RopeParams, slots: TokenSlots<'a>) -> QkvRopeAppend<'a> {
-        QkvRopeAppend { heads, rope, slots }
+        QkvRopeAppend {
+            heads,
+            rope,
+            slots,
+            layout: CacheLayout::Contiguous,
+        }
     }
     let good = args(heads, &rope, slots);
     let norm = RmsNorm {
@@ -1506,6 +1537,7 @@ fn check_unfused_equivalence<T: HalfDType>(
         heads: c.heads(),
         rope: &inter,
         slots,
+        layout: CacheLayout::Contiguous,
     };
     gemv_dense::linear_rope_append(
         s,
@@ -1626,6 +1658,655 @@ fn gemv_dense_rope_append_on_permuted_rotate_half_weights_matches_unfused() {
             check_unfused_equivalence::<bf16>(&gpu, hq, hkv, neox, m, 1000, !norm, !bias, &mut r);
         }
     }
+}
+
+// ---- linear_rope_append into a paged cache ----
+
+/// A paged cache `[num_blocks, kv_heads, block_size, head_dim]` and its block table
+/// `[batch, max_blocks]` (row-major).
+#[derive(Clone, Debug)]
+struct Paged {
+    num_blocks: usize,
+    block_size: usize,
+    max_blocks: usize,
+    table: Vec<i32>,
+}
+
+impl Paged {
+    /// `batch` rows of `max_blocks` distinct blocks drawn from a shuffled pool of `num_blocks`
+    /// (`>= batch * max_blocks`; the rest stay unowned), as a block manager hands them out.
+    fn shuffled(
+        r: &mut impl rand::Rng,
+        batch: usize,
+        max_blocks: usize,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Paged {
+        use rand::seq::SliceRandom;
+        assert!(
+            num_blocks >= batch * max_blocks,
+            "Paged::shuffled: pool too small"
+        );
+        let mut pool: Vec<i32> = (0..num_blocks as i32).collect();
+        pool.shuffle(r);
+        pool.truncate(batch * max_blocks);
+        Paged {
+            num_blocks,
+            block_size,
+            max_blocks,
+            table: pool,
+        }
+    }
+    fn batch(&self) -> usize {
+        self.table.len() / self.max_blocks
+    }
+    fn cache_shape(&self, c: &Qkv) -> [usize; 4] {
+        [
+            self.num_blocks,
+            c.kv_heads,
+            self.block_size,
+            c.rope.head_dim,
+        ]
+    }
+}
+
+/// `m` distinct (sequence, position) pairs that have a slot in `pg`'s table.
+fn paged_slots(r: &mut impl rand::Rng, m: usize, pg: &Paged) -> (Vec<i32>, Vec<i32>) {
+    let span = (pg.max_blocks * pg.block_size) as i32;
+    assert!(
+        m <= pg.batch() * span as usize,
+        "paged_slots: too few slots"
+    );
+    let mut seen = std::collections::HashSet::new();
+    let (mut seq, mut pos) = (vec![], vec![]);
+    while seq.len() < m {
+        let s = r.random_range(0..pg.batch() as i32);
+        let p = r.random_range(0..span);
+        if seen.insert((s, p)) {
+            seq.push(s);
+            pos.push(p);
+        }
+    }
+    (seq, pos)
+}
+
+/// `check_rope_append` into a paged cache: caches pre-filled with ±[2, 3], `q_out` with NaN,
+/// always with an error flag. The expected values are the contiguous reference's (run on a
+/// scratch cache with token t in sequence t), scattered through the block table by
+/// `reference::kv_cache::paged_slot`, which also gives the expected flag; tokens without a
+/// slot must write nothing. Returns the expected flag.
+fn check_rope_append_paged<T: HalfDType>(
+    gpu: &Gpu,
+    c: &Qkv,
+    pg: &Paged,
+    seq: &[i32],
+    pos: &[i32],
+    r: &mut impl rand::Rng,
+) -> i32 {
+    let s = gpu.stream();
+    let (hq, hkv, d, k, m, n) = (
+        c.q_heads,
+        c.kv_heads,
+        c.rope.head_dim,
+        c.k,
+        seq.len(),
+        c.n(),
+    );
+    let inp = qkv_inputs::<T>(c, m, r);
+    let shape = pg.cache_shape(c);
+    let cn: usize = shape.iter().product();
+    let kc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let vc0: Vec<T> = fast_random(r, cn, 2.0, 3.0);
+    let dh = DeviceTensor::from_host(s, &inp.h, &[m, k]).unwrap();
+    let dg = DeviceTensor::from_host(s, &inp.gamma, &[k]).unwrap();
+    let dw = DeviceTensor::from_host(s, &inp.w, &[n, k]).unwrap();
+    let db = DeviceTensor::from_host(s, &inp.b, &[n]).unwrap();
+    let dseq = DeviceTensor::from_host(s, seq, &[m]).unwrap();
+    let dpos = DeviceTensor::from_host(s, pos, &[m]).unwrap();
+    let dtable = DeviceTensor::from_host(s, &pg.table, &[pg.batch(), pg.max_blocks]).unwrap();
+    let mut q_out = DeviceTensor::filled(s, &[m, hq, d], T::from_f32(f32::NAN)).unwrap();
+    let mut cache = KvCache::new(
+        DeviceTensor::from_host(s, &kc0, &shape).unwrap(),
+        DeviceTensor::from_host(s, &vc0, &shape).unwrap(),
+    )
+    .unwrap();
+    let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+    let args = QkvRopeAppend {
+        heads: c.heads(),
+        rope: &c.rope,
+        slots: TokenSlots {
+            seq_ids: &dseq,
+            positions: &dpos,
+        },
+        layout: CacheLayout::Paged {
+            block_table: &dtable,
+        },
+    };
+    let norm = c.norm.then_some(RmsNorm {
+        weight: &dg,
+        eps: QKV_EPS,
+    });
+    gemv_dense::linear_rope_append(
+        s,
+        &dh,
+        norm,
+        &dw,
+        c.bias.then_some(&db),
+        &args,
+        &mut q_out,
+        &mut cache,
+        Some(&mut flag),
+    )
+    .unwrap();
+    let got_flag = flag.to_host(s).unwrap()[0];
+    let gq = q_out.to_host(s).unwrap();
+    let (gk, gv) = (cache.k().to_host(s).unwrap(), cache.v().to_host(s).unwrap());
+
+    // The paged slot of each token (or the error bit it sets).
+    let slots: Vec<Result<usize, i32>> = (0..m)
+        .map(|t| reference::kv_cache::paged_slot(shape, &pg.table, pg.max_blocks, seq[t], pos[t]))
+        .collect();
+    // The rows of every token with a slot from the contiguous reference: token t at
+    // (t, positions[t]) of a scratch cache [m, kv_heads, largest such position + 1, d]; the
+    // others get position -1 there (NaN rows).
+    let ref_pos: Vec<i32> = (0..m)
+        .map(|t| if slots[t].is_ok() { pos[t] } else { -1 })
+        .collect();
+    let span = ref_pos.iter().copied().max().unwrap_or(0).max(0) as usize + 1;
+    let scratch = [m, hkv, span, d];
+    let (mut sk, mut sv) = (vec![0.0; m * hkv * span * d], vec![0.0; m * hkv * span * d]);
+    let own: Vec<i32> = (0..m as i32).collect();
+    let rows = reference::gemv_dense::linear_rope_append(
+        &normalised(c, &inp),
+        &inp.w,
+        c.bias.then_some(&inp.b[..]),
+        m,
+        k,
+        c.heads(),
+        &c.rope,
+        &own,
+        &ref_pos,
+        &mut sk,
+        &mut sv,
+        scratch,
+    );
+    // Scattered through the table; tokens without a paged slot write nothing, not even q.
+    let (mut wk, mut wv) = (to_f64(&kc0), to_f64(&vc0));
+    let mut want_q = rows.q.clone();
+    let mut written = vec![false; cn];
+    let mut want_flag = 0;
+    for (t, slot) in slots.iter().enumerate() {
+        match *slot {
+            Err(bit) => {
+                want_flag |= bit;
+                want_q[t * hq * d..][..hq * d].fill(f64::NAN);
+            }
+            Ok(base) => {
+                for h in 0..hkv {
+                    let (at, from) = (base + h * pg.block_size * d, (t * hkv + h) * d);
+                    wk[at..at + d].copy_from_slice(&rows.k[from..from + d]);
+                    wv[at..at + d].copy_from_slice(&rows.v[from..from + d]);
+                    written[at..at + d].fill(true);
+                }
+            }
+        }
+    }
+    let what = format!(
+        "linear_rope_append paged<{}> heads {hq}/{hkv} d {d} rotary {} {:?} k {k} norm {} \
+         bias {} cache {shape:?} table {:?} seq {seq:?} pos {pos:?}",
+        T::NAME,
+        c.rope.rotary_dim,
+        c.rope.scaling,
+        c.norm,
+        c.bias,
+        pg.table
+    );
+    assert_eq!(got_flag, want_flag, "{what}: error flag");
+    assert_rope_append_outputs(
+        &what,
+        (&gq, &want_q),
+        [("k", &gk, &kc0, &wk), ("v", &gv, &vc0, &wv)],
+        &written,
+        (want_flag == 0).then_some(m * hkv * d),
+    );
+    want_flag
+}
+
+#[test]
+fn gemv_dense_rope_append_paged_matches_reference() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_paged_matches_reference") else {
+        return;
+    };
+    let mut r = rng("gemv_dense_rope_append_paged");
+    let base = |q_heads, kv_heads, rope| Qkv {
+        q_heads,
+        kv_heads,
+        rope,
+        k: 264,
+        norm: false,
+        bias: false,
+        batch: 0,
+        max_seq: 0,
+    };
+    let configs = [
+        // MHA, full rotary
+        base(4, 4, interleaved(64)),
+        // GQA 4:1, head 128, Llama 3 scaling
+        base(
+            8,
+            2,
+            RopeParams::new(128, 500_000.0)
+                .with_scaling(LLAMA3)
+                .with_style(RopeStyle::Interleaved),
+        ),
+        // MQA, partial rotary; no q heads
+        base(6, 1, interleaved(64).with_rotary_dim(32)),
+        base(0, 2, interleaved(64)),
+    ];
+    // (batch, max_blocks, num_blocks, block_size): odd pools with unowned blocks left over.
+    let geometries = [(3, 3, 13, 16), (2, 7, 17, 5), (4, 5, 23, 1)];
+    let combos = [(false, false), (true, true), (true, false), (false, true)];
+    for (ci, config) in configs.iter().enumerate() {
+        for (gi, &(batch, max_blocks, num_blocks, block_size)) in geometries.iter().enumerate() {
+            for (i, m) in [1usize, 3, 16].into_iter().enumerate() {
+                let (norm, bias) = combos[(ci + gi + i) % 4];
+                let c = Qkv {
+                    norm,
+                    bias,
+                    ..*config
+                };
+                let pg = Paged::shuffled(&mut r, batch, max_blocks, num_blocks, block_size);
+                let (seq, pos) = paged_slots(&mut r, m, &pg);
+                check_rope_append_paged::<f16>(&gpu, &c, &pg, &seq, &pos, &mut r);
+                let (norm, bias) = combos[(ci + gi + i + 1) % 4];
+                let c = Qkv { norm, bias, ..c };
+                let pg = Paged::shuffled(&mut r, batch, max_blocks, num_blocks, block_size);
+                let (seq, pos) = paged_slots(&mut r, m, &pg);
+                check_rope_append_paged::<bf16>(&gpu, &c, &pg, &seq, &pos, &mut r);
+            }
+        }
+    }
+    // Llama-3-8B's heads (two 8-row tiles per CTA on an H100), blocks of 16, one padding row
+    // (position -1) among the decode tokens.
+    let big = base(
+        32,
+        8,
+        RopeParams::new(128, 500_000.0)
+            .with_scaling(LLAMA3)
+            .with_style(RopeStyle::Interleaved),
+    );
+    for (m, norm, bias) in [(1, true, false), (16, false, true), (7, true, true)] {
+        let c = Qkv { norm, bias, ..big };
+        let pg = Paged::shuffled(&mut r, 3, 4, 15, 16);
+        let (seq, mut pos) = paged_slots(&mut r, m, &pg);
+        if m > 1 {
+            pos[m / 2] = -1;
+        }
+        let bits = if m > 1 { ERR_POSITION } else { 0 };
+        assert_eq!(
+            check_rope_append_paged::<f16>(&gpu, &c, &pg, &seq, &pos, &mut r),
+            bits
+        );
+        assert_eq!(
+            check_rope_append_paged::<bf16>(&gpu, &c, &pg, &seq, &pos, &mut r),
+            bits
+        );
+    }
+}
+
+#[test]
+fn gemv_dense_rope_append_paged_invalid_slots_write_nothing_and_flag() {
+    let Some(gpu) =
+        gpu_or_skip("gemv_dense_rope_append_paged_invalid_slots_write_nothing_and_flag")
+    else {
+        return;
+    };
+    let mut r = rng("gemv_dense_rope_append_paged_invalid");
+    let c = Qkv {
+        q_heads: 4,
+        kv_heads: 2,
+        rope: interleaved(64),
+        k: 264,
+        norm: true,
+        bias: true,
+        batch: 0,
+        max_seq: 0,
+    };
+    // 3 sequences of up to 3 blocks of 4 slots in a pool of 11; sequence 1's block 1 is not
+    // allocated (-1), sequence 2's block 2 is past the pool (11), sequence 0's block 2 is -7.
+    let mut pg = Paged::shuffled(&mut r, 3, 3, 11, 4);
+    pg.table[3 + 1] = -1;
+    pg.table[2 * 3 + 2] = 11;
+    pg.table[2] = -7;
+    let cases: Vec<(Vec<i32>, Vec<i32>, i32)> = vec![
+        // a padding row (position -1) between valid tokens
+        (vec![0, 0, 1], vec![0, -1, 3], ERR_POSITION),
+        // an unallocated block, a block past the pool, a negative block id
+        (vec![1, 1, 0], vec![5, 0, 1], ERR_BLOCK),
+        (vec![2, 2], vec![9, 8], ERR_BLOCK),
+        (vec![0, 1], vec![11, 2], ERR_BLOCK),
+        // past the table (block index 3 of 3), and far past it
+        (vec![0, 2], vec![12, 4], ERR_POSITION),
+        (vec![1], vec![i32::MAX], ERR_POSITION),
+        // sequence = batch, negative, with a bad position too: the sequence bit only
+        (vec![3, 0], vec![0, 0], ERR_SEQUENCE),
+        (vec![-1, 3, i32::MIN], vec![1, -1, 0], ERR_SEQUENCE),
+        // a single token whose block is unallocated: nothing at all is written
+        (vec![1], vec![4], ERR_BLOCK),
+        // 16 tokens, invalid ones among the first 8 and the last 8 (both token-row halves)
+        (
+            vec![0, 0, 0, 1, 1, 1, 2, 2, 3, 0, 0, 0, 2, 2, 2, 2],
+            vec![0, 1, 9, 0, 1, 2, 0, 1, 0, 3, 4, 5, 4, 5, 6, -1],
+            ERR_SEQUENCE | ERR_POSITION | ERR_BLOCK,
+        ),
+    ];
+    for (seq, pos, bits) in &cases {
+        for (norm, bias) in [(true, true), (false, false)] {
+            let c = Qkv { norm, bias, ..c };
+            assert_eq!(
+                check_rope_append_paged::<f16>(&gpu, &c, &pg, seq, pos, &mut r),
+                *bits,
+                "seq {seq:?} pos {pos:?}"
+            );
+            assert_eq!(
+                check_rope_append_paged::<bf16>(&gpu, &c, &pg, seq, pos, &mut r),
+                *bits,
+                "seq {seq:?} pos {pos:?}"
+            );
+        }
+    }
+}
+
+/// With one block per sequence of `max_seq` slots and the identity table, the paged cache has
+/// the contiguous cache's layout: both launches must agree bit for bit (one kernel, one
+/// rounding), invalid tokens and flags included.
+#[test]
+fn gemv_dense_rope_append_paged_identity_table_matches_contiguous_bit_for_bit() {
+    let Some(gpu) =
+        gpu_or_skip("gemv_dense_rope_append_paged_identity_table_matches_contiguous_bit_for_bit")
+    else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("gemv_dense_rope_append_paged_identity");
+    let (batch, max_seq) = (3usize, 24usize);
+    let c = Qkv {
+        q_heads: 8,
+        kv_heads: 2,
+        rope: RopeParams::new(128, 500_000.0)
+            .with_scaling(LLAMA3)
+            .with_style(RopeStyle::Interleaved),
+        k: 1000,
+        norm: true,
+        bias: true,
+        batch,
+        max_seq,
+    };
+    let (hq, d, k, n) = (c.q_heads, c.rope.head_dim, c.k, c.n());
+    let table: Vec<i32> = (0..batch as i32).collect();
+    let dtable = DeviceTensor::from_host(s, &table, &[batch, 1]).unwrap();
+    for m in [1usize, 5, 16] {
+        let (mut seq, mut pos) = decode_slots(&mut r, m, batch, max_seq);
+        if m > 1 {
+            // a padding row, a position past the cache, a sequence past the batch
+            pos[1] = -1;
+            pos[m - 1] = max_seq as i32;
+            seq[m / 2] = batch as i32;
+        }
+        let inp = qkv_inputs::<f16>(&c, m, &mut r);
+        let shape = c.cache_shape();
+        let cn: usize = shape.iter().product();
+        let kc0: Vec<f16> = fast_random(&mut r, cn, 2.0, 3.0);
+        let vc0: Vec<f16> = fast_random(&mut r, cn, 2.0, 3.0);
+        let dh = DeviceTensor::from_host(s, &inp.h, &[m, k]).unwrap();
+        let dg = DeviceTensor::from_host(s, &inp.gamma, &[k]).unwrap();
+        let dw = DeviceTensor::from_host(s, &inp.w, &[n, k]).unwrap();
+        let db = DeviceTensor::from_host(s, &inp.b, &[n]).unwrap();
+        let dseq = DeviceTensor::from_host(s, &seq, &[m]).unwrap();
+        let dpos = DeviceTensor::from_host(s, &pos, &[m]).unwrap();
+        let norm = RmsNorm {
+            weight: &dg,
+            eps: QKV_EPS,
+        };
+        let run = |layout: CacheLayout<'_>| {
+            let mut q = DeviceTensor::filled(s, &[m, hq, d], f16::from_f32(f32::NAN)).unwrap();
+            let mut cache = KvCache::new(
+                DeviceTensor::from_host(s, &kc0, &shape).unwrap(),
+                DeviceTensor::from_host(s, &vc0, &shape).unwrap(),
+            )
+            .unwrap();
+            let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+            let args = QkvRopeAppend {
+                heads: c.heads(),
+                rope: &c.rope,
+                slots: TokenSlots {
+                    seq_ids: &dseq,
+                    positions: &dpos,
+                },
+                layout,
+            };
+            gemv_dense::linear_rope_append(
+                s,
+                &dh,
+                Some(norm),
+                &dw,
+                Some(&db),
+                &args,
+                &mut q,
+                &mut cache,
+                Some(&mut flag),
+            )
+            .unwrap();
+            let bits = |v: Vec<f16>| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+            (
+                bits(q.to_host(s).unwrap()),
+                bits(cache.k().to_host(s).unwrap()),
+                bits(cache.v().to_host(s).unwrap()),
+                flag.to_host(s).unwrap()[0],
+            )
+        };
+        let contiguous = run(CacheLayout::Contiguous);
+        let paged = run(CacheLayout::Paged {
+            block_table: &dtable,
+        });
+        let what = format!("m {m} seq {seq:?} pos {pos:?}");
+        assert_eq!(paged.3, contiguous.3, "{what}: flag");
+        assert!(paged.0 == contiguous.0, "{what}: q_out differs");
+        assert!(paged.1 == contiguous.1, "{what}: k cache differs");
+        assert!(paged.2 == contiguous.2, "{what}: v cache differs");
+    }
+}
+
+#[test]
+fn gemv_dense_rope_append_paged_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_paged_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let z = |shape: &[usize]| DeviceTensor::<f16>::zeros(s, shape).unwrap();
+    let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(s, shape).unwrap();
+    let (m, k, hq, hkv, d) = (2usize, 64usize, 4usize, 2usize, 64usize);
+    let n = (hq + 2 * hkv) * d;
+    let heads = QkvSplit {
+        q_heads: hq,
+        kv_heads: hkv,
+    };
+    let rope = interleaved(d);
+    let (h, w) = (z(&[m, k]), z(&[n, k]));
+    let (seq, pos) = (zi(&[m]), zi(&[m]));
+    let slots = TokenSlots {
+        seq_ids: &seq,
+        positions: &pos,
+    };
+    let mut q = z(&[m, hq, d]);
+    let mut cache = KvCache::<f16>::zeros(s, [5, hkv, 16, d]).unwrap();
+    let paged = |block_table| QkvRopeAppend {
+        heads,
+        rope: &rope,
+        slots,
+        layout: CacheLayout::Paged { block_table },
+    };
+    let arg = |res: fl_kernels::Result<()>| match res {
+        Err(Error::Shape { arg, .. })
+        | Err(Error::InvalidArgument { arg, .. })
+        | Err(Error::TooLarge { arg, .. }) => arg,
+        other => panic!("expected an argument error, got {other:?}"),
+    };
+    // the good call works and flags nothing (table all zeros: block 0, position 0)
+    let table = zi(&[2, 3]);
+    let mut flag = zi(&[1]);
+    gemv_dense::linear_rope_append(
+        s,
+        &h,
+        None,
+        &w,
+        None,
+        &paged(&table),
+        &mut q,
+        &mut cache,
+        Some(&mut flag),
+    )
+    .unwrap();
+    kv_cache::check_error_flag(s, &flag).unwrap();
+    // block_table: not 2-D, no column, no row while there are tokens
+    for bad in [zi(&[6]), zi(&[2, 0]), zi(&[0, 3]), zi(&[1, 2, 3])] {
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                None,
+                &QkvRopeAppend {
+                    layout: CacheLayout::Paged { block_table: &bad },
+                    ..paged(&table)
+                },
+                &mut q,
+                &mut cache,
+                None
+            )),
+            "block_table"
+        );
+    }
+    // cache: kv_heads or head_dim not those of heads / rope; no block or no slot
+    for shape in [
+        [5, hkv + 1, 16, d],
+        [5, hkv, 16, d + 8],
+        [0, hkv, 16, d],
+        [5, hkv, 0, d],
+    ] {
+        let mut bad = KvCache::<f16>::zeros(s, shape).unwrap();
+        assert_eq!(
+            arg(gemv_dense::linear_rope_append(
+                s,
+                &h,
+                None,
+                &w,
+                None,
+                &paged(&table),
+                &mut q,
+                &mut bad,
+                None
+            )),
+            "cache",
+            "{shape:?}"
+        );
+    }
+    // m = 0: nothing to do, even with a table of no row
+    let (h0, s0, p0, mut q0) = (z(&[0, k]), zi(&[0]), zi(&[0]), z(&[0, hq, d]));
+    let empty_table = zi(&[0, 3]);
+    let args0 = QkvRopeAppend {
+        heads,
+        rope: &rope,
+        slots: TokenSlots {
+            seq_ids: &s0,
+            positions: &p0,
+        },
+        layout: CacheLayout::Paged {
+            block_table: &empty_table,
+        },
+    };
+    gemv_dense::linear_rope_append(s, &h0, None, &w, None, &args0, &mut q0, &mut cache, None)
+        .unwrap();
+    s.synchronize().unwrap();
+}
+
+#[test]
+fn gemv_dense_rope_append_paged_launcher_rejects_bad_arguments() {
+    let Some(gpu) = gpu_or_skip("gemv_dense_rope_append_paged_launcher_rejects_bad_arguments")
+    else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use fl_kernels_sys::{fl_dtype, fl_rope_params};
+    let s = gpu.stream();
+    let (k, d) = (64usize, 64usize);
+    let n = 3 * d; // one q, one k and one v head
+    let hbuf = DeviceTensor::<f16>::zeros(s, &[k]).unwrap();
+    let wbuf = DeviceTensor::<f16>::zeros(s, &[n * k]).unwrap();
+    let ibuf = DeviceTensor::<i32>::zeros(s, &[1]).unwrap(); // seq, pos and table: all 0
+    let mut qbuf = DeviceTensor::<f16>::zeros(s, &[d]).unwrap();
+    let mut kbuf = DeviceTensor::<f16>::zeros(s, &[4 * d]).unwrap();
+    let mut vbuf = DeviceTensor::<f16>::zeros(s, &[4 * d]).unwrap();
+    let (ph, _g1) = hbuf.as_slice().device_ptr(s);
+    let (pw, _g2) = wbuf.as_slice().device_ptr(s);
+    let (pi, _g3) = ibuf.as_slice().device_ptr(s);
+    let (pq, _g4) = qbuf.as_slice_mut().device_ptr_mut(s);
+    let (pk, _g5) = kbuf.as_slice_mut().device_ptr_mut(s);
+    let (pv, _g6) = vbuf.as_slice_mut().device_ptr_mut(s);
+    let mut p = fl_rope_params {
+        head_dim: d as i32,
+        rotary_dim: d as i32,
+        interleaved: 1,
+        reserved: 0,
+        inv_freq: [0.0; 256],
+    };
+    for (i, f) in p.inv_freq.iter_mut().take(d / 2).enumerate() {
+        *f = 10_000f32.powf(-2.0 * i as f32 / d as f32);
+    }
+    // (m, table, batch, max_blocks, num_blocks, block_size); the cache is one block of 4 slots
+    let call = |m: i64, table: u64, batch: i32, max_blocks: i32, num_blocks: i64, bs: i32| {
+        // SAFETY: the buffers hold what any accepted call reads or writes: h one row of k = 64,
+        // w 3 heads of 64 rows, seq / pos / table one i32 (0), q_out one head, each cache one
+        // block [1, 1, 4, 64]; calls with more tokens, rows or blocks are refused first.
+        unsafe {
+            fl_kernels_sys::fl_gemv_dense_rope_append_paged(
+                fl_dtype::FL_DTYPE_F16,
+                ph as _,
+                std::ptr::null(),
+                0.0,
+                pw as _,
+                std::ptr::null(),
+                m,
+                k as i64,
+                1,
+                1,
+                &p,
+                pi as _,
+                pi as _,
+                pq as _,
+                pk as _,
+                pv as _,
+                table as _,
+                batch,
+                max_blocks,
+                num_blocks,
+                bs,
+                std::ptr::null_mut(),
+                s.cu_stream() as _,
+            )
+        }
+    };
+    assert_eq!(call(1, pi, 1, 1, 1, 4), 0);
+    assert_eq!(call(0, 0, 1, 1, 1, 4), 0, "m = 0, no table");
+    assert!(call(1, 0, 1, 1, 1, 4) < 0, "null block_table");
+    assert!(call(1, pi, 0, 1, 1, 4) < 0, "batch 0");
+    assert!(call(1, pi, 1, 0, 1, 4) < 0, "max_blocks_per_seq 0");
+    assert!(call(1, pi, 1, 1, 0, 4) < 0, "num_blocks 0");
+    assert!(call(1, pi, 1, 1, 1, 0) < 0, "block_size 0");
+    assert!(call(1, pi, 1, 1, 1, -4) < 0, "negative block_size");
+    assert!(call(17, pi, 1, 1, 1, 4) < 0, "m > 16");
+    s.synchronize().unwrap();
 }
 
 // ---- references (CPU only, run in CI) ----

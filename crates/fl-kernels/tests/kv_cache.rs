@@ -1352,3 +1352,335 @@ proptest! {
         prop_assert_eq!(vc.iter().filter(|x| !x.is_nan()).count(), written);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// copy_blocks: copy-on-write block copies of a paged cache.
+
+/// `n` copy-on-write pairs over `num_blocks` blocks (row-major `[n, 2]`): distinct dst blocks,
+/// src blocks drawn (with repeats, as forks of one block) from the others.
+fn cow_pairs(r: &mut impl Rng, num_blocks: usize, n: usize) -> Vec<i32> {
+    assert!(n < num_blocks);
+    let mut ids: Vec<i32> = (0..num_blocks as i32).collect();
+    ids.shuffle(r);
+    let (dst, src) = ids.split_at(n);
+    dst.iter()
+        .flat_map(|&d| [src[r.random_range(0..src.len())], d])
+        .collect()
+}
+
+/// Pair sets for `num_blocks` (>= 7) blocks: one pair between the first and last block, one
+/// block forked into several, pairs between neighbouring ids that look chained but are not
+/// (0 -> 1, 2 -> 3, ...: no dst is a src), and random ones.
+fn cow_scenarios(r: &mut impl Rng, num_blocks: usize) -> Vec<Vec<i32>> {
+    let last = num_blocks as i32 - 1;
+    let neighbours: Vec<i32> = (0..num_blocks as i32 / 2)
+        .flat_map(|i| [2 * i, 2 * i + 1])
+        .collect();
+    vec![
+        vec![0, last],
+        vec![last, 0],
+        vec![3, 1, 3, 5, 3, last, 3, 0],
+        neighbours,
+        vec![5, 4, 3, 2, 1, 0],
+        cow_pairs(r, num_blocks, num_blocks / 2),
+        cow_pairs(r, num_blocks, num_blocks - 1),
+    ]
+}
+
+/// Runs copy_blocks on the GPU and the reference on the CPU from the same random caches; both
+/// caches must match bit for bit, every block that is no dst must be unchanged, and the flags
+/// must agree. Returns the flag.
+fn check_copy_blocks<C: FloatDType>(
+    gpu: &Gpu,
+    cache_shape: [usize; 4],
+    pairs: &[i32],
+    r: &mut impl Rng,
+) -> i32 {
+    let s = gpu.stream();
+    let n_elems: usize = cache_shape.iter().product();
+    let block = n_elems / cache_shape[0];
+    let kc0: Vec<C> = random_nonzero(r, n_elems, 2.0, 3.0);
+    let vc0: Vec<C> = random_nonzero(r, n_elems, 2.0, 3.0);
+    let mut cache = KvCache::new(
+        DeviceTensor::from_host(s, &kc0, &cache_shape).unwrap(),
+        DeviceTensor::from_host(s, &vc0, &cache_shape).unwrap(),
+    )
+    .unwrap();
+    let n = pairs.len() / 2;
+    let dp = DeviceTensor::from_host(s, pairs, &[n, 2]).unwrap();
+    let mut flag = DeviceTensor::<i32>::zeros(s, &[1]).unwrap();
+    kv_cache::copy_blocks(s, &dp, &mut cache, Some(&mut flag)).unwrap();
+    let (mut wk, mut wv) = (kc0.clone(), vc0.clone());
+    let want_flag = reference::kv_cache::copy_blocks(&mut wk, cache_shape, pairs)
+        | reference::kv_cache::copy_blocks(&mut wv, cache_shape, pairs);
+    let got_flag = flag.to_host(s).unwrap()[0];
+    let (gk, gv) = (cache.k().to_host(s).unwrap(), cache.v().to_host(s).unwrap());
+    let what = format!("{} cache {cache_shape:?} pairs {pairs:?}", C::NAME);
+    assert_eq!(got_flag, want_flag, "{what}: error flag");
+    for (name, got, want, before) in [("K", &gk, &wk, &kc0), ("V", &gv, &wv, &vc0)] {
+        let (got, want, before) = (to_f64(got), to_f64(want), to_f64(before));
+        for b in 0..cache_shape[0] {
+            let blk = |x: &[f64]| x[b * block..][..block].to_vec();
+            assert!(
+                blk(&got) == blk(&want),
+                "{what}: {name} block {b} differs from the reference"
+            );
+            let in_pool = |id: i32| id >= 0 && (id as usize) < cache_shape[0];
+            let is_dst = pairs
+                .chunks(2)
+                .any(|p| p[1] == b as i32 && in_pool(p[0]) && in_pool(p[1]));
+            if !is_dst {
+                assert!(
+                    blk(&got) == blk(&before),
+                    "{what}: {name} block {b} was written"
+                );
+            }
+        }
+    }
+    got_flag
+}
+
+#[test]
+fn copy_blocks_matches_reference() {
+    let Some(gpu) = gpu_or_skip("copy_blocks_matches_reference") else {
+        return;
+    };
+    let mut r = rng("kv_copy_blocks");
+    // (kv_heads, block_size, head_dim): 16-byte words, odd block sizes, and blocks whose byte
+    // size takes 8-, 4- or 2-byte words (head_dim 4 and 7).
+    let geoms = [
+        (8, 16, 128),
+        (1, 16, 64),
+        (3, 5, 64),
+        (2, 7, 128),
+        (1, 5, 7),
+        (1, 3, 4),
+    ];
+    for num_blocks in [7usize, 37] {
+        for &(kvh, bs, hd) in &geoms {
+            let shape = [num_blocks, kvh, bs, hd];
+            for pairs in cow_scenarios(&mut r, num_blocks) {
+                assert_eq!(check_copy_blocks::<f32>(&gpu, shape, &pairs, &mut r), 0);
+                assert_eq!(check_copy_blocks::<f16>(&gpu, shape, &pairs, &mut r), 0);
+                assert_eq!(check_copy_blocks::<bf16>(&gpu, shape, &pairs, &mut r), 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn copy_blocks_out_of_range_pairs_copy_nothing_and_flag() {
+    let Some(gpu) = gpu_or_skip("copy_blocks_out_of_range_pairs_copy_nothing_and_flag") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("kv_copy_blocks_invalid");
+    let shape = [7, 2, 16, 64];
+    // Mixed with valid pairs (those still copy), and alone.
+    let cases: [&[i32]; 6] = [
+        &[0, 3, 7, 4, 1, 6],
+        &[-1, 5, 2, 4],
+        &[2, 99, 0, 1],
+        &[1, -3],
+        &[i32::MIN, i32::MAX],
+        &[7, 7],
+    ];
+    for pairs in cases {
+        assert_eq!(
+            check_copy_blocks::<f16>(&gpu, shape, pairs, &mut r),
+            ERR_BLOCK,
+            "pairs {pairs:?}"
+        );
+    }
+    let flag = DeviceTensor::from_host(s, &[ERR_BLOCK], &[1]).unwrap();
+    match kv_cache::check_error_flag(s, &flag) {
+        Err(Error::DeviceCheck { reason, .. }) => assert!(reason.contains("block"), "{reason}"),
+        other => panic!("expected a device-check error, got {other:?}"),
+    }
+}
+
+#[test]
+fn copy_blocks_without_pairs_is_a_no_op() {
+    let Some(gpu) = gpu_or_skip("copy_blocks_without_pairs_is_a_no_op") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("kv_copy_blocks_empty");
+    let shape = [37, 2, 5, 128];
+    assert_eq!(check_copy_blocks::<bf16>(&gpu, shape, &[], &mut r), 0);
+    // A flag already set stays set (never cleared by a launch).
+    let mut cache = KvCache::<f32>::zeros(s, shape).unwrap();
+    let pairs = DeviceTensor::<i32>::zeros(s, &[0, 2]).unwrap();
+    let mut flag = DeviceTensor::from_host(s, &[ERR_SEQUENCE], &[1]).unwrap();
+    kv_cache::copy_blocks(s, &pairs, &mut cache, Some(&mut flag)).unwrap();
+    assert_eq!(flag.to_host(s).unwrap(), [ERR_SEQUENCE]);
+}
+
+#[test]
+fn copy_blocks_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("copy_blocks_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut cache = KvCache::<f16>::zeros(s, [7, 2, 16, 64]).unwrap();
+    let zi = |shape: &[usize]| DeviceTensor::<i32>::zeros(s, shape).unwrap();
+    let arg = |e: fl_kernels::Result<()>| match e {
+        Err(Error::Shape { arg, .. }) => arg,
+        other => panic!("expected a shape error, got {other:?}"),
+    };
+    for bad in [&[4][..], &[2, 3], &[2, 1], &[1, 2, 2], &[4, 0]] {
+        assert_eq!(
+            arg(kv_cache::copy_blocks(s, &zi(bad), &mut cache, None)),
+            "pairs",
+            "{bad:?}"
+        );
+    }
+    let mut flag = zi(&[2]);
+    assert_eq!(
+        arg(kv_cache::copy_blocks(
+            s,
+            &zi(&[1, 2]),
+            &mut cache,
+            Some(&mut flag)
+        )),
+        "err_flag"
+    );
+}
+
+#[test]
+fn copy_blocks_raw_launcher_unaligned_and_byte_caches() {
+    // Raw launcher: u8 caches (a quantised cache is copied as bytes), one byte off so only
+    // 1-byte words fit, and f16 caches one element off (2-byte words).
+    let Some(gpu) = gpu_or_skip("copy_blocks_raw_launcher_unaligned_and_byte_caches") else {
+        return;
+    };
+    use fl_kernels::cudarc::driver::{DevicePtr, DevicePtrMut};
+    use fl_kernels_sys::fl_dtype;
+    let s = gpu.stream();
+    let mut r = rng("kv_copy_blocks_raw");
+    let shape = [37usize, 2, 5, 64];
+    let n: usize = shape.iter().product();
+    let block = n / shape[0];
+    let pairs = cow_pairs(&mut r, shape[0], 11);
+    let dp = DeviceTensor::from_host(s, &pairs, &[11, 2]).unwrap();
+    for (dtype, size) in [(fl_dtype::FL_DTYPE_U8, 1usize), (fl_dtype::FL_DTYPE_F16, 2)] {
+        for offset in [0usize, 1] {
+            // Bytes of one cache plus one element, so the offset view is a whole cache.
+            let bytes = (n + 1) * size;
+            let k0: Vec<u8> = (0..bytes).map(|_| r.random()).collect();
+            let v0: Vec<u8> = (0..bytes).map(|_| r.random()).collect();
+            let mut kc = DeviceTensor::from_host(s, &k0, &[bytes]).unwrap();
+            let mut vc = DeviceTensor::from_host(s, &v0, &[bytes]).unwrap();
+            {
+                let (pp, _g1) = dp.as_slice().device_ptr(s);
+                let (pk, _g2) = kc.as_slice_mut().device_ptr_mut(s);
+                let (pv, _g3) = vc.as_slice_mut().device_ptr_mut(s);
+                let off = (offset * size) as u64;
+                // SAFETY: each cache buffer holds n + 1 elements of `size` bytes, so the view
+                // `offset` elements in holds num_blocks whole blocks; pairs holds 11 * 2 i32 of
+                // valid, distinct dst ids.
+                let st = unsafe {
+                    fl_kernels_sys::fl_kv_copy_blocks(
+                        dtype,
+                        (pk + off) as _,
+                        (pv + off) as _,
+                        shape[0] as i64,
+                        shape[1] as i32,
+                        shape[2] as i32,
+                        shape[3] as i32,
+                        pp as _,
+                        11,
+                        std::ptr::null_mut(),
+                        s.cu_stream() as _,
+                    )
+                };
+                assert_eq!(st, 0);
+            }
+            for (name, got, before) in [("k", &kc, &k0), ("v", &vc, &v0)] {
+                let mut want = before.clone();
+                let bb = block * size;
+                let o = offset * size;
+                for p in pairs.chunks(2) {
+                    let (src, dst) = (p[0] as usize, p[1] as usize);
+                    want[o + dst * bb..][..bb].copy_from_slice(&before[o + src * bb..][..bb]);
+                }
+                assert!(
+                    got.to_host(s).unwrap() == want,
+                    "{name} ({dtype:?}, offset {offset}) differs from the CPU copy"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn copy_blocks_launcher_checks_arguments() {
+    // Host-side checks only: nothing is launched, so this runs without a GPU.
+    use fl_kernels_sys::{fl_dtype, FL_ERR_INVALID_ARGUMENT};
+    let mut word = 0i32;
+    let p = &mut word as *mut i32 as *mut std::ffi::c_void;
+    let pairs = &word as *const i32;
+    let null = std::ptr::null_mut();
+    let launch = |dtype, k, v, blocks: i64, geom: [i32; 3], pairs, n| {
+        // SAFETY: every call below fails the host checks or has n == 0, so no pointer is read
+        // and nothing is launched.
+        unsafe {
+            fl_kernels_sys::fl_kv_copy_blocks(
+                dtype, k, v, blocks, geom[0], geom[1], geom[2], pairs, n, null as _, null,
+            )
+        }
+    };
+    let f16 = fl_dtype::FL_DTYPE_F16;
+    let g = [2, 16, 64];
+    let invalid = FL_ERR_INVALID_ARGUMENT;
+    // n == 0 is a no-op, with or without buffers
+    assert_eq!(launch(f16, null, null, 7, g, std::ptr::null(), 0), 0);
+    assert_eq!(launch(f16, p, p, 7, g, pairs, 0), 0);
+    // sizes
+    assert_eq!(launch(f16, p, p, 0, g, pairs, 0), invalid);
+    assert_eq!(launch(f16, p, p, 7, [0, 16, 64], pairs, 1), invalid);
+    assert_eq!(launch(f16, p, p, 7, [2, 0, 64], pairs, 1), invalid);
+    assert_eq!(launch(f16, p, p, 7, [2, 16, -1], pairs, 1), invalid);
+    assert_eq!(launch(f16, p, p, 7, g, pairs, -1), invalid);
+    let huge = [i32::MAX, i32::MAX, i32::MAX];
+    assert_eq!(launch(f16, p, p, 7, huge, pairs, 1), invalid);
+    assert_eq!(launch(f16, p, p, i64::MAX, g, pairs, 1), invalid);
+    // NULL pointers with pairs
+    assert_eq!(launch(f16, null, p, 7, g, pairs, 1), invalid);
+    assert_eq!(launch(f16, p, null, 7, g, pairs, 1), invalid);
+    assert_eq!(launch(f16, p, p, 7, g, std::ptr::null(), 1), invalid);
+}
+
+proptest! {
+    /// The reference: every dst block equals its src block as it was, every other block is
+    /// unchanged, and only out-of-range pairs (which copy nothing) set ERR_BLOCK.
+    #[test]
+    fn copy_blocks_reference_properties(
+        num_blocks in 2usize..40,
+        block in 1usize..24,
+        frac in 0.0f64..1.0,
+        bad in proptest::option::of(0usize..3),
+        seed in any::<u64>(),
+    ) {
+        use rand::SeedableRng;
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let n = ((num_blocks - 1) as f64 * frac) as usize;
+        let mut pairs = cow_pairs(&mut r, num_blocks, n);
+        if let Some(which) = bad {
+            let id = [-1, num_blocks as i32, i32::MAX][which];
+            pairs.extend([id, 0]);
+        }
+        let shape = [num_blocks, 1, block, 1];
+        let before: Vec<f32> = random_nonzero(&mut r, num_blocks * block, 1.0, 2.0);
+        let mut cache = before.clone();
+        let flag = reference::kv_cache::copy_blocks(&mut cache, shape, &pairs);
+        prop_assert_eq!(flag, if bad.is_some() { ERR_BLOCK } else { 0 });
+        for b in 0..num_blocks {
+            let got = &cache[b * block..][..block];
+            match pairs[..2 * n].chunks(2).find(|p| p[1] == b as i32) {
+                Some(p) => prop_assert_eq!(got, &before[p[0] as usize * block..][..block]),
+                None => prop_assert_eq!(got, &before[b * block..][..block]),
+            }
+        }
+    }
+}

@@ -370,7 +370,25 @@ impl<S> Scheduler<S> {
             }
         }
 
-        // Waiting requests, front first, while nothing was preempted.
+        // Waiting requests, front first, while nothing was preempted. A request is admitted
+        // only while the free blocks cover the rest of every running prompt, its own whole
+        // prompt and a watermark (1% of the pool) for the decodes' growth: admitting on the
+        // first chunk alone fills the pool with half-prefilled prompts and preempts later.
+        let bs = self.cfg.block_size;
+        let mut reserved: usize = self
+            .running
+            .iter()
+            .map(|id| {
+                let s = &self.seqs[id];
+                let have = self.kv.block_table(*id).map_or(0, <[_]>::len);
+                if s.prefilled {
+                    0
+                } else {
+                    s.len().div_ceil(bs).saturating_sub(have)
+                }
+            })
+            .sum();
+        let watermark = self.cfg.num_blocks.div_ceil(100);
         while plan.preempted_ids.is_empty()
             && budget > 0
             && self.running.len() < self.cfg.max_num_seqs
@@ -379,9 +397,12 @@ impl<S> Scheduler<S> {
                 break;
             };
             let tokens = self.seqs[&id].tokens();
-            if !self.cfg.chunked_prefill
-                && tokens.len() - self.kv.cached_prefix_len(&tokens) > budget
-            {
+            let cached = self.kv.cached_prefix_len(&tokens);
+            if !self.cfg.chunked_prefill && tokens.len() - cached > budget {
+                break;
+            }
+            let need = tokens.len().div_ceil(bs) - cached / bs;
+            if !self.running.is_empty() && self.kv.num_free_blocks() < reserved + need + watermark {
                 break;
             }
             let alloc = match self.kv.allocate_prompt(id, &tokens, budget) {
@@ -389,6 +410,8 @@ impl<S> Scheduler<S> {
                 Err(KvError::NoSpace { .. }) => break,
                 Err(e) => return Err(e.into()),
             };
+            let have = self.kv.block_table(id).map_or(0, <[_]>::len);
+            reserved += tokens.len().div_ceil(bs).saturating_sub(have);
             self.waiting.pop_front();
             self.running.push(id);
             let s = self.seqs.get_mut(&id).expect("queued ids exist");

@@ -310,6 +310,34 @@ fn max_num_seqs_limits_admission() {
 }
 
 #[test]
+fn admission_waits_until_the_whole_prompt_fits() {
+    // 20 blocks of 4 (watermark 1): request 1's 40-token prompt (10 blocks, 11 with its
+    // output) is chunked 12 at a time; its last chunk (4) leaves budget for request 2, whose
+    // 40 tokens (10 blocks) do not fit beside it (10 + 10 + 1 > 20): admitting its first chunk
+    // anyway would preempt later. It starts once request 1 is done.
+    let c = cfg(20, 4, 12);
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    let mut r = Runner::new(&c);
+    r.add(&mut s, 1, prompt(40, 1), params(2));
+    r.add(&mut s, 2, prompt(40, 2), params(2));
+    let mut steps_before_2 = 0;
+    loop {
+        let p = r.step(&mut s);
+        if p.seqs.iter().any(|q| q.id == 2) {
+            break;
+        }
+        steps_before_2 += 1;
+        assert!(steps_before_2 < 20, "request 2 never admitted");
+    }
+    assert!(steps_before_2 >= 5, "admitted after {steps_before_2} steps");
+    r.run_to_end(&mut s);
+    assert_eq!(s.num_preemptions(), 0, "admission should have left room");
+    for (id, seed) in [(1, 1), (2, 2)] {
+        assert_eq!(r.outputs[&id], alone(&prompt(40, seed), &params(2)));
+    }
+}
+
+#[test]
 fn preemption_picks_the_newest_and_recomputes_the_same_tokens() {
     // 6 blocks of 2: two requests of 4 prompt + 6 new tokens (9 KV slots = 5 blocks each).
     let c = cfg(6, 2, 64);

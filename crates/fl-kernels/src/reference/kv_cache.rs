@@ -134,6 +134,36 @@ pub fn append_paged<I: FloatDType, C: FloatDType>(
     )
 }
 
+/// Reference of [`kv_cache::copy_blocks`](crate::kv_cache::copy_blocks) on one tensor (call it
+/// for K and for V): `cache[dst] = cache[src]` for each row `(src, dst)` of `pairs` (`[n, 2]`
+/// row-major) in a paged `cache` of shape `cache_shape = [num_blocks, kv_heads, block_size,
+/// head_dim]`, every source read as it was before the call. A pair with an id outside
+/// `0..num_blocks` copies nothing and sets [`ERR_BLOCK`]; returns the error-flag bits.
+/// Panics on an odd `pairs` length or a cache of the wrong size (a test bug).
+pub fn copy_blocks<C: FloatDType>(cache: &mut [C], cache_shape: [usize; 4], pairs: &[i32]) -> i32 {
+    assert_eq!(cache.len(), cache_shape.iter().product::<usize>());
+    assert_eq!(
+        pairs.len() % 2,
+        0,
+        "reference::kv_cache: pairs is not [n, 2]"
+    );
+    let [num_blocks, kv_heads, block_size, head_dim] = cache_shape;
+    let block = kv_heads * block_size * head_dim;
+    let before = cache.to_vec();
+    let valid = |b: i32| b >= 0 && (b as usize) < num_blocks;
+    let mut flag = 0;
+    for pair in pairs.chunks_exact(2) {
+        let (src, dst) = (pair[0], pair[1]);
+        if !valid(src) || !valid(dst) {
+            flag |= ERR_BLOCK;
+            continue;
+        }
+        cache[dst as usize * block..][..block]
+            .copy_from_slice(&before[src as usize * block..][..block]);
+    }
+    flag
+}
+
 /// The cache layout for [`rope_append`].
 #[derive(Clone, Copy, Debug)]
 pub enum Layout<'a> {

@@ -1,0 +1,594 @@
+//! The `fl` command.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use fl_engine::dtype::RunDType;
+use fl_engine::engine::Engine;
+use fl_engine::linear::Quant;
+use fl_engine::runner::{RequestOptions, Runner, RunnerConfig};
+use fl_engine::scheduler::{Event, Request, RequestParams};
+use fl_engine::{load, EngineError, Loaded, Result};
+use fl_sampling::SamplingParams;
+
+mod bench;
+
+/// Loads the model named by a `ModelArgs` in its dtype and runs `$body(engine, loaded)`.
+macro_rules! dispatch {
+    ($m:expr, |$e:ident, $l:ident| $body:expr) => {{
+        let m = $m;
+        (|| -> Result<()> {
+            let $l = load::resolve(&m.model, &m.quant)?;
+            match m.dtype.as_str() {
+                "f32" => {
+                    let mut $e = load::engine::<f32>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
+                "bf16" => {
+                    let mut $e = load::engine::<fl_kernels::bf16>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
+                _ => {
+                    let mut $e = load::engine::<fl_kernels::f16>(&$l, !m.no_graph)?;
+                    let $e = &mut $e;
+                    $body
+                }
+            }
+        })()
+    }};
+}
+
+#[derive(Parser)]
+#[command(
+    name = "fl",
+    version,
+    about = "FasterLLaMA-rs: LLaMA-family inference on CUDA"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text (or token ids) from a prompt, streaming it as it is produced.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompt text (needs tokenizer.json in the model directory).
+        #[arg(long, conflicts_with = "prompt_ids")]
+        prompt: Option<String>,
+        /// Prompt as comma-separated token ids (for models without a tokenizer).
+        #[arg(long)]
+        prompt_ids: Option<String>,
+        /// Tokens to generate at most.
+        #[arg(long, default_value_t = 128)]
+        max_new_tokens: usize,
+        /// Softmax temperature; 0 means greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Keep the k most likely tokens (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: u32,
+        /// Nucleus sampling mass (1: all).
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Random seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print token ids instead of text.
+        #[arg(long)]
+        print_ids: bool,
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
+    /// Time prefill and decode on a model or a preset with dummy weights.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Sequences in the batch.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Prompt tokens per sequence.
+        #[arg(long, default_value_t = 128)]
+        prompt_len: usize,
+        /// Tokens generated per sequence (end ids ignored).
+        #[arg(long, default_value_t = 128)]
+        gen_len: usize,
+        /// Print one JSON line instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Several runs on one load: `BATCH:PROMPT:GEN,...` (overrides the three above).
+        #[arg(long)]
+        runs: Option<String>,
+        /// Also run each shape through the continuous-batching runner (paged KV cache,
+        /// every request queued at once, chunked prefill under an 8,192-token budget) on the
+        /// same load, and print its figures under the static engine's.
+        #[arg(long)]
+        runner: bool,
+        /// Replay a trace of this many requests through the runner instead of the shapes
+        /// above: arrivals per `--rate`, lengths per `--prompt-lens` / `--output-lens`; reports
+        /// throughput and TTFT / TPOT / inter-token latency percentiles.
+        #[arg(long)]
+        trace: Option<usize>,
+        /// A trace from a JSON file instead: `[{"arrival_s", "prompt_len", "output_len"}, ...]`.
+        #[arg(long)]
+        trace_file: Option<PathBuf>,
+        /// Trace arrivals per second (Poisson); default: every request at once.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Trace prompt lengths: `N` or `LO-HI` (uniform).
+        #[arg(long, default_value = "64-4096")]
+        prompt_lens: String,
+        /// Trace output lengths: `N` or `LO-HI` (uniform).
+        #[arg(long, default_value = "16-1024")]
+        output_lens: String,
+        /// Seed of the generated trace.
+        #[arg(long, default_value_t = 1)]
+        trace_seed: u64,
+        /// Trace prompts start with the same this many tokens (a shared system prompt);
+        /// trace prompt lengths must be longer.
+        #[arg(long, default_value_t = 0)]
+        shared_prefix: usize,
+        /// Also replay the trace through the static engine, in arrival-order batches of up to
+        /// --max-num-seqs requests (fewer when a batch's contiguous cache does not fit),
+        /// every request arriving at once; prints both.
+        #[arg(long)]
+        trace_static: bool,
+        #[command(flatten)]
+        runner_args: RunnerArgs,
+    },
+    /// Logits for checks against another implementation: reads
+    /// `{"prompts": [[ids]...], "forced": [[ids]...] (optional), "steps": N}` and writes
+    /// `{"prefill": [[f32; vocab] per prompt], "steps": [[[f32; vocab] per prompt] per step],
+    /// "tokens": [[ids] per prompt]}`. Sampling is greedy with no end ids: without `forced`,
+    /// `tokens` is each prompt's greedy continuation (N + 1 tokens).
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Input JSON file.
+        #[arg(long)]
+        input: PathBuf,
+        /// Output JSON file.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
+    /// Run the kernel demo: elementwise kernels checked against the CPU and timed.
+    Demo {
+        /// Elements per call.
+        #[arg(long, default_value_t = 1 << 26)]
+        n: usize,
+    },
+    /// Print the GPU this machine has.
+    Info,
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// A model directory (config.json + safetensors) or a preset name for dummy weights
+    /// (llama-2-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, tiny).
+    #[arg(long)]
+    model: String,
+    /// Run dtype: weights, activations and KV cache (f32 runs every projection on cuBLASLt in
+    /// f32, no TF32, for checks against an fp32 reference).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
+    dtype: String,
+    /// Quantise the decoder's linear layers on load: weight-only int8 (per output channel),
+    /// int4 (symmetric, groups of 128 along k; int4-g64, int4-g32), llama.cpp q8_0 / q4_0, or
+    /// w8a8 (int8 weights and per-token int8 activations, int8 tensor-core GEMMs). The
+    /// embedding and the LM head stay dense. Needs --dtype f16 or bf16.
+    #[arg(long, default_value = "none",
+          value_parser = clap::builder::PossibleValuesParser::new(Quant::NAMES))]
+    quant: String,
+    /// Decode without the CUDA graph (each kernel launched every step).
+    #[arg(long)]
+    no_graph: bool,
+}
+
+/// How the continuous-batching runner sizes its KV pool and its steps.
+#[derive(clap::Args, Clone)]
+struct RunnerArgs {
+    /// Fraction of the GPU memory left after the weights and a full step's activations that
+    /// the paged KV cache takes.
+    #[arg(long, default_value_t = 0.9)]
+    kv_memory: f64,
+    /// Tokens one step computes at most: running decodes first, then prompt chunks.
+    #[arg(long, default_value_t = 8192)]
+    max_batched_tokens: usize,
+    /// Sequences one step runs at most.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Do not reuse the KV blocks of shared prompt prefixes.
+    #[arg(long)]
+    no_prefix_cache: bool,
+    /// Longest sequence (prompt + generated) the runner accepts; default the model's context.
+    /// Smaller values shrink each step's block table.
+    #[arg(long)]
+    max_model_len: Option<usize>,
+}
+
+impl RunnerArgs {
+    fn config(&self) -> RunnerConfig {
+        RunnerConfig {
+            kv_memory: self.kv_memory,
+            block_size: self.block_size,
+            max_batched_tokens: self.max_batched_tokens,
+            max_num_seqs: self.max_num_seqs,
+            max_model_len: self.max_model_len,
+            enable_prefix_cache: !self.no_prefix_cache,
+            num_blocks: None,
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Info => with_gpu(info),
+        Cmd::Demo { n } => with_gpu(|g| demo(g, n)),
+        Cmd::Generate {
+            model,
+            prompt,
+            prompt_ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            print_ids,
+            runner,
+        } => {
+            let g = GenArgs {
+                prompt,
+                prompt_ids,
+                max_new_tokens,
+                sampling: SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    seed,
+                    ..Default::default()
+                },
+                print_ids,
+            };
+            dispatch!(model, |e, m| generate(e, &m, &g, &runner.config()))
+        }
+        Cmd::Bench {
+            model,
+            batch,
+            prompt_len,
+            gen_len,
+            json,
+            runs,
+            runner,
+            trace,
+            trace_file,
+            rate,
+            prompt_lens,
+            output_lens,
+            trace_seed,
+            shared_prefix,
+            trace_static,
+            runner_args,
+        } => dispatch!(model, |e, _m| {
+            let rcfg = runner_args.config();
+            if trace.is_some() || trace_file.is_some() {
+                let requests = match &trace_file {
+                    Some(f) => {
+                        let text = std::fs::read_to_string(f).map_err(|x| {
+                            EngineError::invalid("--trace-file", format!("{}: {x}", f.display()))
+                        })?;
+                        fl_engine::trace::parse_trace_json(&text)?
+                    }
+                    None => fl_engine::trace::TraceSpec {
+                        requests: trace.unwrap_or(0),
+                        rate,
+                        prompt: fl_engine::trace::Lengths::parse(&prompt_lens)?,
+                        output: fl_engine::trace::Lengths::parse(&output_lens)?,
+                        seed: trace_seed,
+                    }
+                    .generate()?,
+                };
+                let t = bench::TraceRun {
+                    requests: &requests,
+                    shared_prefix,
+                    json,
+                };
+                if trace_static {
+                    bench::trace_static(e, &t, rcfg.max_num_seqs)?;
+                }
+                return bench::trace(e, &t, &rcfg);
+            }
+            let list = match &runs {
+                Some(r) => bench::parse_runs(r)?,
+                None => vec![(batch, prompt_len, gen_len)],
+            };
+            for (b, p, g) in list {
+                let mut results = vec![bench::fixed(e, b, p, g, json)];
+                if runner {
+                    results.push(bench::runner(e, b, p, g, json, &rcfg));
+                }
+                for res in results {
+                    match res {
+                        Ok(()) => {}
+                        // A shape that does not fit is reported and the next one runs.
+                        Err(x @ EngineError::Invalid { .. }) if runs.is_some() || runner => {
+                            println!("batch {b}, prompt {p}, generate {g}: {x}")
+                        }
+                        Err(x) => return Err(x),
+                    }
+                }
+            }
+            Ok(())
+        }),
+        Cmd::Logits {
+            model,
+            input,
+            out,
+            runner,
+        } => dispatch!(model, |e, _m| logits(e, &input, &out, &runner.config())),
+    };
+    if let Err(e) = res {
+        eprintln!("fl: {e}");
+        std::process::exit(match e {
+            EngineError::Kernels(fl_kernels::Error::NoGpu(_)) => 2,
+            _ => 1,
+        });
+    }
+}
+
+fn with_gpu(f: impl FnOnce(&fl_kernels::Gpu) -> Result<()>) -> Result<()> {
+    let gpu = match fl_kernels::Gpu::new(0) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("fl: {e}; this command needs an NVIDIA GPU (compute capability 8.0+)");
+            std::process::exit(2);
+        }
+    };
+    f(&gpu)
+}
+
+fn info(gpu: &fl_kernels::Gpu) -> Result<()> {
+    let (maj, min) = gpu.compute_capability();
+    println!(
+        "{}: compute capability {maj}.{min}, {} SMs",
+        gpu.name()?,
+        gpu.sm_count()
+    );
+    Ok(())
+}
+
+fn demo(gpu: &fl_kernels::Gpu, n: usize) -> Result<()> {
+    info(gpu)?;
+    if n == 0 {
+        return Err(EngineError::invalid("--n", "must be at least 1"));
+    }
+    println!(
+        "{:<10} {:>12} {:>10} {:>10} {:>9}",
+        "op", "elements", "rel err", "us", "GB/s"
+    );
+    let mut ok = true;
+    for l in fl_engine::demo::run(gpu, n)? {
+        println!(
+            "{:<10} {:>12} {:>10.2e} {:>10.1} {:>9.0}",
+            l.what, l.n, l.rel_err, l.us, l.gbps
+        );
+        ok &= l.rel_err < 1e-5;
+    }
+    if !ok {
+        return Err(EngineError::invalid(
+            "demo",
+            "a kernel disagreed with its reference",
+        ));
+    }
+    Ok(())
+}
+
+struct GenArgs {
+    prompt: Option<String>,
+    prompt_ids: Option<String>,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    print_ids: bool,
+}
+
+fn parse_ids(arg: &'static str, s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .map(|t| t.trim())
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| EngineError::invalid(arg, format!("`{t}` is not a token id")))
+        })
+        .collect()
+}
+
+fn generate<T: RunDType>(
+    e: &mut Engine<T>,
+    m: &Loaded,
+    g: &GenArgs,
+    rcfg: &RunnerConfig,
+) -> Result<()> {
+    let tok = m.tokenizer.as_ref();
+    let prompt = match (&g.prompt, &g.prompt_ids) {
+        (_, Some(ids)) => parse_ids("--prompt-ids", ids)?,
+        (Some(text), None) => match tok {
+            Some(t) => t.encode(text, true)?,
+            None => {
+                return Err(EngineError::invalid(
+                    "--prompt",
+                    "this model has no tokenizer.json; pass --prompt-ids",
+                ))
+            }
+        },
+        (None, None) => {
+            return Err(EngineError::invalid(
+                "--prompt",
+                "give --prompt TEXT or --prompt-ids IDS",
+            ))
+        }
+    };
+    let eos = e.model.cfg.eos_token_ids.clone();
+    let n_prompt = prompt.len();
+    // One request: a pool just large enough for it (prompt + new tokens).
+    let cfg = RunnerConfig {
+        max_num_seqs: 1,
+        num_blocks: Some((n_prompt + g.max_new_tokens).div_ceil(rcfg.block_size.max(1))),
+        ..rcfg.clone()
+    };
+    let mut r = Runner::new(e, &cfg)?;
+    let mut params = RequestParams::<SamplingParams>::new(g.max_new_tokens);
+    params.eos_token_ids = eos;
+    params.seed = g.sampling.seed;
+    params.sampling = g.sampling;
+    r.add_request(Request {
+        id: 0,
+        prompt,
+        params,
+    })?;
+    let mut stream = match (tok, g.print_ids) {
+        (Some(t), false) => Some(fl_engine::tokenizer::TextStream::new(t)),
+        _ => None,
+    };
+    let t0 = std::time::Instant::now();
+    let (mut first, mut n, mut graph) = (None, 0usize, false);
+    while r.has_unfinished() {
+        let events = r.step()?;
+        graph |= r.last_step().graph;
+        for ev in events {
+            if let Event::Token { token, .. } = ev {
+                first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                match stream.as_mut() {
+                    Some(ts) => print!("{}", ts.push(token)?),
+                    None => print!("{}{token}", if n == 0 { "" } else { "," }),
+                }
+                n += 1;
+                let _ = std::io::stdout().flush();
+            }
+        }
+    }
+    println!();
+    let total = t0.elapsed().as_secs_f64();
+    let first = first.unwrap_or(total);
+    eprintln!(
+        "fl: {n_prompt} prompt tokens, first token after {:.1} ms, {n} new tokens, decode {:.1} tokens/s{}",
+        first * 1e3,
+        n.saturating_sub(1) as f64 / (total - first).max(1e-9),
+        if graph { " (CUDA graph)" } else { "" }
+    );
+    Ok(())
+}
+
+fn logits<T: RunDType>(
+    e: &mut Engine<T>,
+    input: &PathBuf,
+    out_path: &PathBuf,
+    rcfg: &RunnerConfig,
+) -> Result<()> {
+    let file_err = |p: &PathBuf, d: String| EngineError::File {
+        path: p.clone(),
+        detail: d,
+    };
+    let text = std::fs::read_to_string(input).map_err(|x| file_err(input, x.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|x| file_err(input, x.to_string()))?;
+    let ids = |key: &str| -> Result<Option<Vec<Vec<u32>>>> {
+        match v.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(x) => serde_json::from_value(x.clone())
+                .map(Some)
+                .map_err(|x| file_err(input, format!("`{key}`: {x}"))),
+        }
+    };
+    let prompts = ids("prompts")?.ok_or_else(|| file_err(input, "no `prompts`".into()))?;
+    let forced = ids("forced")?.unwrap_or_default();
+    if !forced.is_empty() && forced.len() != prompts.len() {
+        return Err(EngineError::invalid(
+            "forced",
+            format!("{} lists for {} prompts", forced.len(), prompts.len()),
+        ));
+    }
+    let steps = v.get("steps").and_then(|s| s.as_u64()).unwrap_or(0) as usize;
+    // Every prompt is a request of its own in one runner (they share steps); its logits are
+    // kept per generated token. A pool just large enough for all of them.
+    let bs = rcfg.block_size.max(1);
+    let cfg = RunnerConfig {
+        max_num_seqs: prompts.len().max(1),
+        num_blocks: Some(
+            prompts
+                .iter()
+                .map(|p| (p.len() + steps + 1).div_ceil(bs))
+                .sum::<usize>()
+                .max(1),
+        ),
+        ..rcfg.clone()
+    };
+    let mut r = Runner::new(e, &cfg)?;
+    for (b, p) in prompts.iter().enumerate() {
+        let mut params = RequestParams::<SamplingParams>::new(steps + 1);
+        params.ignore_eos = true;
+        params.sampling = SamplingParams::greedy();
+        let opts = RequestOptions {
+            forced: forced.get(b).cloned().unwrap_or_default(),
+            logits: true,
+        };
+        r.add_request_with(
+            Request {
+                id: b as u64,
+                prompt: p.clone(),
+                params,
+            },
+            opts,
+        )
+        .map_err(|x| match x {
+            EngineError::Request(q) => EngineError::invalid("prompts", format!("prompt {b}: {q}")),
+            x => x,
+        })?;
+    }
+    let mut graph = false;
+    while r.has_unfinished() {
+        r.step()?;
+        graph |= r.last_step().graph;
+    }
+    let mut prefill = Vec::with_capacity(prompts.len());
+    let mut per_step = vec![Vec::with_capacity(prompts.len()); steps];
+    let mut tokens = Vec::with_capacity(prompts.len());
+    for b in 0..prompts.len() {
+        let rows = r.take_logits(b as u64).unwrap_or_default();
+        // The greedy choice of each row (lowest index of the largest logit), forced or not.
+        tokens.push(rows.iter().map(|l| argmax(l)).collect::<Vec<u32>>());
+        let mut it = rows.into_iter();
+        prefill.push(it.next().unwrap_or_default());
+        for (s, row) in it.enumerate().take(steps) {
+            per_step[s].push(row);
+        }
+    }
+    let j = serde_json::json!({
+        "prefill": prefill,
+        "steps": per_step,
+        "tokens": tokens,
+        "dtype": <T as fl_kernels::DType>::NAME,
+        "graph": graph,
+    });
+    std::fs::write(out_path, j.to_string()).map_err(|x| file_err(out_path, x.to_string()))?;
+    Ok(())
+}
+
+/// Lowest index of the largest value (NaN reads as -inf), as the greedy sampler picks.
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for (i, &x) in row.iter().enumerate() {
+        if x > best.1 {
+            best = (i as u32, x);
+        }
+    }
+    best.0
+}
