@@ -15,8 +15,10 @@
 //! - a step of single tokens (every decode step once the prompts are in) runs the decode
 //!   attention over the paged cache, the QKV GEMV rotating and appending to the paged cache in
 //!   its epilogue (f16 / bf16), and the LM head over every row; forward + LM head are captured
-//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) in a CUDA graph on
-//!   the bucket's second use and replayed after that;
+//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) and decode span (the
+//!   next power of two, at least 256, of the longest context: the attention's split layout
+//!   covers it, so short contexts split less) in a CUDA graph on its second use and replayed
+//!   after that;
 //! - a step with a longer chunk runs every row through the paged prefill attention (prefix
 //!   from the cache, the chunk causal), then gathers the rows that need logits;
 //! - copy-on-write block copies of the plan run first ([`fl_kernels::kv_cache::copy_blocks`]);
@@ -34,7 +36,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use fl_kernels::cudarc::driver::{CudaGraph, CudaStream};
+use fl_kernels::cudarc::driver::{CudaGraph, CudaStream, PinnedHostSlice};
 use fl_kernels::{embedding, kv_cache, DeviceTensor};
 use fl_sampling::{
     DeviceParams, History, PenaltyWorkspace, Processors, SampleOptions, SampleWorkspace,
@@ -105,16 +107,21 @@ pub struct Runner<'e, T: RunDType> {
     last: StepStats,
 }
 
-/// A pass's buffers and, for a decode bucket, the CUDA graph of its forward + LM head.
+/// A pass's buffers and, for a decode bucket, the CUDA graphs of its forward + LM head, one
+/// per decode span (the attention's split layout covers the span: a short context splits
+/// less).
 struct PassBuffers<T: RunDType> {
     buf: Buffers<T>,
-    graph: Option<CudaGraph>,
+    graphs: HashMap<usize, CudaGraph>,
     /// Decode passes: the block table on the device (uploaded again only when it changes;
     /// the sequence rows are `0..m`, uploaded once).
     table: Vec<i32>,
-    /// Eager runs so far (a decode bucket is captured on its second use, after module
-    /// loading and cuBLASLt's first plans).
-    runs: usize,
+    /// Decode passes: page-locked staging of the ids, positions and visible lengths (a copy
+    /// from pageable memory costs a staging copy in the driver on every step).
+    staging: Option<[PinnedHostSlice<i32>; 3]>,
+    /// Eager runs so far per span (a decode bucket is captured on its second use at a span,
+    /// after module loading and cuBLASLt's first plans).
+    runs: HashMap<usize, usize>,
 }
 
 /// The rows that get logits and a token, `rows` of them (a power of two; padding rows
@@ -127,11 +134,36 @@ struct Head<T: RunDType> {
     tokens: DeviceTensor<i32>,
     steps: DeviceTensor<i32>,
     params: DeviceParams,
+    /// Page-locked staging of `steps` (up) and `tokens` (down).
+    host_steps: PinnedHostSlice<i32>,
+    host_tokens: PinnedHostSlice<i32>,
+}
+
+/// Page-locked host memory for `n` i32.
+fn pinned(stream: &Arc<CudaStream>, n: usize) -> Result<PinnedHostSlice<i32>> {
+    // SAFETY: the memory is uninitialised; every user writes it (or a device copy fills it)
+    // before reading it.
+    Ok(unsafe { stream.context().alloc_pinned::<i32>(n)? })
+}
+
+/// Queues `data` (`dst.len()` values) to `dst` through the page-locked `host` (as long).
+fn stage(
+    stream: &Arc<CudaStream>,
+    host: &mut PinnedHostSlice<i32>,
+    data: &[i32],
+    dst: &mut DeviceTensor<i32>,
+) -> Result<()> {
+    // Waits for the previous copy out of `host` (done: every step reads its tokens back).
+    host.as_mut_slice()?.copy_from_slice(data);
+    stream.memcpy_htod(host, dst.as_slice_mut())?;
+    Ok(())
 }
 
 impl<T: RunDType> Head<T> {
     fn new(stream: &Arc<CudaStream>, rows: usize, hidden: usize, vocab: usize) -> Result<Self> {
         Ok(Head {
+            host_steps: pinned(stream, rows)?,
+            host_tokens: pinned(stream, rows)?,
             rows: DeviceTensor::zeros(stream, &[rows])?,
             x: DeviceTensor::zeros(stream, &[rows, hidden])?,
             logits: DeviceTensor::zeros(stream, &[rows, vocab])?,
@@ -471,7 +503,20 @@ impl<'e, T: RunDType> Runner<'e, T> {
             bucket(heads.len().max(1))
         };
         let key = (padded, decode);
+        // Decode passes: the attention splits over the next power of two (at least 256) of the
+        // longest context, not the whole capacity.
+        let span = if decode {
+            let longest = ctx.iter().copied().max().unwrap_or(1).max(1) as usize;
+            longest
+                .next_power_of_two()
+                .max(256)
+                .min(self.cache.capacity)
+        } else {
+            0
+        };
         if !self.passes.contains_key(&key) {
+            // The decode workspace is sized for the widest span.
+            self.cache.set_decode_span(self.cache.capacity)?;
             let mut buf = self
                 .engine
                 .model
@@ -484,11 +529,23 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 key,
                 PassBuffers {
                     buf,
-                    graph: None,
+                    graphs: HashMap::new(),
                     table: vec![],
-                    runs: 0,
+                    staging: if decode {
+                        Some([
+                            pinned(&stream, padded)?,
+                            pinned(&stream, padded)?,
+                            pinned(&stream, padded)?,
+                        ])
+                    } else {
+                        None
+                    },
+                    runs: HashMap::new(),
                 },
             );
+        }
+        if decode {
+            self.cache.set_decode_span(span)?;
         }
         if let std::collections::hash_map::Entry::Vacant(v) = self.heads.entry(rows) {
             v.insert(Head::new(&stream, rows, hidden, vocab)?);
@@ -499,7 +556,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
         if decode {
             // Token b is sequence b: the rows never change, the table rarely (a new block
             // every block_size steps); padding rows keep block 0 and write nothing.
-            buf.upload(&stream, Some(&ids), &pos, None)?;
+            let [hi, hp, hv] = pass.staging.as_mut().expect("decode passes stage");
+            let vis: Vec<i32> = pos.iter().map(|p| p + 1).collect();
+            stage(&stream, hi, &ids, &mut buf.ids)?;
+            stage(&stream, hp, &pos, &mut buf.positions)?;
+            stage(&stream, hv, &vis, &mut buf.visible)?;
             table.resize(padded * width, 0);
             if pass.table != table {
                 buf.block_table.copy_from_host(&stream, &table)?;
@@ -524,31 +585,25 @@ impl<'e, T: RunDType> Runner<'e, T> {
         if head.params.host() != params.as_slice() {
             head.params.update(&stream, &params)?;
         }
-        head.steps.copy_from_host(&stream, &steps)?;
+        stage(&stream, &mut head.host_steps, &steps, &mut head.steps)?;
 
         let engine = &mut *self.engine;
         let model = &engine.model;
         if decode {
-            match &pass.graph {
+            let runs = pass.runs.get(&span).copied().unwrap_or(0);
+            if !pass.graphs.contains_key(&span) && engine.use_graph && runs >= 1 {
+                let g = capture(&stream, |s| {
+                    model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
+                    model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
+                })?;
+                if let Some(g) = g {
+                    pass.graphs.insert(span, g);
+                }
+            }
+            match pass.graphs.get(&span) {
                 Some(g) => {
                     g.launch()?;
                     self.last.graph = true;
-                }
-                None if engine.use_graph && pass.runs >= 1 => {
-                    pass.graph = capture(&stream, |s| {
-                        model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
-                        model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
-                    })?;
-                    match &pass.graph {
-                        Some(g) => {
-                            g.launch()?;
-                            self.last.graph = true;
-                        }
-                        None => {
-                            model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
-                            model.lm_head(&stream, &mut engine.blas, &buf.x, &mut head.logits)?;
-                        }
-                    }
                 }
                 None => {
                     model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
@@ -558,7 +613,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
         } else {
             model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
             if heads.is_empty() {
-                pass.runs += 1;
+                *pass.runs.entry(span).or_default() += 1;
                 buf.status.check(&stream)?;
                 return Ok(vec![]);
             }
@@ -568,7 +623,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             embedding::lookup(&stream, &head.rows, &buf.x, &mut head.x, &mut buf.status)?;
             model.lm_head(&stream, &mut engine.blas, &head.x, &mut head.logits)?;
         }
-        pass.runs += 1;
+        *pass.runs.entry(span).or_default() += 1;
         if heads.is_empty() {
             buf.status.check(&stream)?;
             return Ok(vec![]);
@@ -595,7 +650,8 @@ impl<'e, T: RunDType> Runner<'e, T> {
         } else {
             None
         };
-        let host = head.tokens.to_host(&stream)?;
+        stream.memcpy_dtoh(head.tokens.as_slice(), &mut head.host_tokens)?;
+        let host = head.host_tokens.as_slice()?; // waits for the step
         let buf = &mut self.passes.get_mut(&key).expect("inserted above").buf;
         buf.status.check(&stream)?;
         let mut out = Vec::with_capacity(heads.len());

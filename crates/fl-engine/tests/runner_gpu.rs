@@ -386,3 +386,57 @@ fn penalties_and_min_new_tokens_match_static() {
         "end id sampled under min_new_tokens"
     );
 }
+
+/// A context longer than the smallest decode span (256): the decode graphs switch spans
+/// (256 -> 512) as the sequences grow, and the logits still match the static engine's.
+#[test]
+fn decode_span_switch_matches_static_f16() {
+    if gpu_or_skip("decode_span_switch_matches_static_f16").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut cfg = preset("tiny").expect("tiny preset");
+    cfg.max_position_embeddings = 1024;
+    let mut e = Engine::<f16>::load(0, cfg, WeightSource::Dummy { seed: 7 }, None).expect("load");
+    let prompts = [prompt(240, 3), prompt(30, 4)];
+    let forced: Vec<Vec<u32>> = vec![prompt(40, 5), prompt(40, 6)];
+    let want: Vec<Vec<Vec<f32>>> = prompts
+        .iter()
+        .zip(&forced)
+        .map(|(p, f)| static_forced_logits(&mut e, p, f))
+        .collect();
+    let rcfg = RunnerConfig {
+        max_num_seqs: 2,
+        num_blocks: Some(64),
+        ..Default::default()
+    };
+    let mut r = Runner::new(&mut e, &rcfg).expect("runner");
+    for (i, (p, f)) in prompts.iter().zip(&forced).enumerate() {
+        let opts = RequestOptions {
+            forced: f.clone(),
+            logits: true,
+        };
+        let q = request(
+            i as u64,
+            p.clone(),
+            f.len() + 1,
+            SamplingParams::greedy(),
+            0,
+        );
+        r.add_request_with(q, opts).expect("add");
+    }
+    let mut graphs = 0;
+    while r.has_unfinished() {
+        r.step().expect("step");
+        graphs += r.last_step().graph as usize;
+    }
+    assert!(graphs > 0, "no decode step replayed a CUDA graph");
+    for (i, w) in want.iter().enumerate() {
+        let got = r.take_logits(i as u64).expect("kept logits");
+        assert_eq!(got.len(), w.len());
+        for (s, (g, w)) in got.iter().zip(w).enumerate() {
+            let err = rel_l2(g, &to_f64(w));
+            assert!(err < 1e-2, "request {i} step {s}: relL2 {err:.2e}");
+        }
+    }
+}
