@@ -534,10 +534,13 @@ impl Checkpoint {
             .get("weight_map")
             .and_then(Value::as_object)
             .ok_or_else(|| bad("no `weight_map` object".into()))?;
-        // Shards in first-seen order of the sorted weight map; each with one tensor to name.
+        // Shards in first-seen order of the weight map sorted by tensor name (whatever order
+        // the file lists them in); each with one tensor to name.
+        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(b.0));
         let mut shard_names: Vec<&str> = Vec::new();
         let mut placed: Vec<(&str, &str)> = Vec::with_capacity(map.len());
-        for (tensor, v) in map {
+        for (tensor, v) in entries {
             let shard = v.as_str().ok_or_else(|| {
                 bad(format!(
                     "weight_map entry `{tensor}` is {v}, not a file name"

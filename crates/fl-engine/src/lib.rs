@@ -13,7 +13,10 @@
 //!   resolution;
 //! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
 //!   stream each one's tokens and finish reason, abort, metrics);
-//! - the `fl` binary: `fl generate`, `fl bench`, `fl logits` (for checks), `fl demo`.
+//! - [`chat_template`] (feature `serve`): a model's Jinja chat template rendered as
+//!   transformers renders it; [`serve`] (feature `serve`): the OpenAI-compatible HTTP
+//!   server of `fl serve`;
+//! - the `fl` binary: `fl generate`, `fl bench`, `fl logits` (for checks), `fl serve`, `fl demo`.
 //!
 //! ```no_run
 //! use fl_engine::engine::{Engine, Request, StepNeeds};
@@ -37,6 +40,8 @@
 
 pub mod buffers;
 pub mod cache;
+#[cfg(feature = "serve")]
+pub mod chat_template;
 pub mod checkpoint;
 pub mod config;
 pub mod demo;
@@ -51,6 +56,8 @@ pub mod model;
 pub mod presets;
 pub mod runner;
 pub mod scheduler;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod service;
 pub mod tokenizer;
 pub mod trace;

@@ -317,8 +317,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
         self.engine
     }
 
-    /// Queues a request; its `params.sampling.seed` and `request_id` are set from the
-    /// request's `seed` and `id`. Errors name the field ([`crate::scheduler::RequestError`]).
+    /// Queues a request; its `params.sampling.seed` is set from the request's `seed`, and its
+    /// `params.sampling.request_id` is kept as given: the Philox stream is keyed by (seed,
+    /// request_id, token index), so one seed gives the same tokens whatever the request's id
+    /// and batch mates (give distinct `request_id`s to requests that share a seed but should
+    /// not share samples). Errors name the field ([`crate::scheduler::RequestError`]).
     pub fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()> {
         self.add_request_with(req, RequestOptions::default())
     }
@@ -340,7 +343,6 @@ impl<'e, T: RunDType> Runner<'e, T> {
             ));
         }
         req.params.sampling.seed = req.params.seed;
-        req.params.sampling.request_id = req.id;
         let id = req.id;
         self.sched.add_request(req)?;
         if opts != RequestOptions::default() {

@@ -24,6 +24,9 @@
 //!   [`StreamEvent::Error`]. A step that fails ends the requests that step ran with that error;
 //!   the other requests continue and the service keeps serving.
 //! - Dropping a stream before its terminal event aborts its request.
+//! - [`Service::submit_with_sink`] is the variant for async servers: it does not wait, and
+//!   the worker hands each event to a callback (which forwards it to an async channel)
+//!   instead of a [`RequestStream`]; a refusal is the callback's first and only event.
 //! - [`Service::shutdown`] (or dropping the [`Service`]) ends every request in flight with
 //!   [`FinishReason::Abort`] and joins the worker. If the worker panics, every open stream gets
 //!   [`ServiceError::WorkerPanicked`] and so does every later call: nothing waits forever.
@@ -251,11 +254,61 @@ impl StreamEvent {
 /// An event and when the worker sent it.
 type Stamped = (StreamEvent, Instant);
 
+/// A callback that receives a request's events on the worker thread
+/// ([`Service::submit_with_sink`]).
+type SinkFn = Box<dyn FnMut(StreamEvent, Instant) -> bool + Send>;
+
+/// Where the worker sends a request's events.
+enum Sink {
+    /// A [`RequestStream`]'s channel.
+    Channel(Sender<Stamped>),
+    /// A [`Service::submit_with_sink`] callback.
+    Callback(CallbackSink),
+}
+
+impl Sink {
+    /// Sends `event`; `false` when the receiver is gone.
+    fn send(&mut self, event: StreamEvent, at: Instant) -> bool {
+        match self {
+            Sink::Channel(tx) => tx.send((event, at)).is_ok(),
+            Sink::Callback(c) => c.send(event, at),
+        }
+    }
+}
+
+/// A callback sink that gets exactly one terminal event: if it is dropped before one (the
+/// worker died, or stopped with the submit still queued), its `Drop` sends why.
+struct CallbackSink {
+    f: SinkFn,
+    shared: Arc<Shared>,
+    ended: bool,
+}
+
+impl CallbackSink {
+    fn send(&mut self, event: StreamEvent, at: Instant) -> bool {
+        if self.ended {
+            return false;
+        }
+        self.ended = event.is_terminal();
+        (self.f)(event, at)
+    }
+}
+
+impl Drop for CallbackSink {
+    fn drop(&mut self) {
+        if !self.ended {
+            let e = StreamEvent::Error(self.shared.stop_reason());
+            self.send(e, Instant::now());
+        }
+    }
+}
+
 enum Command {
     Submit {
         req: Request<SamplingParams>,
-        events: Sender<Stamped>,
-        reply: SyncSender<std::result::Result<(), ServiceError>>,
+        events: Sink,
+        /// `None` for a callback sink: a refusal is its first (terminal) event instead.
+        reply: Option<SyncSender<std::result::Result<(), ServiceError>>>,
     },
     Abort(RequestId),
     Shutdown,
@@ -437,6 +490,7 @@ impl Service {
         let (events, rx) = mpsc::channel();
         let (reply, reply_rx) = mpsc::sync_channel(1);
         let req = Request { id, prompt, params };
+        let (events, reply) = (Sink::Channel(events), Some(reply));
         self.cmd
             .send(Command::Submit { req, events, reply })
             .map_err(|_| self.shared.stop_reason())?;
@@ -454,6 +508,75 @@ impl Service {
             Ok(Err(e)) => Err(e),
             Err(_) => Err(self.shared.stop_reason()),
         }
+    }
+
+    /// Queues a request for `prompt` without waiting: its events go to `sink`, which the
+    /// worker calls in order (tokens, then exactly one terminal event, each with the instant
+    /// it was sent) and which returns `false` once its receiver is gone (the request is then
+    /// aborted at its next token). For async servers: the sink forwards to an async channel,
+    /// and no thread waits per request. Returns the request's id (for [`abort`](Self::abort)).
+    ///
+    /// A request the scheduler refuses gets one [`StreamEvent::Error`] with
+    /// [`ServiceError::Request`] naming the field, as its first and only event. The sink runs
+    /// on the worker thread between steps: it must be quick and must not panic (a panic there
+    /// takes the service down).
+    ///
+    /// Errors (the sink is then never called): [`ServiceError::Invalid`] naming a sampling
+    /// parameter out of range; [`ServiceError::Shutdown`] or [`ServiceError::WorkerPanicked`]
+    /// once the service is down.
+    ///
+    /// ```no_run
+    /// # fn demo(service: &fl_engine::service::Service) -> Result<(), fl_engine::service::ServiceError> {
+    /// use fl_engine::scheduler::RequestParams;
+    /// use fl_engine::service::StreamEvent;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// let id = service.submit_with_sink(vec![1, 2, 3], RequestParams::new(8), move |e, _at| {
+    ///     tx.send(e).is_ok()
+    /// })?;
+    /// for event in rx {
+    ///     if let StreamEvent::Token { token, .. } = event {
+    ///         println!("request {id}: {token}");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn submit_with_sink<F>(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams<SamplingParams>,
+        sink: F,
+    ) -> std::result::Result<RequestId, ServiceError>
+    where
+        F: FnMut(StreamEvent, Instant) -> bool + Send + 'static,
+    {
+        check_sampling(&params.sampling)?;
+        if let Some(e) = self.shared.stopped() {
+            return Err(e);
+        }
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let events = Sink::Callback(CallbackSink {
+            f: Box::new(sink),
+            shared: Arc::clone(&self.shared),
+            ended: false,
+        });
+        let req = Request { id, prompt, params };
+        let cmd = Command::Submit {
+            req,
+            events,
+            reply: None,
+        };
+        if let Err(mpsc::SendError(cmd)) = self.cmd.send(cmd) {
+            // The error is returned here: the sink must not report it too.
+            if let Command::Submit {
+                events: Sink::Callback(mut c),
+                ..
+            } = cmd
+            {
+                c.ended = true;
+            }
+            return Err(self.shared.stop_reason());
+        }
+        Ok(id)
     }
 
     /// Aborts request `id` (from any thread): its stream gets [`StreamEvent::Finished`] with
@@ -642,7 +765,7 @@ impl std::fmt::Debug for Service {
 
 /// A request the worker is serving.
 struct Active {
-    events: Sender<Stamped>,
+    events: Sink,
     prompt_len: usize,
     generated: usize,
 }
@@ -706,9 +829,34 @@ impl Worker {
 
     fn handle<B: Backend + ?Sized>(&mut self, b: &mut B, cmd: Command) -> ControlFlow<()> {
         match cmd {
-            Command::Submit { req, events, reply } => {
+            Command::Submit {
+                req,
+                mut events,
+                reply,
+            } => {
                 let (id, prompt_len) = (req.id, req.prompt.len());
                 let answer = b.add_request(req).map_err(ServiceError::from);
+                let Some(reply) = reply else {
+                    // A callback sink: a refusal is its only event.
+                    match answer {
+                        Ok(()) => {
+                            let generated = 0;
+                            self.active.insert(
+                                id,
+                                Active {
+                                    events,
+                                    prompt_len,
+                                    generated,
+                                },
+                            );
+                            self.stats.submitted += 1;
+                        }
+                        Err(e) => {
+                            events.send(StreamEvent::Error(e), Instant::now());
+                        }
+                    }
+                    return ControlFlow::Continue(());
+                };
                 if answer.is_ok() {
                     self.active.insert(
                         id,
@@ -782,10 +930,7 @@ impl Worker {
                 };
                 let index = a.generated;
                 a.generated += 1;
-                if a.events
-                    .send((StreamEvent::Token { token, index }, now))
-                    .is_err()
-                {
+                if !a.events.send(StreamEvent::Token { token, index }, now) {
                     // The stream is gone; its Abort command may still be queued.
                     self.abort(b, id);
                 }
@@ -815,8 +960,8 @@ impl Worker {
     }
 
     fn end(&mut self, id: RequestId, event: StreamEvent, now: Instant) {
-        if let Some(a) = self.active.remove(&id) {
-            let _ = a.events.send((event, now));
+        if let Some(mut a) = self.active.remove(&id) {
+            a.events.send(event, now);
             self.stats.ended += 1;
         }
     }
@@ -860,8 +1005,18 @@ impl Worker {
 
     fn refuse_queued(&mut self, e: &ServiceError) {
         while let Ok(cmd) = self.rx.try_recv() {
-            if let Command::Submit { reply, .. } = cmd {
-                let _ = reply.send(Err(e.clone()));
+            if let Command::Submit {
+                reply, mut events, ..
+            } = cmd
+            {
+                match reply {
+                    Some(reply) => {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                    None => {
+                        events.send(StreamEvent::Error(e.clone()), Instant::now());
+                    }
+                }
             }
         }
     }

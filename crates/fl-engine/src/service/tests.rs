@@ -496,3 +496,174 @@ fn the_stream_is_an_iterator_with_timestamps() {
         Err(RecvTimeoutError::Disconnected)
     ));
 }
+
+/// A sink that records its events on a channel; `keep` says how many tokens it accepts
+/// before reporting its receiver gone.
+fn recording_sink(
+    keep: usize,
+) -> (
+    impl FnMut(StreamEvent, Instant) -> bool + Send + 'static,
+    std::sync::mpsc::Receiver<(StreamEvent, Instant)>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut tokens = 0;
+    let sink = move |e: StreamEvent, at: Instant| {
+        if matches!(e, StreamEvent::Token { .. }) {
+            tokens += 1;
+        }
+        let _ = tx.send((e, at));
+        tokens <= keep
+    };
+    (sink, rx)
+}
+
+/// Events until the terminal one, with a bound on the wait; checks nothing follows it.
+fn sink_events(rx: &std::sync::mpsc::Receiver<(StreamEvent, Instant)>) -> Vec<StreamEvent> {
+    let mut out = vec![];
+    let mut last = None;
+    loop {
+        let (e, at) = rx.recv_timeout(WAIT).expect("an event in time");
+        assert!(last.is_none_or(|l| l <= at), "stamps go forward");
+        last = Some(at);
+        let end = e.is_terminal();
+        out.push(e);
+        if end {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(rx.try_recv().is_err(), "an event after the terminal one");
+    out
+}
+
+#[test]
+fn a_sink_gets_the_tokens_then_one_terminal_event() {
+    let (service, _ctl) = start(4);
+    let p = prompt(6, 10);
+    let (sink, rx) = recording_sink(usize::MAX);
+    let id = service
+        .submit_with_sink(p.clone(), params(7), sink)
+        .expect("submit");
+    let events = sink_events(&rx);
+    let tokens: Vec<u32> = events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match *e {
+            StreamEvent::Token { token, index } => {
+                assert_eq!(index, i);
+                Some(token)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tokens, expected(&p, 7), "request {id}");
+    match events.last() {
+        Some(StreamEvent::Finished { reason, usage }) => {
+            assert_eq!(*reason, FinishReason::Length);
+            assert_eq!((usage.prompt_tokens, usage.completion_tokens), (6, 7));
+        }
+        e => panic!("{e:?}"),
+    }
+    // Ids are shared with `submit`.
+    let s = service.submit(vec![1], params(1)).expect("submit");
+    assert_eq!(s.id(), id + 1);
+}
+
+#[test]
+fn a_sink_refusal_is_its_only_event_and_bad_sampling_is_an_err() {
+    let (service, _ctl) = start(4);
+    let (sink, rx) = recording_sink(usize::MAX);
+    service
+        .submit_with_sink(vec![], params(4), sink)
+        .expect("queued");
+    let events = sink_events(&rx);
+    assert!(
+        matches!(
+            events[..],
+            [StreamEvent::Error(ServiceError::Request(
+                RequestError::EmptyPrompt
+            ))]
+        ),
+        "{events:?}"
+    );
+    let mut bad = params(4);
+    bad.sampling.temperature = -1.0;
+    let (sink, rx) = recording_sink(usize::MAX);
+    let e = service
+        .submit_with_sink(vec![1], bad, sink)
+        .expect_err("refused");
+    assert!(
+        matches!(
+            e,
+            ServiceError::Invalid {
+                arg: "temperature",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the sink was called"
+    );
+    assert_eq!(service.stats().submitted, 0);
+}
+
+#[test]
+fn a_sink_whose_receiver_is_gone_aborts_its_request() {
+    let (service, ctl) = start(4);
+    ctl.delay_us.store(200, Ordering::Relaxed);
+    let (sink, rx) = recording_sink(3);
+    service
+        .submit_with_sink(prompt(5, 11), params(10_000), sink)
+        .expect("submit");
+    let events = sink_events(&rx);
+    // The fourth token found the receiver gone: the request ended right there.
+    assert_eq!(events.len(), 5, "{events:?}");
+    assert!(matches!(
+        events[4],
+        StreamEvent::Finished {
+            reason: FinishReason::Abort,
+            usage: Usage {
+                completion_tokens: 4,
+                ..
+            }
+        }
+    ));
+    wait_until("the abort", || {
+        let st = service.stats();
+        st.active == 0 && st.backend.running == 0
+    });
+}
+
+#[test]
+fn sinks_end_at_shutdown_and_are_refused_after() {
+    let (service, ctl) = start(4);
+    ctl.hold.store(true, Ordering::Relaxed);
+    let (sink, rx) = recording_sink(usize::MAX);
+    service
+        .submit_with_sink(prompt(4, 12), params(5), sink)
+        .expect("submit");
+    wait_until("the request to queue", || service.stats().active == 1);
+    service.shutdown().expect("shutdown");
+    let events = sink_events(&rx);
+    assert!(
+        matches!(
+            events[..],
+            [StreamEvent::Finished {
+                reason: FinishReason::Abort,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    let (sink, rx) = recording_sink(usize::MAX);
+    assert!(matches!(
+        service.submit_with_sink(vec![1], params(1), sink),
+        Err(ServiceError::Shutdown)
+    ));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the sink was called"
+    );
+}

@@ -13,6 +13,7 @@ use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 
 mod bench;
+mod serve;
 
 /// Loads the model named by a `ModelArgs` in its dtype and runs `$body(engine, loaded)`.
 macro_rules! dispatch {
@@ -155,6 +156,16 @@ enum Cmd {
         /// Output JSON file.
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        runner: RunnerArgs,
+    },
+    /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming),
+    /// plus /health, /metrics, /tokenize and /detokenize.
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        serve: serve::ServeArgs,
         #[command(flatten)]
         runner: RunnerArgs,
     },
@@ -335,6 +346,11 @@ fn main() {
             out,
             runner,
         } => dispatch!(model, |e, _m| logits(e, &input, &out, &runner.config())),
+        Cmd::Serve {
+            model,
+            serve,
+            runner,
+        } => serve::run(model, serve, runner.config()),
     };
     if let Err(e) = res {
         eprintln!("fl: {e}");

@@ -1,0 +1,1421 @@
+//! `fl_loadgen`: a load generator for OpenAI-compatible servers on this machine (`fl serve`,
+//! llama.cpp's `llama-server`, vLLM), measured the way vLLM's `bench serve` measures.
+//!
+//! Requests stream (`"stream": true` with `stream_options.include_usage`) to `/v1/completions`
+//! (prompts of token ids, or synthetic words with `--text`) or `/v1/chat/completions`
+//! (`--chat`: synthetic words as one user message), each for `max_tokens` tokens with
+//! `ignore_eos`. Arrivals and lengths are drawn as `fl_engine::trace::TraceSpec` draws them for
+//! `fl bench --trace` (so one seed gives one trace in process and over HTTP): Poisson at
+//! `--rate`, or all at once, in either case with at most `--concurrency` requests in flight
+//! (closed loop when no rate is given). Targets are loopback only, and `--max-duration` bounds
+//! the whole run: after it nothing is sent and requests in flight are cancelled.
+//!
+//! Metrics, per vLLM's `benchmarks/serve.py` (percentiles by nearest rank, as
+//! `fl_engine::trace::Percentiles` gives them to `fl bench`):
+//! - TTFT: request sent -> first chunk carrying content (a role-only chunk does not count);
+//! - E2E latency: request sent -> last content chunk;
+//! - TPOT: (E2E - TTFT) / (output tokens - 1), one value per request of >= 2 output tokens;
+//! - ITL: every gap between consecutive content chunks, pooled over requests;
+//! - output tokens: the final usage chunk's `completion_tokens`, else the content chunk count;
+//!   throughputs divide by the time from the first request sent to the last one finished.
+//!
+//! ```text
+//! fl serve --model DIR --port 8000 &
+//! fl_loadgen --base-url http://127.0.0.1:8000 --num-prompts 512 --concurrency 64 \
+//!     --prompt-lens 512 --output-lens 256
+//! fl_loadgen --rate 8 --prompt-lens 64-2048 --output-lens 16-512 --shared-prefix 32 --json
+//! ```
+//!
+//! Against one warm server, change `--seed` between runs: the same seed sends the same prompts,
+//! which the prefix cache then serves. Each request in flight holds one connection: for a
+//! thousand, raise `ulimit -n` past that first. Exit status: 0 when every request succeeded,
+//! 1 when any failed, was cancelled or was never sent, 2 when the run could not start.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{header, Method, Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, timeout_at, Instant};
+
+/// An SSE line (or a non-streamed body) longer than this fails the request.
+const MAX_LINE_BYTES: usize = 8 << 20;
+/// Error bodies and `/v1/models` are read up to this size.
+const MAX_SMALL_BODY: usize = 1 << 20;
+/// Token ids are drawn from `FIRST_ID..vocab`, past llama's `<unk>`, `<s>`, `</s>`.
+const FIRST_ID: u32 = 3;
+/// Words of `--text` / `--chat` prompts: common English words, one token each in LLaMA
+/// tokenizers, so a prompt of N words is close to N tokens (the usage chunk has the count).
+const WORDS: &[&str] = &[
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from",
+    "that", "this", "it", "be", "are", "or", "an", "which", "one", "all", "their", "time", "new",
+    "first", "people", "work", "water", "city", "house", "music", "light", "river", "world",
+    "small", "early", "story", "game", "state", "north", "south", "paper", "line", "road",
+    "school", "power", "field", "green", "black", "white", "long", "year", "day", "night", "book",
+    "name", "place", "part", "hand", "side", "point",
+];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fl_loadgen",
+    about = "Streams OpenAI-API requests at a server on this machine and reports throughput, TTFT, TPOT, ITL and E2E latency as vLLM's `bench serve` does"
+)]
+struct Args {
+    /// Server root on this machine: http://127.0.0.1:PORT, http://localhost:PORT, or ::1 in
+    /// brackets (a trailing /v1 is accepted).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    base_url: String,
+    /// Model name sent with every request; default: the first of GET /v1/models.
+    #[arg(long)]
+    model: Option<String>,
+    /// POST /v1/chat/completions, the prompt as one user message of synthetic words.
+    #[arg(long)]
+    chat: bool,
+    /// /v1/completions prompts of synthetic words instead of token-id lists.
+    #[arg(long)]
+    text: bool,
+    /// Requests in the run.
+    #[arg(long, default_value_t = 200)]
+    num_prompts: usize,
+    /// Prompt lengths in tokens (words with --text / --chat): `N` or `LO-HI` (uniform).
+    #[arg(long, default_value = "512")]
+    prompt_lens: String,
+    /// max_tokens of each request (ignore_eos on): `N` or `LO-HI` (uniform).
+    #[arg(long, default_value = "256")]
+    output_lens: String,
+    /// Every prompt starts with the same this many tokens (a shared system prompt); prompt
+    /// lengths must be longer.
+    #[arg(long, default_value_t = 0)]
+    shared_prefix: usize,
+    /// Poisson arrivals at this many requests per second; default: all at once.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// At most this many requests in flight (without --rate: a closed loop of C clients).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// Seed of arrivals, lengths and prompts.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Hard bound on the whole run in seconds: then nothing more is sent and requests in
+    /// flight are cancelled.
+    #[arg(long, default_value_t = 600.0)]
+    max_duration: f64,
+    /// Token-id prompts use ids below this (the model's vocabulary size or less).
+    #[arg(long, default_value_t = 32_000)]
+    vocab_size: u32,
+    /// Sampling temperature sent with each request (0: greedy, as `fl bench`).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f64,
+    /// Bearer token for `fl serve --api-key`; default: $OPENAI_API_KEY when set.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Client runtime threads (the server shares the machine).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Print one JSON line instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Why a run could not start: a bad argument (named) or a server that does not answer.
+#[derive(Debug, PartialEq)]
+enum LoadgenError {
+    Arg { arg: &'static str, msg: String },
+    Server(String),
+}
+
+impl fmt::Display for LoadgenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadgenError::Arg { arg, msg } => write!(f, "{arg}: {msg}"),
+            LoadgenError::Server(msg) => write!(f, "server: {msg}"),
+        }
+    }
+}
+
+fn arg_err(arg: &'static str, msg: impl Into<String>) -> LoadgenError {
+    LoadgenError::Arg {
+        arg,
+        msg: msg.into(),
+    }
+}
+
+// The trace, lengths and percentiles below are `fl_engine::trace`'s, restated: fl-bench may not
+// depend on fl-engine (scripts/check-deps.sh); the tests pin the same traces and ranks.
+
+/// A length distribution: one value, or uniform over an inclusive range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lengths {
+    Fixed(usize),
+    Uniform { lo: usize, hi: usize },
+}
+
+impl Lengths {
+    fn draw(self, rng: &mut SplitMix64) -> usize {
+        match self {
+            Lengths::Fixed(n) => n,
+            Lengths::Uniform { lo, hi } => lo + (rng.next() % (hi - lo + 1) as u64) as usize,
+        }
+    }
+
+    fn min(self) -> usize {
+        match self {
+            Lengths::Fixed(n) | Lengths::Uniform { lo: n, .. } => n,
+        }
+    }
+}
+
+/// `N` or `LO-HI` (uniform, inclusive), each at least 1, for the flag `arg`, as
+/// `fl bench --prompt-lens` reads it.
+fn parse_lens(arg: &'static str, s: &str) -> Result<Lengths, LoadgenError> {
+    let num = |t: &str| match t.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(arg_err(
+            arg,
+            format!("`{s}` is not N or LO-HI with counts >= 1"),
+        )),
+    };
+    match s.split_once('-') {
+        None => Ok(Lengths::Fixed(num(s)?)),
+        Some((a, b)) => {
+            let (lo, hi) = (num(a)?, num(b)?);
+            if lo > hi {
+                return Err(arg_err(arg, format!("`{s}`: {lo} is above {hi}")));
+            }
+            Ok(Lengths::Uniform { lo, hi })
+        }
+    }
+}
+
+/// One request of the run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct TraceRequest {
+    /// Seconds after the start of the run.
+    arrival_s: f64,
+    prompt_len: usize,
+    output_len: usize,
+}
+
+/// `n` requests in arrival order: Poisson arrivals at `rate` (exponential gaps) or all at
+/// time 0, then each request's prompt and output lengths, all from one generator.
+fn make_trace(
+    n: usize,
+    rate: Option<f64>,
+    prompt: Lengths,
+    output: Lengths,
+    seed: u64,
+) -> Vec<TraceRequest> {
+    let mut rng = SplitMix64(seed);
+    let mut t = 0.0;
+    (0..n)
+        .map(|_| {
+            if let Some(rate) = rate {
+                // -ln(U) / rate with U in (0, 1].
+                let u = ((rng.next() >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+                t += -u.ln() / rate;
+            }
+            TraceRequest {
+                arrival_s: t,
+                prompt_len: prompt.draw(&mut rng),
+                output_len: output.draw(&mut rng),
+            }
+        })
+        .collect()
+}
+
+/// Samples summarised: mean, nearest-rank p50 / p90 / p99, max.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Percentiles {
+    mean: f64,
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (NaNs ignored); `None` when there is none.
+    fn of(samples: &[f64]) -> Option<Self> {
+        let mut v: Vec<f64> = samples.iter().copied().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let rank = |p: f64| v[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        Some(Percentiles {
+            mean: v.iter().sum::<f64>() / n as f64,
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: v[n - 1],
+        })
+    }
+}
+
+/// The server root (`http://HOST:PORT[/prefix]`, no trailing `/` or `/v1`), refusing any host
+/// but this machine's loopback names and any scheme but plain http.
+fn loopback_base(s: &str) -> Result<String, LoadgenError> {
+    let uri: Uri = s
+        .parse()
+        .map_err(|e| arg_err("--base-url", format!("`{s}` is not a URL ({e})")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(arg_err(
+            "--base-url",
+            format!("`{s}`: only http:// to a loopback address"),
+        ));
+    }
+    let host = uri.host().unwrap_or("");
+    if !matches!(host, "127.0.0.1" | "localhost" | "[::1]" | "::1") {
+        return Err(arg_err(
+            "--base-url",
+            format!("`{s}`: host `{host}` is not 127.0.0.1, ::1 or localhost"),
+        ));
+    }
+    if uri.query().is_some() {
+        return Err(arg_err("--base-url", format!("`{s}`: no query string")));
+    }
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    if authority.contains('@') {
+        return Err(arg_err("--base-url", format!("`{s}`: no user info")));
+    }
+    let path = uri.path().trim_end_matches('/');
+    let path = path.strip_suffix("/v1").unwrap_or(path);
+    Ok(format!("http://{authority}{path}"))
+}
+
+/// SplitMix64: a small, fixed generator, so a run is the same on every machine. The trace
+/// uses `SplitMix64(seed)`; prompts use one stream per request, apart from the trace's.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn new(seed: u64, stream: u64) -> Self {
+        SplitMix64(seed ^ SplitMix64(stream).next() ^ 0xA076_1D64_78BD_642F)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Stream of the shared prefix; request `i`'s own tokens use stream `i`.
+const SHARED_STREAM: u64 = u64::MAX;
+/// Stream of the warm-up request (shares nothing with the run's prompts).
+const WARMUP_STREAM: u64 = u64::MAX - 1;
+
+/// How prompts are sent.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// /v1/completions with `"prompt": [ids]`.
+    Ids { vocab: u32 },
+    /// /v1/completions with `"prompt": "words"`.
+    Text,
+    /// /v1/chat/completions with one user message of words.
+    Chat,
+}
+
+impl Mode {
+    fn path(self) -> &'static str {
+        match self {
+            Mode::Chat => "/v1/chat/completions",
+            _ => "/v1/completions",
+        }
+    }
+}
+
+/// `len` draws: the first `shared` from the shared stream, the rest from `stream`.
+fn draws(seed: u64, stream: u64, len: usize, shared: usize) -> impl Iterator<Item = u64> {
+    let shared = shared.min(len);
+    let mut s = SplitMix64::new(seed, SHARED_STREAM);
+    let mut own = SplitMix64::new(seed, stream);
+    (0..len).map(move |k| if k < shared { s.next() } else { own.next() })
+}
+
+/// The prompt value of a request: a list of ids, or a string of words.
+fn prompt_value(mode: Mode, seed: u64, stream: u64, len: usize, shared: usize) -> Value {
+    match mode {
+        Mode::Ids { vocab } => {
+            let span = u64::from(vocab - FIRST_ID);
+            Value::from(
+                draws(seed, stream, len, shared)
+                    .map(|r| FIRST_ID + (r % span) as u32)
+                    .collect::<Vec<u32>>(),
+            )
+        }
+        Mode::Text | Mode::Chat => {
+            let words: Vec<&str> = draws(seed, stream, len, shared)
+                .map(|r| WORDS[(r % WORDS.len() as u64) as usize])
+                .collect();
+            Value::from(words.join(" "))
+        }
+    }
+}
+
+/// What each request shares.
+struct Job {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    auth: Option<String>,
+    model: String,
+    mode: Mode,
+    temperature: f64,
+    seed: u64,
+    shared_prefix: usize,
+}
+
+impl Job {
+    /// The JSON body of a request on `stream` (`shared` prefix tokens) for `max_tokens`.
+    fn body(&self, stream: u64, prompt_len: usize, shared: usize, max_tokens: usize) -> Bytes {
+        let prompt = prompt_value(self.mode, self.seed, stream, prompt_len, shared);
+        let mut b = json!({
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "ignore_eos": true,
+            "temperature": self.temperature,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if self.mode == Mode::Chat {
+            b["messages"] = json!([{"role": "user", "content": prompt}]);
+        } else {
+            b["prompt"] = prompt;
+        }
+        Bytes::from(b.to_string())
+    }
+
+    fn post(&self, body: Bytes) -> Result<Request<Full<Bytes>>, String> {
+        let mut r = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "text/event-stream");
+        if let Some(a) = &self.auth {
+            r = r.header(header::AUTHORIZATION, a);
+        }
+        r.body(Full::new(body)).map_err(|e| format!("request: {e}"))
+    }
+}
+
+/// One SSE event's payload, or the end marker.
+#[derive(Debug, PartialEq)]
+enum SseEvent {
+    Data(String),
+    Done,
+}
+
+/// Server-sent events from body bytes that arrive in arbitrary pieces: lines end in `\n` or
+/// `\r\n`, `data:` lines accumulate until a blank line ends the event, comments (`:`) and
+/// other fields are skipped, `data: [DONE]` is [`SseEvent::Done`].
+#[derive(Default)]
+struct SseParser {
+    buf: Vec<u8>,
+    data: Option<String>,
+}
+
+impl SseParser {
+    /// Feeds `bytes`, appending the events they complete to `out`.
+    fn push(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) -> Result<(), String> {
+        self.buf.extend_from_slice(bytes);
+        let mut start = 0;
+        while let Some(n) = self.buf[start..].iter().position(|&b| b == b'\n') {
+            let line = &self.buf[start..start + n];
+            sse_line(
+                line.strip_suffix(b"\r").unwrap_or(line),
+                &mut self.data,
+                out,
+            )?;
+            start += n + 1;
+        }
+        self.buf.drain(..start);
+        if self.buf.len() > MAX_LINE_BYTES {
+            return Err(format!("stream: a line longer than {MAX_LINE_BYTES} bytes"));
+        }
+        Ok(())
+    }
+
+    /// The body ended: a last unterminated line and event count as complete.
+    fn finish(&mut self, out: &mut Vec<SseEvent>) -> Result<(), String> {
+        let rest = std::mem::take(&mut self.buf);
+        if !rest.is_empty() {
+            sse_line(
+                rest.strip_suffix(b"\r").unwrap_or(&rest),
+                &mut self.data,
+                out,
+            )?;
+        }
+        sse_line(b"", &mut self.data, out)
+    }
+}
+
+fn sse_line(line: &[u8], data: &mut Option<String>, out: &mut Vec<SseEvent>) -> Result<(), String> {
+    if line.is_empty() {
+        if let Some(d) = data.take() {
+            out.push(if d.trim() == "[DONE]" {
+                SseEvent::Done
+            } else {
+                SseEvent::Data(d)
+            });
+        }
+        return Ok(());
+    }
+    let line = std::str::from_utf8(line).map_err(|_| "stream: a line is not UTF-8".to_string())?;
+    if line.starts_with(':') {
+        return Ok(());
+    }
+    let (field, value) = match line.split_once(':') {
+        Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+        None => (line, ""),
+    };
+    if field == "data" {
+        match data {
+            Some(d) => {
+                d.push('\n');
+                d.push_str(value);
+            }
+            None => *data = Some(value.to_string()),
+        }
+    }
+    Ok(())
+}
+
+/// What one streamed response has shown so far (times in seconds after the request was sent).
+#[derive(Debug, Default, PartialEq)]
+struct StreamStats {
+    first: Option<f64>,
+    last: f64,
+    itl: Vec<f64>,
+    content_chunks: usize,
+    usage_completion: Option<usize>,
+    usage_prompt: Option<usize>,
+    done: bool,
+}
+
+impl StreamStats {
+    /// One `data:` payload received at `t`: content chunks (non-empty `text`, or
+    /// `delta.content` for chat) set TTFT and ITL; a `usage` object sets the counts; an `error`
+    /// object fails the request.
+    fn on_data(&mut self, data: &str, t: f64, chat: bool) -> Result<(), String> {
+        let v: Value =
+            serde_json::from_str(data).map_err(|e| format!("stream: a chunk is not JSON ({e})"))?;
+        if let Some(err) = v.get("error") {
+            return Err(format!("stream error: {}", error_message(err)));
+        }
+        let choice = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first());
+        let content = choice.and_then(|c| {
+            if chat {
+                c.get("delta").and_then(|d| d.get("content"))
+            } else {
+                c.get("text")
+            }
+        });
+        if content
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+        {
+            match self.first {
+                None => self.first = Some(t),
+                Some(_) => self.itl.push(t - self.last),
+            }
+            self.last = t;
+            self.content_chunks += 1;
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            let count = |k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as usize);
+            self.usage_completion = count("completion_tokens");
+            self.usage_prompt = count("prompt_tokens");
+        }
+        Ok(())
+    }
+
+    /// The request's figures once the stream has ended.
+    fn finish(self) -> Result<Sample, String> {
+        if !self.done {
+            return Err("stream: ended before data: [DONE]".into());
+        }
+        let Some(ttft) = self.first else {
+            return Err("stream: no content chunk".into());
+        };
+        let output_tokens = self.usage_completion.unwrap_or(self.content_chunks);
+        let tpot = (output_tokens > 1).then(|| (self.last - ttft) / (output_tokens - 1) as f64);
+        Ok(Sample {
+            ttft,
+            e2e: self.last,
+            tpot,
+            itl: self.itl,
+            output_tokens,
+            prompt_tokens: self.usage_prompt,
+            usage_counted: self.usage_completion.is_some(),
+        })
+    }
+}
+
+/// One successful request.
+#[derive(Debug, PartialEq)]
+struct Sample {
+    ttft: f64,
+    e2e: f64,
+    tpot: Option<f64>,
+    itl: Vec<f64>,
+    output_tokens: usize,
+    prompt_tokens: Option<usize>,
+    /// Output tokens from the usage chunk (else from the content chunk count).
+    usage_counted: bool,
+}
+
+/// How one request ended.
+#[derive(Debug)]
+enum Outcome {
+    Ok(Sample),
+    /// Failed: the HTTP status and OpenAI error message, or what went wrong.
+    Failed(String),
+    /// Still in flight at --max-duration.
+    Cancelled,
+}
+
+/// `{"message": ..}`, a string, or the JSON text.
+fn error_message(err: &Value) -> String {
+    err.get("message")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| err.as_str().map(str::to_string))
+        .unwrap_or_else(|| err.to_string())
+}
+
+/// The reason for a non-200 answer: the status and the OpenAI error message.
+fn http_failure(status: u16, body: &[u8]) -> String {
+    let msg = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => v.get("error").map_or_else(|| v.to_string(), error_message),
+        Err(_) => String::from_utf8_lossy(body).trim().to_string(),
+    };
+    let msg: String = msg.chars().take(160).collect();
+    format!("HTTP {status}: {msg}")
+}
+
+async fn small_body(resp: Response<Incoming>) -> Result<Bytes, String> {
+    Limited::new(resp.into_body(), MAX_SMALL_BODY)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| format!("reading the body: {e}"))
+}
+
+/// Sends one streaming request and reads its events to the end.
+async fn stream_request(job: &Job, body: Bytes) -> Result<Sample, String> {
+    let req = job.post(body)?;
+    let sent = Instant::now();
+    let resp = job
+        .client
+        .request(req)
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
+    let status = resp.status().as_u16();
+    if status != 200 {
+        let body = small_body(resp).await.unwrap_or_default();
+        return Err(http_failure(status, &body));
+    }
+    let chat = job.mode == Mode::Chat;
+    let mut body = resp.into_body();
+    let (mut parser, mut stats, mut events) =
+        (SseParser::default(), StreamStats::default(), vec![]);
+    // Bounded by the caller's deadline; the body ends at [DONE] or when the server closes.
+    while !stats.done {
+        let Some(frame) = body.frame().await else {
+            parser.finish(&mut events)?;
+            stats.take(&mut events, sent.elapsed().as_secs_f64(), chat)?;
+            break;
+        };
+        let frame = frame.map_err(|e| format!("stream: {e}"))?;
+        if let Some(d) = frame.data_ref() {
+            parser.push(d, &mut events)?;
+            stats.take(&mut events, sent.elapsed().as_secs_f64(), chat)?;
+        }
+    }
+    stats.finish()
+}
+
+impl StreamStats {
+    /// Applies `events` (arrived at `t`) up to `[DONE]`, emptying the list.
+    fn take(&mut self, events: &mut Vec<SseEvent>, t: f64, chat: bool) -> Result<(), String> {
+        for ev in events.drain(..) {
+            match ev {
+                SseEvent::Done => {
+                    self.done = true;
+                    break;
+                }
+                SseEvent::Data(d) if !self.done => self.on_data(&d, t, chat)?,
+                SseEvent::Data(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first model id of GET /v1/models.
+async fn first_model(job: &Job, base: &str) -> Result<String, String> {
+    let uri: Uri = format!("{base}/v1/models")
+        .parse()
+        .map_err(|e| format!("models URL: {e}"))?;
+    let mut r = Request::builder().method(Method::GET).uri(uri);
+    if let Some(a) = &job.auth {
+        r = r.header(header::AUTHORIZATION, a);
+    }
+    let req = r
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("request: {e}"))?;
+    let resp = job
+        .client
+        .request(req)
+        .await
+        .map_err(|e| format!("GET /v1/models: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = small_body(resp).await?;
+    if status != 200 {
+        return Err(format!("GET /v1/models: {}", http_failure(status, &body)));
+    }
+    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("GET /v1/models: {e}"))?;
+    v["data"][0]["id"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| "GET /v1/models lists no model; pass --model".to_string())
+}
+
+/// The run's inputs, checked.
+struct Plan {
+    base: String,
+    mode: Mode,
+    trace: Vec<TraceRequest>,
+    concurrency: Option<usize>,
+}
+
+fn plan(a: &Args) -> Result<Plan, LoadgenError> {
+    let base = loopback_base(&a.base_url)?;
+    let prompt = parse_lens("--prompt-lens", &a.prompt_lens)?;
+    let output = parse_lens("--output-lens", &a.output_lens)?;
+    if a.shared_prefix > 0 && prompt.min() <= a.shared_prefix {
+        return Err(arg_err(
+            "--shared-prefix",
+            format!(
+                "{} tokens: every prompt must be longer (--prompt-lens {})",
+                a.shared_prefix, a.prompt_lens
+            ),
+        ));
+    }
+    if a.num_prompts == 0 {
+        return Err(arg_err("--num-prompts", "must be at least 1"));
+    }
+    if a.concurrency == Some(0) {
+        return Err(arg_err("--concurrency", "must be at least 1"));
+    }
+    if !(a.max_duration.is_finite() && a.max_duration > 0.0) {
+        return Err(arg_err(
+            "--max-duration",
+            format!("{} is not a positive number of seconds", a.max_duration),
+        ));
+    }
+    if a.vocab_size <= FIRST_ID {
+        return Err(arg_err(
+            "--vocab-size",
+            format!("{} leaves no id above {FIRST_ID}", a.vocab_size),
+        ));
+    }
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err(arg_err("--temperature", "must be a number >= 0"));
+    }
+    if a.threads == 0 {
+        return Err(arg_err("--threads", "must be at least 1"));
+    }
+    let mode = match (a.chat, a.text) {
+        (true, _) => Mode::Chat,
+        (false, true) => Mode::Text,
+        (false, false) => Mode::Ids {
+            vocab: a.vocab_size,
+        },
+    };
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(arg_err(
+                "--rate",
+                format!("{r} is not a positive number of requests per second"),
+            ));
+        }
+    }
+    let trace = make_trace(a.num_prompts, a.rate, prompt, output, a.seed);
+    Ok(Plan {
+        base,
+        mode,
+        trace,
+        concurrency: a.concurrency,
+    })
+}
+
+/// The run's figures.
+struct Report {
+    outcomes: Vec<Outcome>,
+    not_sent: usize,
+    duration_s: f64,
+}
+
+/// Percentiles in milliseconds, rounded to microseconds; `null` without samples.
+fn ms_summary(samples: &[f64]) -> Value {
+    let r = |x: f64| (x * 1e6).round() / 1e3;
+    match Percentiles::of(samples) {
+        Some(p) => json!({
+            "mean": r(p.mean), "p50": r(p.p50), "p90": r(p.p90), "p99": r(p.p99), "max": r(p.max),
+        }),
+        None => Value::Null,
+    }
+}
+
+/// The report as one JSON object (also the source of the table).
+fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
+    let (mut ttft, mut tpot, mut itl, mut e2e) = (vec![], vec![], vec![], vec![]);
+    let (mut input, mut output, mut ok, mut cancelled) = (0usize, 0usize, 0usize, 0usize);
+    let (mut chunk_counted, mut short_outputs, mut prompt_mismatch) = (0usize, 0usize, 0usize);
+    let mut errors: BTreeMap<&str, usize> = BTreeMap::new();
+    for (q, o) in plan.trace.iter().zip(&r.outcomes) {
+        match o {
+            Outcome::Ok(s) => {
+                ok += 1;
+                ttft.push(s.ttft);
+                e2e.push(s.e2e);
+                tpot.extend(s.tpot);
+                itl.extend_from_slice(&s.itl);
+                output += s.output_tokens;
+                input += s.prompt_tokens.unwrap_or(q.prompt_len);
+                chunk_counted += usize::from(!s.usage_counted);
+                short_outputs += usize::from(s.usage_counted && s.output_tokens != q.output_len);
+                if matches!(plan.mode, Mode::Ids { .. }) {
+                    prompt_mismatch +=
+                        usize::from(s.prompt_tokens.is_some_and(|p| p != q.prompt_len));
+                }
+            }
+            Outcome::Failed(why) => *errors.entry(why.as_str()).or_default() += 1,
+            Outcome::Cancelled => cancelled += 1,
+        }
+    }
+    let failed: usize = errors.values().sum();
+    let d = r.duration_s.max(f64::MIN_POSITIVE);
+    let round = |x: f64, k: f64| (x * k).round() / k;
+    json!({
+        "base_url": plan.base,
+        "endpoint": plan.mode.path(),
+        "prompts": match plan.mode { Mode::Ids { .. } => "token_ids", _ => "words" },
+        "num_prompts": plan.trace.len(),
+        "prompt_lens": args.prompt_lens,
+        "output_lens": args.output_lens,
+        "shared_prefix": args.shared_prefix,
+        "rate": args.rate,
+        "concurrency": plan.concurrency,
+        "seed": args.seed,
+        "completed": ok,
+        "failed": failed,
+        "cancelled": cancelled,
+        "not_sent": r.not_sent,
+        "errors": errors,
+        "duration_s": round(r.duration_s, 1e3),
+        "input_tokens": input,
+        "output_tokens": output,
+        "request_throughput": round(ok as f64 / d, 1e3),
+        "output_throughput": round(output as f64 / d, 1e2),
+        "total_token_throughput": round((input + output) as f64 / d, 1e2),
+        "ttft_ms": ms_summary(&ttft),
+        "tpot_ms": ms_summary(&tpot),
+        "itl_ms": ms_summary(&itl),
+        "e2e_ms": ms_summary(&e2e),
+        "outputs_counted_from_chunks": chunk_counted,
+        "outputs_not_max_tokens": short_outputs,
+        "prompt_tokens_mismatch": prompt_mismatch,
+    })
+}
+
+fn print_table(v: &Value) {
+    let line = |k: &str, x: &Value| println!("{k:<34}{x}");
+    println!(
+        "============ fl_loadgen: {}{} ============",
+        v["base_url"].as_str().unwrap_or(""),
+        v["endpoint"].as_str().unwrap_or("")
+    );
+    println!(
+        "{} prompts ({}) of {} tokens, outputs {}, shared prefix {}, rate {}, concurrency {}, seed {}",
+        v["num_prompts"],
+        v["prompts"].as_str().unwrap_or(""),
+        v["prompt_lens"].as_str().unwrap_or(""),
+        v["output_lens"].as_str().unwrap_or(""),
+        v["shared_prefix"],
+        v["rate"].as_f64().map_or("inf".to_string(), |r| r.to_string()),
+        v["concurrency"].as_u64().map_or("unbounded".to_string(), |c| c.to_string()),
+        v["seed"],
+    );
+    for (k, label) in [
+        ("completed", "Successful requests:"),
+        ("failed", "Failed requests:"),
+        ("cancelled", "Cancelled at --max-duration:"),
+        ("not_sent", "Not sent (--max-duration):"),
+        ("duration_s", "Benchmark duration (s):"),
+        ("input_tokens", "Total input tokens:"),
+        ("output_tokens", "Total generated tokens:"),
+        ("request_throughput", "Request throughput (req/s):"),
+        ("output_throughput", "Output token throughput (tok/s):"),
+        ("total_token_throughput", "Total token throughput (tok/s):"),
+    ] {
+        line(label, &v[k]);
+    }
+    if let Some(errs) = v["errors"].as_object() {
+        for (why, n) in errs.iter().take(10) {
+            println!("  {n} x {why}");
+        }
+        if errs.len() > 10 {
+            println!("  ... and {} more kinds of failure", errs.len() - 10);
+        }
+    }
+    println!(
+        "{:<10}{:>12}{:>12}{:>12}{:>12}{:>12}",
+        "(ms)", "mean", "p50", "p90", "p99", "max"
+    );
+    for (k, label) in [
+        ("ttft_ms", "TTFT"),
+        ("tpot_ms", "TPOT"),
+        ("itl_ms", "ITL"),
+        ("e2e_ms", "E2E"),
+    ] {
+        let p = &v[k];
+        let f = |q: &str| p[q].as_f64().map_or("-".to_string(), |x| format!("{x:.2}"));
+        println!(
+            "{label:<10}{:>12}{:>12}{:>12}{:>12}{:>12}",
+            f("mean"),
+            f("p50"),
+            f("p90"),
+            f("p99"),
+            f("max")
+        );
+    }
+    for (k, label) in [
+        (
+            "outputs_counted_from_chunks",
+            "Outputs counted from chunks:",
+        ),
+        ("outputs_not_max_tokens", "Outputs != max_tokens:"),
+        ("prompt_tokens_mismatch", "Prompt tokens != sent ids:"),
+    ] {
+        if v[k].as_u64().is_some_and(|n| n > 0) {
+            line(label, &v[k]);
+        }
+    }
+}
+
+/// Sends the warm-up request, then the trace; every wait ends at `deadline`.
+async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, LoadgenError> {
+    let mut conn = HttpConnector::new();
+    // Each streamed chunk is a small write: Nagle would add its delay to ITL.
+    conn.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new()).build(conn);
+    let auth = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("OPENAI_API_KEY").ok())
+        .map(|k| format!("Bearer {k}"));
+    let uri: Uri = format!("{}{}", plan.base, plan.mode.path())
+        .parse()
+        .map_err(|e| arg_err("--base-url", format!("{e}")))?;
+    let mut job = Job {
+        client,
+        uri,
+        auth,
+        model: String::new(),
+        mode: plan.mode,
+        temperature: args.temperature,
+        seed: args.seed,
+        shared_prefix: args.shared_prefix,
+    };
+    let timed_out = || LoadgenError::Server("no answer before --max-duration".into());
+    job.model = match &args.model {
+        Some(m) => m.clone(),
+        None => timeout_at(deadline, first_model(&job, &plan.base))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(LoadgenError::Server)?,
+    };
+    // Warm-up (connection, first-use costs on the server): a short prompt of its own.
+    let body = job.body(WARMUP_STREAM, 16, 0, 4);
+    timeout_at(deadline, stream_request(&job, body))
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|e| LoadgenError::Server(format!("warm-up request failed: {e}")))?;
+
+    let job = Arc::new(job);
+    let slots = plan.concurrency.map(|c| Arc::new(Semaphore::new(c)));
+    let n = plan.trace.len();
+    let mut tasks = JoinSet::new();
+    let mut not_sent = 0;
+    let start = Instant::now();
+    for (i, q) in plan.trace.iter().enumerate() {
+        let at = start + Duration::from_secs_f64(q.arrival_s);
+        if at >= deadline {
+            not_sent = n - i;
+            break;
+        }
+        sleep_until(at).await;
+        let permit = match &slots {
+            Some(s) => match timeout_at(deadline, s.clone().acquire_owned()).await {
+                Ok(Ok(p)) => Some(p),
+                _ => {
+                    not_sent = n - i;
+                    break;
+                }
+            },
+            None => None,
+        };
+        // A slot freed by a request cancelled at the deadline sends nothing more.
+        if Instant::now() >= deadline {
+            not_sent = n - i;
+            break;
+        }
+        let job = job.clone();
+        let shared = job.shared_prefix;
+        let body = job.body(i as u64, q.prompt_len, shared, q.output_len);
+        tasks.spawn(async move {
+            let _slot = permit;
+            let out = match timeout_at(deadline, stream_request(&job, body)).await {
+                Ok(Ok(s)) => Outcome::Ok(s),
+                Ok(Err(why)) => Outcome::Failed(why),
+                Err(_) => Outcome::Cancelled,
+            };
+            (i, out)
+        });
+    }
+    let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+    // Each task ends by `deadline` (its timeout), so this loop does too.
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, o)) => outcomes[i] = Some(o),
+            Err(e) => return Err(LoadgenError::Server(format!("a request task failed: {e}"))),
+        }
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    let sent = n - not_sent;
+    Ok(Report {
+        outcomes: outcomes
+            .into_iter()
+            .take(sent)
+            .map(|o| o.unwrap_or(Outcome::Cancelled))
+            .collect(),
+        not_sent,
+        duration_s,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let go = || -> Result<(Value, bool), LoadgenError> {
+        let plan = plan(&args)?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+            .map_err(|e| LoadgenError::Server(format!("tokio runtime: {e}")))?;
+        let report = rt.block_on(async {
+            let deadline = Instant::now() + Duration::from_secs_f64(args.max_duration);
+            run(&args, &plan, deadline).await
+        })?;
+        let all_ok =
+            report.not_sent == 0 && report.outcomes.iter().all(|o| matches!(o, Outcome::Ok(_)));
+        Ok((summarize(&report, &plan, &args), all_ok))
+    };
+    match go() {
+        Ok((v, all_ok)) => {
+            if args.json {
+                println!("{v}");
+            } else {
+                print_table(&v);
+            }
+            if all_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("fl_loadgen: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_parse_and_name_the_flag() {
+        assert_eq!(
+            parse_lens("--prompt-lens", "512").unwrap(),
+            Lengths::Fixed(512)
+        );
+        assert_eq!(
+            parse_lens("--output-lens", "16-1024").unwrap(),
+            Lengths::Uniform { lo: 16, hi: 1024 }
+        );
+        for bad in ["", "0", "x", "9-3", "4-", "-4", "0-8"] {
+            let e = parse_lens("--output-lens", bad).unwrap_err().to_string();
+            assert!(e.starts_with("--output-lens: "), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank_in_ms() {
+        // 1..=100 ms: nearest rank gives the sample itself, no interpolation.
+        let v: Vec<f64> = (1..=100).map(|x| f64::from(x) / 1e3).collect();
+        let s = ms_summary(&v);
+        assert_eq!(s["p50"], 50.0);
+        assert_eq!(s["p90"], 90.0);
+        assert_eq!(s["p99"], 99.0);
+        assert_eq!(s["max"], 100.0);
+        assert_eq!(s["mean"], 50.5);
+        // Ten samples: p99 is the largest, p50 the fifth.
+        let v: Vec<f64> = (1..=10).rev().map(|x| f64::from(x) / 1e3).collect();
+        let s = ms_summary(&v);
+        assert_eq!(
+            (s["p50"].as_f64(), s["p99"].as_f64()),
+            (Some(5.0), Some(10.0))
+        );
+        assert_eq!(ms_summary(&[]), Value::Null);
+        // NaNs are left out, as fl_engine::trace::Percentiles leaves them.
+        let p = Percentiles::of(&[3.0, f64::NAN]).unwrap();
+        assert_eq!((p.p50, p.p99, p.max), (3.0, 3.0, 3.0));
+        assert_eq!(Percentiles::of(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn traces_match_fl_bench() {
+        // fl_engine::trace::TraceSpec { requests: 4, prompt: 64-4096, output: 16-1024, .. }
+        // with rate 2 / seed 7, then all at once / seed 1.
+        let (p, o) = (
+            Lengths::Uniform { lo: 64, hi: 4096 },
+            Lengths::Uniform { lo: 16, hi: 1024 },
+        );
+        let want = [
+            (0.4710225888786913, 2455, 600),
+            (0.7408664217635922, 94, 925),
+            (1.1205601249805628, 1263, 549),
+            (1.5625428139736526, 1367, 495),
+        ];
+        let got: Vec<_> = make_trace(4, Some(2.0), p, o, 7)
+            .iter()
+            .map(|r| (r.arrival_s, r.prompt_len, r.output_len))
+            .collect();
+        assert_eq!(got, want);
+        let got: Vec<_> = make_trace(4, None, p, o, 1)
+            .iter()
+            .map(|r| (r.arrival_s, r.prompt_len, r.output_len))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0.0, 2718, 403),
+                (0.0, 3106, 829),
+                (0.0, 524, 735),
+                (0.0, 1234, 525)
+            ]
+        );
+        // Poisson: the mean gap is 1 / rate (within 3% over 20k arrivals).
+        let t = make_trace(20_000, Some(50.0), Lengths::Fixed(1), Lengths::Fixed(1), 3);
+        let mean_gap = t.last().unwrap().arrival_s / t.len() as f64;
+        assert!((mean_gap * 50.0 - 1.0).abs() < 0.03, "mean gap {mean_gap}");
+    }
+
+    #[test]
+    fn sse_events_lines_done_and_comments() {
+        let mut p = SseParser::default();
+        let mut ev = vec![];
+        p.push(
+            b": ping\n\ndata: {\"a\":1}\n\nevent: x\ndata:{\"b\":2}\r\n\r\ndata: [DONE]\n\n",
+            &mut ev,
+        )
+        .unwrap();
+        assert_eq!(
+            ev,
+            vec![
+                SseEvent::Data("{\"a\":1}".into()),
+                SseEvent::Data("{\"b\":2}".into()),
+                SseEvent::Done
+            ]
+        );
+        // Two data lines make one event, joined by a newline.
+        let mut ev = vec![];
+        p.push(b"data: 1\ndata: 2\n\n", &mut ev).unwrap();
+        assert_eq!(ev, vec![SseEvent::Data("1\n2".into())]);
+    }
+
+    #[test]
+    fn sse_events_split_across_reads() {
+        let stream =
+            "data: {\"t\":\"h\u{e9}\"}\r\n\r\ndata: {\"t\":\"\u{4e16}\"}\n\ndata: [DONE]\n\n";
+        let bytes = stream.as_bytes();
+        let want = vec![
+            SseEvent::Data("{\"t\":\"h\u{e9}\"}".into()),
+            SseEvent::Data("{\"t\":\"\u{4e16}\"}".into()),
+            SseEvent::Done,
+        ];
+        // Every split point (mid-line, mid-CRLF, mid-character), and one byte at a time.
+        for cut in 0..=bytes.len() {
+            let (mut p, mut ev) = (SseParser::default(), vec![]);
+            p.push(&bytes[..cut], &mut ev).unwrap();
+            p.push(&bytes[cut..], &mut ev).unwrap();
+            p.finish(&mut ev).unwrap();
+            assert_eq!(ev, want, "cut at {cut}");
+        }
+        let (mut p, mut ev) = (SseParser::default(), vec![]);
+        for b in bytes {
+            p.push(std::slice::from_ref(b), &mut ev).unwrap();
+        }
+        assert_eq!(ev, want);
+        // A last event without its blank line counts when the body ends.
+        let (mut p, mut ev) = (SseParser::default(), vec![]);
+        p.push(b"data: [DONE]", &mut ev).unwrap();
+        assert!(ev.is_empty());
+        p.finish(&mut ev).unwrap();
+        assert_eq!(ev, vec![SseEvent::Done]);
+        // Not UTF-8.
+        let mut p = SseParser::default();
+        assert!(p.push(b"data: \xff\n", &mut vec![]).is_err());
+    }
+
+    #[test]
+    fn completions_stream_metrics() {
+        let mut s = StreamStats::default();
+        let chunk =
+            |t: &str| format!(r#"{{"choices":[{{"index":0,"text":"{t}","finish_reason":null}}]}}"#);
+        s.on_data(&chunk("a"), 0.10, false).unwrap();
+        s.on_data(&chunk(""), 0.12, false).unwrap(); // held back: not a content chunk
+        s.on_data(&chunk("b"), 0.15, false).unwrap();
+        s.on_data(&chunk("c"), 0.30, false).unwrap();
+        s.on_data(
+            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4,"total_tokens":11}}"#,
+            0.31,
+            false,
+        )
+        .unwrap();
+        s.done = true;
+        let r = s.finish().unwrap();
+        assert_eq!(r.ttft, 0.10);
+        assert_eq!(r.e2e, 0.30);
+        assert_eq!(r.itl.len(), 2);
+        assert!((r.itl[0] - 0.05).abs() < 1e-12 && (r.itl[1] - 0.15).abs() < 1e-12);
+        // Usage counts 4 tokens (one was held back and sent with the next chunk).
+        assert_eq!(
+            (r.output_tokens, r.prompt_tokens, r.usage_counted),
+            (4, Some(7), true)
+        );
+        assert!((r.tpot.unwrap() - 0.20 / 3.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn chat_stream_ttft_skips_the_role_chunk_and_falls_back_to_chunks() {
+        let mut s = StreamStats::default();
+        s.on_data(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            0.01,
+            true,
+        )
+        .unwrap();
+        assert_eq!(s.first, None);
+        s.on_data(
+            r#"{"choices":[{"index":0,"delta":{"content":"Hi"}}],"usage":null}"#,
+            0.2,
+            true,
+        )
+        .unwrap();
+        s.on_data(
+            r#"{"choices":[{"index":0,"delta":{"content":"!"}}]}"#,
+            0.3,
+            true,
+        )
+        .unwrap();
+        s.on_data(
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
+            0.4,
+            true,
+        )
+        .unwrap();
+        s.done = true;
+        let r = s.finish().unwrap();
+        assert_eq!(
+            (r.ttft, r.e2e, r.output_tokens, r.usage_counted),
+            (0.2, 0.3, 2, false)
+        );
+        // A mid-stream error, a missing [DONE] and a stream without content all fail.
+        let mut s = StreamStats::default();
+        let e = s
+            .on_data(r#"{"error":{"message":"boom","type":"x"}}"#, 0.1, true)
+            .unwrap_err();
+        assert_eq!(e, "stream error: boom");
+        assert!(StreamStats::default()
+            .finish()
+            .unwrap_err()
+            .contains("[DONE]"));
+        let s = StreamStats {
+            done: true,
+            ..Default::default()
+        };
+        assert!(s.finish().unwrap_err().contains("no content"));
+    }
+
+    #[test]
+    fn events_after_done_are_ignored() {
+        let mut s = StreamStats::default();
+        let mut ev = vec![
+            SseEvent::Data(r#"{"choices":[{"text":"x"}]}"#.into()),
+            SseEvent::Done,
+            SseEvent::Data(r#"{"choices":[{"text":"y"}]}"#.into()),
+        ];
+        s.take(&mut ev, 0.5, false).unwrap();
+        assert!(ev.is_empty());
+        assert_eq!((s.content_chunks, s.done), (1, true));
+    }
+
+    #[test]
+    fn http_failures_carry_status_and_openai_message() {
+        let body = br#"{"error":{"message":"max_tokens must be at least 1","type":"invalid_request_error","param":"max_tokens","code":null}}"#;
+        assert_eq!(
+            http_failure(400, body),
+            "HTTP 400: max_tokens must be at least 1"
+        );
+        assert_eq!(http_failure(503, b"busy\n"), "HTTP 503: busy");
+    }
+
+    #[test]
+    fn only_loopback_targets() {
+        for (url, want) in [
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+            ("http://localhost:8080/", "http://localhost:8080"),
+            ("http://[::1]:8000/v1", "http://[::1]:8000"),
+            ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+        ] {
+            assert_eq!(loopback_base(url).unwrap(), want, "{url}");
+        }
+        for bad in [
+            "http://0.0.0.0:8000",
+            "http://10.0.0.1:8000",
+            "http://example.com",
+            "http://127.0.0.1.example.com:80",
+            "https://127.0.0.1:8000",
+            "127.0.0.1:8000",
+            "http://user@127.0.0.1:8000",
+            "http://127.0.0.1:8000/?x=1",
+            "not a url",
+        ] {
+            let e = loopback_base(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--base-url: "), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn prompts_are_seeded_and_share_exactly_the_prefix() {
+        let ids = |stream, len, shared| -> Vec<u64> {
+            prompt_value(Mode::Ids { vocab: 100 }, 7, stream, len, shared)
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect()
+        };
+        let (a, b) = (ids(0, 40, 16), ids(1, 30, 16));
+        assert_eq!((a.len(), b.len()), (40, 30));
+        assert!(a.iter().chain(&b).all(|&x| (3..100).contains(&x)));
+        assert_eq!(a[..16], b[..16]);
+        assert_ne!(a[16..26], b[16..26]);
+        assert_eq!(a, ids(0, 40, 16));
+        assert_ne!(ids(0, 40, 0)[..16], a[..16]);
+        let text = prompt_value(Mode::Text, 7, 3, 12, 4);
+        assert_eq!(text.as_str().unwrap().split(' ').count(), 12);
+    }
+
+    #[test]
+    fn request_bodies() {
+        let job = Job {
+            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            uri: Uri::from_static("http://127.0.0.1:1/v1/completions"),
+            auth: None,
+            model: "m".into(),
+            mode: Mode::Ids { vocab: 50 },
+            temperature: 0.0,
+            seed: 1,
+            shared_prefix: 0,
+        };
+        let v: Value = serde_json::from_slice(&job.body(2, 5, 0, 9)).unwrap();
+        assert_eq!(v["prompt"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            (v["max_tokens"].as_u64(), v["ignore_eos"].as_bool()),
+            (Some(9), Some(true))
+        );
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        let chat = Job {
+            mode: Mode::Chat,
+            ..job
+        };
+        let v: Value = serde_json::from_slice(&chat.body(2, 5, 0, 9)).unwrap();
+        assert_eq!(v["messages"][0]["role"], "user");
+        assert_eq!(
+            v["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .count(),
+            5
+        );
+        assert!(v.get("prompt").is_none());
+    }
+
+    #[test]
+    fn plan_checks_arguments() {
+        let base = Args::parse_from(["fl_loadgen"]);
+        assert!(plan(&base).is_ok());
+        let bad = |extra: &[&str], arg: &str| {
+            let a = Args::parse_from(std::iter::once("fl_loadgen").chain(extra.iter().copied()));
+            let e = plan(&a).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.starts_with(arg), "{extra:?}: {e}");
+        };
+        bad(&["--shared-prefix", "512"], "--shared-prefix");
+        bad(
+            &["--prompt-lens", "600-900", "--shared-prefix", "600"],
+            "--shared-prefix",
+        );
+        bad(&["--rate", "0"], "--rate");
+        bad(&["--num-prompts", "0"], "--num-prompts");
+        bad(&["--concurrency", "0"], "--concurrency");
+        bad(&["--max-duration", "0"], "--max-duration");
+        bad(&["--vocab-size", "3"], "--vocab-size");
+        bad(&["--base-url", "http://192.168.1.2:8000"], "--base-url");
+        let a = Args::parse_from([
+            "fl_loadgen",
+            "--rate",
+            "4",
+            "--num-prompts",
+            "50",
+            "--seed",
+            "3",
+        ]);
+        let p = plan(&a).unwrap();
+        assert_eq!(p.trace.len(), 50);
+        assert!(p.trace.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
+        assert!(p.trace[49].arrival_s > 0.0);
+    }
+}
