@@ -24,8 +24,6 @@ pub struct Cache<T: RunDType> {
     pub batch: usize,
     /// Tokens per block of a paged cache; `None` for a contiguous one.
     pub block_size: Option<usize>,
-    /// Positions the decode kernel's split layout covers ([`Cache::set_decode_span`]).
-    decode_span: usize,
 }
 
 impl<T: RunDType> Cache<T> {
@@ -45,7 +43,6 @@ impl<T: RunDType> Cache<T> {
             capacity,
             batch,
             block_size: None,
-            decode_span: capacity,
         })
     }
 
@@ -85,7 +82,6 @@ impl<T: RunDType> Cache<T> {
             capacity: block_size * max_blocks_per_seq,
             batch: max_seqs,
             block_size: Some(block_size),
-            decode_span: block_size * max_blocks_per_seq,
         })
     }
 
@@ -107,30 +103,11 @@ impl<T: RunDType> Cache<T> {
             .sum()
     }
 
-    /// Sets the positions the decode attention's split layout covers, `1..=capacity`
-    /// (default: the capacity). The split count grows with it, so a paged cache sized for a
-    /// long context decodes short sequences faster with a smaller span; every sequence of the
-    /// decode passes that follow must then hold at most `span` positions (the kernel reads no
-    /// further). Buffers for decode passes size their workspace for the span set when they
-    /// are made: make them at the largest span they will run.
-    ///
-    /// Errors: [`EngineError::Invalid`] naming `span`.
-    pub fn set_decode_span(&mut self, span: usize) -> Result<()> {
-        if span == 0 || span > self.capacity {
-            return Err(EngineError::invalid(
-                "span",
-                format!("{span} outside 1..={} (the capacity)", self.capacity),
-            ));
-        }
-        self.decode_span = span;
-        Ok(())
-    }
-
-    /// The decode kernel's parameters for `cfg` over this cache: the split layout covers the
-    /// decode span (the capacity unless [`Cache::set_decode_span`] narrowed it), so it does
-    /// not depend on the step (a captured graph stays valid as sequences grow within it).
+    /// The decode kernel's parameters for `cfg` over this cache. They always cover the whole
+    /// capacity, so the split layout does not depend on the step (a captured graph stays
+    /// valid as sequences grow).
     pub(crate) fn decode_params(&self, cfg: &ModelConfig) -> DecodeParams {
-        let mut p = DecodeParams::new(cfg.head_dim, self.decode_span);
+        let mut p = DecodeParams::new(cfg.head_dim, self.capacity);
         p.scale = cfg.attention_scale() as f32;
         p.window = cfg.sliding_window;
         p

@@ -15,10 +15,9 @@
 //! - a step of single tokens (every decode step once the prompts are in) runs the decode
 //!   attention over the paged cache, the QKV GEMV rotating and appending to the paged cache in
 //!   its epilogue (f16 / bf16), and the LM head over every row; forward + LM head are captured
-//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) and decode span (the
-//!   next power of two, at least 256, of the longest context: the attention's split layout
-//!   covers it, so short contexts split less) in a CUDA graph on its second use and replayed
-//!   after that;
+//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) in a CUDA graph on
+//!   the bucket's second use and replayed after that (the attention's split layout covers the
+//!   whole capacity, so a graph stays valid as sequences grow);
 //! - a step with a longer chunk runs every row through the paged prefill attention (prefix
 //!   from the cache, the chunk causal), then gathers the rows that need logits;
 //! - copy-on-write block copies of the plan run first ([`fl_kernels::kv_cache::copy_blocks`]);
@@ -107,21 +106,19 @@ pub struct Runner<'e, T: RunDType> {
     last: StepStats,
 }
 
-/// A pass's buffers and, for a decode bucket, the CUDA graphs of its forward + LM head, one
-/// per decode span (the attention's split layout covers the span: a short context splits
-/// less).
+/// A pass's buffers and, for a decode bucket, the CUDA graph of its forward + LM head.
 struct PassBuffers<T: RunDType> {
     buf: Buffers<T>,
-    graphs: HashMap<usize, CudaGraph>,
+    graph: Option<CudaGraph>,
     /// Decode passes: the block table on the device (uploaded again only when it changes;
     /// the sequence rows are `0..m`, uploaded once).
     table: Vec<i32>,
     /// Decode passes: page-locked staging of the ids, positions and visible lengths (a copy
     /// from pageable memory costs a staging copy in the driver on every step).
     staging: Option<[PinnedHostSlice<i32>; 3]>,
-    /// Eager runs so far per span (a decode bucket is captured on its second use at a span,
-    /// after module loading and cuBLASLt's first plans).
-    runs: HashMap<usize, usize>,
+    /// Eager runs so far (a decode bucket is captured on its second use, after module
+    /// loading and cuBLASLt's first plans).
+    runs: usize,
 }
 
 /// The rows that get logits and a token, `rows` of them (a power of two; padding rows
@@ -505,20 +502,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             bucket(heads.len().max(1))
         };
         let key = (padded, decode);
-        // Decode passes: the attention splits over the next power of two (at least 256) of the
-        // longest context, not the whole capacity.
-        let span = if decode {
-            let longest = ctx.iter().copied().max().unwrap_or(1).max(1) as usize;
-            longest
-                .next_power_of_two()
-                .max(256)
-                .min(self.cache.capacity)
-        } else {
-            0
-        };
         if !self.passes.contains_key(&key) {
-            // The decode workspace is sized for the widest span.
-            self.cache.set_decode_span(self.cache.capacity)?;
             let mut buf = self
                 .engine
                 .model
@@ -531,7 +515,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 key,
                 PassBuffers {
                     buf,
-                    graphs: HashMap::new(),
+                    graph: None,
                     table: vec![],
                     staging: if decode {
                         Some([
@@ -542,12 +526,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
                     } else {
                         None
                     },
-                    runs: HashMap::new(),
+                    runs: 0,
                 },
             );
-        }
-        if decode {
-            self.cache.set_decode_span(span)?;
         }
         if let std::collections::hash_map::Entry::Vacant(v) = self.heads.entry(rows) {
             v.insert(Head::new(&stream, rows, hidden, vocab)?);
@@ -592,17 +573,14 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let engine = &mut *self.engine;
         let model = &engine.model;
         if decode {
-            let runs = pass.runs.get(&span).copied().unwrap_or(0);
-            if !pass.graphs.contains_key(&span) && engine.use_graph && runs >= 1 {
+            if pass.graph.is_none() && engine.use_graph && pass.runs >= 1 {
                 let g = capture(&stream, |s| {
                     model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
                     model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
                 })?;
-                if let Some(g) = g {
-                    pass.graphs.insert(span, g);
-                }
+                pass.graph = g;
             }
-            match pass.graphs.get(&span) {
+            match &pass.graph {
                 Some(g) => {
                     g.launch()?;
                     self.last.graph = true;
@@ -615,7 +593,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
         } else {
             model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
             if heads.is_empty() {
-                *pass.runs.entry(span).or_default() += 1;
+                pass.runs += 1;
                 buf.status.check(&stream)?;
                 return Ok(vec![]);
             }
@@ -625,7 +603,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             embedding::lookup(&stream, &head.rows, &buf.x, &mut head.x, &mut buf.status)?;
             model.lm_head(&stream, &mut engine.blas, &head.x, &mut head.logits)?;
         }
-        *pass.runs.entry(span).or_default() += 1;
+        pass.runs += 1;
         if heads.is_empty() {
             buf.status.check(&stream)?;
             return Ok(vec![]);

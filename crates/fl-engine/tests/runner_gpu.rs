@@ -387,11 +387,11 @@ fn penalties_and_min_new_tokens_match_static() {
     );
 }
 
-/// A context longer than the smallest decode span (256): the decode graphs switch spans
-/// (256 -> 512) as the sequences grow, and the logits still match the static engine's.
+/// A 1,024-position context, a 281-token sequence decoding beside a short one in CUDA graphs:
+/// the logits match the static engine's.
 #[test]
-fn decode_span_switch_matches_static_f16() {
-    if gpu_or_skip("decode_span_switch_matches_static_f16").is_none() {
+fn long_context_decode_matches_static_f16() {
+    if gpu_or_skip("long_context_decode_matches_static_f16").is_none() {
         return;
     }
     let _serial = serial();
@@ -438,5 +438,42 @@ fn decode_span_switch_matches_static_f16() {
             let err = rel_l2(g, &to_f64(w));
             assert!(err < 1e-2, "request {i} step {s}: relL2 {err:.2e}");
         }
+    }
+}
+
+/// Decode buckets of 8, 5 and 3 sequences over a 4,096-position paged cache at LLaMA-2-7B's
+/// attention shape (32 heads of 128, one layer): every step's split layout fits the bucket's
+/// workspace (a layout that varied with the context once needed more than was sized).
+#[test]
+fn decode_buckets_at_7b_attention_shape() {
+    if gpu_or_skip("decode_buckets_at_7b_attention_shape").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut cfg = preset("llama-2-7b").expect("preset");
+    cfg.num_hidden_layers = 1;
+    cfg.intermediate_size = 256;
+    cfg.vocab_size = 256;
+    let mut e = Engine::<f16>::load(0, cfg, WeightSource::Dummy { seed: 3 }, None).expect("load");
+    let rcfg = RunnerConfig {
+        max_num_seqs: 8,
+        num_blocks: Some(8 * 24),
+        ..Default::default()
+    };
+    let mut r = Runner::new(&mut e, &rcfg).expect("runner");
+    for (batch, len) in [(8usize, 300usize), (5, 200), (3, 40)] {
+        for i in 0..batch {
+            let q = request(
+                (100 * batch + i) as u64,
+                prompt(len + i, i as u32),
+                24,
+                SamplingParams::greedy(),
+                0,
+            );
+            r.add_request(q).expect("add");
+        }
+        let (got, _) = r.run_to_completion().expect("decode");
+        assert_eq!(got.len(), batch);
+        assert!(got.values().all(|t| t.len() == 24));
     }
 }
