@@ -10,7 +10,8 @@
 //!   quantised on load (`--quant` int8, int4, q8_0, q4_0, w8a8);
 //! - [`engine`]: the generation loop (prefill, sampling with fl-sampling, decode steps
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
-//!   resolution;
+//!   resolution; [`gguf`]: llama.cpp's GGUF model files (reader, writer, config from
+//!   metadata);
 //! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
 //!   stream each one's tokens and finish reason, abort, metrics);
 //! - [`chat_template`] (feature `serve`): a model's Jinja chat template rendered as
@@ -48,6 +49,7 @@ pub mod demo;
 pub mod dtype;
 pub mod engine;
 mod error;
+pub mod gguf;
 pub mod kv;
 mod layer;
 pub mod linear;

@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod gemv;
 pub mod gemv_dense;
+pub mod ggml;
 pub mod kv_cache;
 pub mod norm;
 pub mod padding;

@@ -175,8 +175,12 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 26)]
         n: usize,
     },
-    /// Print the GPU this machine has.
-    Info,
+    /// Print the GPU this machine has, or, given a GGUF file, its metadata and tensor types.
+    Info {
+        /// A .gguf file (any part of a split model): print its metadata (long arrays
+        /// shortened) and the count and bytes of its tensors per ggml type; no GPU needed.
+        path: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -243,7 +247,8 @@ impl RunnerArgs {
 fn main() {
     let cli = Cli::parse();
     let res = match cli.cmd {
-        Cmd::Info => with_gpu(info),
+        Cmd::Info { path: None } => with_gpu(info),
+        Cmd::Info { path: Some(p) } => gguf_info(&p),
         Cmd::Demo { n } => with_gpu(|g| demo(g, n)),
         Cmd::Generate {
             model,
@@ -379,6 +384,13 @@ fn info(gpu: &fl_kernels::Gpu) -> Result<()> {
         gpu.name()?,
         gpu.sm_count()
     );
+    Ok(())
+}
+
+fn gguf_info(path: &std::path::Path) -> Result<()> {
+    let f = fl_engine::gguf::GgufFile::open(path)
+        .map_err(|e| EngineError::invalid("PATH", e.to_string()))?;
+    print!("{}", f.summary());
     Ok(())
 }
 
