@@ -26,6 +26,9 @@ pub enum EngineError {
     /// The checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// A GGUF file's error (header, metadata, tensor), naming the key or tensor.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
     /// A request the engine refuses before doing any work (prompt longer than the context,
     /// batch that does not fit in memory, empty prompt...), naming the argument.
     #[error("{arg}: {reason}")]

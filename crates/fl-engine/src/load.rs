@@ -1,5 +1,6 @@
 //! From a `--model` argument to a running [`Engine`]: a model directory (config.json,
-//! safetensors, optional tokenizer.json) or a preset name with dummy weights.
+//! safetensors, optional tokenizer.json), a GGUF file (`*.gguf`: config, weights and tokenizer
+//! from the file) or a preset name with dummy weights.
 
 use std::path::{Path, PathBuf};
 
@@ -23,8 +24,10 @@ pub struct Loaded {
     pub dir: Option<PathBuf>,
     /// The checkpoint, `None` for a preset (dummy weights).
     pub checkpoint: Option<Checkpoint>,
-    /// `tokenizer.json` when the directory has one.
+    /// `tokenizer.json` when the directory has one; a GGUF file's tokenizer.
     pub tokenizer: Option<Tokenizer>,
+    /// The GGUF file, when `--model` named one.
+    pub gguf: Option<crate::gguf::GgufFile>,
     /// How the decoder's projections are loaded (`--quant`).
     pub quant: Quant,
 }
@@ -39,6 +42,34 @@ pub struct Loaded {
 pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
     let quant = Quant::parse(quant)?;
     let path = Path::new(model);
+    if path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        let f = crate::gguf::GgufFile::open(path)?;
+        let cfg = f.model_config()?;
+        f.check_tensors(&cfg)?;
+        quant.check(&cfg)?;
+        let tokenizer = match f.tokenizer_spec() {
+            Ok(spec) => {
+                let t = crate::gguf::tokenizer::build(&spec)
+                    .map_err(|e| EngineError::invalid("--model", e.to_string()))?;
+                Some(Tokenizer::from_tokenizers(t, path.to_path_buf()))
+            }
+            // A file without a vocabulary runs on token ids.
+            Err(crate::gguf::GgufError::MissingKey { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        return Ok(Loaded {
+            cfg,
+            dir: None,
+            checkpoint: None,
+            tokenizer,
+            gguf: Some(f),
+            quant,
+        });
+    }
     if path.is_dir() {
         let cfg = ModelConfig::from_model_dir(path)?;
         quant.check(&cfg)?;
@@ -50,6 +81,7 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
             dir: Some(path.to_path_buf()),
             checkpoint: Some(ck),
             tokenizer,
+            gguf: None,
             quant,
         });
     }
@@ -61,13 +93,14 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
                 dir: None,
                 checkpoint: None,
                 tokenizer: None,
+                gguf: None,
                 quant,
             })
         }
         Err(_) => Err(EngineError::invalid(
             "--model",
             format!(
-                "`{model}` is neither a model directory nor a preset ({})",
+                "`{model}` is neither a model directory, a .gguf file nor a preset ({})",
                 presets::preset_names().join(", ")
             ),
         )),
@@ -86,7 +119,10 @@ pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
     let mut tick = |done: u64, _total: u64| bar.set_position(done);
     let src = match &m.checkpoint {
         Some(ck) => WeightSource::Checkpoint(ck),
-        None => WeightSource::Dummy { seed: 1 },
+        None => match &m.gguf {
+            Some(f) => WeightSource::Gguf(f),
+            None => WeightSource::Dummy { seed: 1 },
+        },
     };
     let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), src, m.quant, Some(&mut tick))?;
     bar.finish_and_clear();

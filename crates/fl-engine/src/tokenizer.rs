@@ -35,6 +35,15 @@ impl Tokenizer {
         })
     }
 
+    /// Wraps a tokenizer built elsewhere (e.g. from a GGUF file's metadata, named by `origin`
+    /// in errors).
+    pub fn from_tokenizers(inner: tokenizers::Tokenizer, origin: PathBuf) -> Self {
+        Tokenizer {
+            inner,
+            path: origin,
+        }
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> EngineError {
         EngineError::Tokenizer {
             path: self.path.clone(),

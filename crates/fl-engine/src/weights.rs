@@ -95,6 +95,11 @@ impl<T: RunDType> Weights<T> {
 pub enum WeightSource<'a> {
     /// A safetensors checkpoint, converted to the run dtype on load.
     Checkpoint(&'a Checkpoint),
+    /// A GGUF file: every tensor dequantised to f32 on the host exactly as ggml does
+    /// ([`fl_kernels::reference::ggml::dequantize_row`]) and, for the `llama` architecture,
+    /// its q and k rows put back in the Hugging Face order (llama.cpp's converter interleaves
+    /// them), so the rest of the loading is the safetensors path's.
+    Gguf(&'a crate::gguf::GgufFile),
     /// Deterministic pseudo-random values (`N(0, 0.02)`-like, norms 1.0): for `fl bench`
     /// on a preset with no download. Values repeat with a long period, which is fine for
     /// timing and keeps loading fast.
@@ -111,6 +116,8 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 struct Loader<'a, 'p> {
     stream: &'a Arc<CudaStream>,
     src: WeightSource<'a>,
+    /// Rows per attention head (the GGUF q/k row order is per head).
+    head_dim: usize,
     chunk: Vec<f32>,
     done: u64,
     total: u64,
@@ -131,6 +138,10 @@ impl<'a> Loader<'a, '_> {
                 ];
                 ck.expect(name, shape, &dtypes)?.to_vec::<T>()?
             }
+            WeightSource::Gguf(f) => gguf_f32(f, name, shape, self.head_dim)?
+                .into_iter()
+                .map(T::from_f32)
+                .collect(),
             WeightSource::Dummy { .. } if norm => vec![T::from_f32(1.0); n],
             WeightSource::Dummy { .. } => self.dummy(name, n).map(T::from_f32).collect(),
         };
@@ -151,6 +162,7 @@ impl<'a> Loader<'a, '_> {
             WeightSource::Checkpoint(ck) => {
                 ck.expect(name, shape, FLOAT_DTYPES)?.to_vec::<f32>()?
             }
+            WeightSource::Gguf(f) => gguf_f32(f, name, shape, self.head_dim)?,
             WeightSource::Dummy { .. } => self.dummy(name, n).collect(),
         })
     }
@@ -225,6 +237,63 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
+/// GGUF tensor `name` (its Hugging Face name) of row-major `shape`, dequantised to f32 row by
+/// row; for a file whose q / k rows are interleaved (llama.cpp's `llama` converter), the q and
+/// k weights and biases are put back in the Hugging Face (rotate-half) order per head.
+fn gguf_f32(
+    f: &crate::gguf::GgufFile,
+    name: &str,
+    shape: &[usize],
+    head_dim: usize,
+) -> Result<Vec<f32>> {
+    use fl_kernels::ggml::GgmlType;
+    use fl_kernels::reference::ggml::dequantize_row;
+    let t = f.hf_tensor(name)?;
+    let got: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
+    if got != shape {
+        return Err(crate::gguf::GgufError::TensorMismatch {
+            tensor: t.name.clone(),
+            reason: format!("shape {got:?}, expected {shape:?}"),
+        }
+        .into());
+    }
+    let ty = GgmlType::from_id(t.ggml_type as u32).map_err(|_| {
+        crate::EngineError::invalid(
+            "--model",
+            format!(
+                "tensor `{}` is {}: this type cannot be read yet (F32, F16, BF16, Q4_0, Q4_1, \
+                 Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K can)",
+                t.name,
+                t.ggml_type.name()
+            ),
+        )
+    })?;
+    let k = *shape.last().unwrap_or(&1);
+    let rows = shape.iter().product::<usize>() / k.max(1);
+    let data = f.tensor_data(t)?;
+    let row_bytes = ty.row_bytes(k)?;
+    let mut out = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        out.extend(dequantize_row(
+            ty,
+            &data[r * row_bytes..(r + 1) * row_bytes],
+            k,
+        )?);
+    }
+    let qk = name.ends_with("self_attn.q_proj.weight")
+        || name.ends_with("self_attn.k_proj.weight")
+        || name.ends_with("self_attn.q_proj.bias")
+        || name.ends_with("self_attn.k_proj.bias");
+    if qk && f.qk_rows_interleaved()? {
+        // A bias is one value per row.
+        let n_rows = if shape.len() == 1 { shape[0] } else { rows };
+        let order =
+            crate::gguf::model::interleaved_to_rotate_half_rows(n_rows / head_dim, head_dim)?;
+        out = reorder_rows(&out, &order);
+    }
+    Ok(out)
+}
+
 fn dummy_chunk(seed: u64) -> Vec<f32> {
     // Sum of four uniforms: roughly normal, std 0.02 after scaling.
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -276,12 +345,13 @@ impl<T: RunDType> Weights<T> {
         quant.check(cfg)?;
         let chunk = match src {
             WeightSource::Dummy { seed } => dummy_chunk(seed),
-            WeightSource::Checkpoint(_) => Vec::new(),
+            WeightSource::Checkpoint(_) | WeightSource::Gguf(_) => Vec::new(),
         };
         let total = quant.weight_bytes(cfg, std::mem::size_of::<T>());
         let mut ld = Loader {
             stream,
             src,
+            head_dim: cfg.head_dim,
             chunk,
             done: 0,
             total,

@@ -56,11 +56,30 @@ struct Resolved {
 fn resolve(m: &ModelArgs) -> Result<Resolved> {
     let mut loaded = load::resolve(&m.model, &m.quant)?;
     let tokenizer = loaded.tokenizer.take().map(Arc::new);
-    let chat_template = match &loaded.dir {
-        Some(dir) => ChatTemplate::from_model_dir(dir)
+    let chat_template = match (&loaded.dir, &loaded.gguf) {
+        (Some(dir), _) => ChatTemplate::from_model_dir(dir)
             .map_err(|e| EngineError::invalid("--model", e.to_string()))?
             .map(Arc::new),
-        None => None,
+        // A GGUF file carries its template as `tokenizer.chat_template`.
+        (None, Some(f)) => match f.tokenizer_spec() {
+            Ok(spec) => match &spec.chat_template {
+                Some(src) => {
+                    let text =
+                        |id: Option<u32>| id.and_then(|i| spec.tokens.get(i as usize).cloned());
+                    let t = ChatTemplate::new(
+                        src,
+                        text(spec.bos_token_id()),
+                        text(spec.eos_token_id()),
+                    )
+                    .map_err(|e| EngineError::invalid("--model", e.to_string()))?
+                    .with_add_bos_token(Some(spec.add_bos_token()));
+                    Some(Arc::new(t))
+                }
+                None => None,
+            },
+            Err(_) => None,
+        },
+        (None, None) => None,
     };
     Ok(Resolved {
         loaded,
