@@ -7,7 +7,8 @@
  * nn.Linear.weight) stored in one of the formats below and dequantised in registers only.
  * Products are accumulated in f32; y is rounded once to its dtype. m = 0..FL_GEMV_MAX_M.
  *
- * Formats (all row-major over n, rows of k values; k must be a multiple of 32):
+ * Formats (all row-major over n, rows of k values; k must be a multiple of 32, and of 256
+ * for the K-quants):
  *  FL_GEMV_INT8     w: int8 q [n, k];         scales: f32 [n];  W[r, j] = q[r, j] * scale[r]
  *  FL_GEMV_INT4     w: u8 [n, k / 2] packed:  byte b of row r holds values j = 2b (low nibble)
  *                   and j = 2b + 1 (high nibble), each nibble q + 8 (offset binary, q in -8..7);
@@ -19,14 +20,23 @@
  *  FL_GEMV_Q4_0     w: llama.cpp block_q4_0, rows of k / 32 blocks of 18 bytes
  *                   { f16 d; uint8 qs[16] }: value i < 16 = d * ((qs[i] & 15) - 8),
  *                   value i + 16 = d * ((qs[i] >> 4) - 8)
- * GGUF blocks are used as stored (no repacking): they are only 2-byte aligned, which the
- * kernel handles. group_size (int4 only): 32, 64 or 128, dividing k; ignored otherwise.
+ *  FL_GEMV_Q4_K    w: llama.cpp block_q4_K, rows of k / 256 super-blocks of 144 bytes
+ *                   { f16 d, dmin; u8 scales[12]; u8 qs[128] }: 8 sub-blocks of 32 values
+ *                   with 6-bit scale sc and min m each; value = d * sc * q - dmin * m
+ *  FL_GEMV_Q5_K    w: block_q5_K, 176 bytes { f16 d, dmin; u8 scales[12]; u8 qh[32];
+ *                   u8 qs[128] }: as Q4_K with a fifth bit per value from qh
+ *  FL_GEMV_Q6_K    w: block_q6_K, 210 bytes { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }:
+ *                   16 sub-blocks of 16 values, value = d * scale * (q - 32), q 6-bit
+ *                   (the exact bit layouts are ggml-common.h's; crates/fl-kernels/src/reference/ggml.rs)
+ * GGUF blocks are used as stored (no repacking): Q8_0 / Q4_0 / Q6_K blocks are only 2-byte
+ * aligned, which the kernels handle (Q4_K / Q5_K super-blocks are 16-byte aligned in a
+ * 16-byte aligned w). group_size (int4 only): 32, 64 or 128, dividing k; ignored otherwise.
  * scales is ignored (may be NULL) for Q8_0/Q4_0, zeros for every format but FL_GEMV_INT4_ZP.
  *
  * Alignment: x and w 16-byte aligned, y 2-byte, scales 4-byte (f32) / 2-byte (f16), else
  * FL_ERR_MISALIGNED. No output may overlap an input.
  * Errors: FL_ERR_INVALID_ARGUMENT for m outside 0..FL_GEMV_MAX_M, n < 0, k <= 0 or not a
- * multiple of 32, a bad group size, sizes whose products overflow int64_t, an unknown format or
+ * multiple of 32 (256 for the K-quants), a bad group size, sizes whose products overflow int64_t, an unknown format or
  * a NULL pointer with work to do; FL_ERR_UNSUPPORTED_DTYPE for a dtype other than f16/bf16.
  * m == 0 or n == 0 launches nothing and returns FL_OK. */
 #ifndef FL_GEMV_H
@@ -45,11 +55,15 @@ typedef enum fl_gemv_format {
     FL_GEMV_INT4 = 1,
     FL_GEMV_INT4_ZP = 2,
     FL_GEMV_Q8_0 = 3,
-    FL_GEMV_Q4_0 = 4
+    FL_GEMV_Q4_0 = 4,
+    FL_GEMV_Q4_K = 5,
+    FL_GEMV_Q5_K = 6,
+    FL_GEMV_Q6_K = 7
 } fl_gemv_format;
 
 /* Bytes of the quantised values w (not counting scales/zeros) of an [n, k] weight in
- * `format`; -1 for a negative size, k not a multiple of 32, overflow or an unknown format. */
+ * `format`; -1 for a negative size, k not a multiple of 32 (256 for the K-quants), overflow or
+ * an unknown format. */
 int64_t fl_gemv_weight_bytes(fl_gemv_format format, int64_t n, int64_t k);
 
 /* y = x . W^T with W quantised as `format` (see above). */
@@ -57,7 +71,10 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         const void *scales, const void *zeros, int32_t group_size, void *y,
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
-/* Kernels of fl_gemv_quant_path (every one gives the same result up to f32 rounding: the
+/* Kernels of fl_gemv_quant_path. The K-quants (FL_GEMV_Q4_K / Q5_K / Q6_K) take one kernel on
+ * every path: CUDA cores, one warp per output row, each lane a run of 64 values of a
+ * super-block at a time, f32 FMAs on the exact integer quants, the sub-block scale and min
+ * applied per 16 or 32 values. For the other formats (every one gives the same result up to f32 rounding: the
  * summation order, and for int4 at m = 1 in the one-token kernel's 32-row CTAs of 4 warps, a
  * product on raw nibbles whose offsets (M + z) times x's group sums are subtracted per row in
  * f32):
@@ -87,10 +104,11 @@ fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, const void *
                              int64_t m, int64_t n, int64_t k, int32_t path, fl_stream stream);
 
 /* Dequantise a whole weight into a dense matrix (the prefill path: past FL_GEMV_MAX_M tokens a
- * dense tensor-core GEMM reads the result):
+ * dense tensor-core GEMM reads the result), every format above:
  *   out[r, j] = dtype(W[r, j]),   r < n, j < k,
  * with W as defined above, computed in f32 ((q - z) * scale: one rounded f32 product for
- * FL_GEMV_INT8, exact for the other formats) and rounded once to dtype. out: dtype [n, k]
+ * FL_GEMV_INT8, exact for the other formats; the K-quants as ggml's dequantize_row_*, bit for
+ * bit) and rounded once to dtype. out: dtype [n, k]
  * row-major; dtype f32, f16 or bf16. w, scales, zeros, group_size as for fl_gemv_quant.
  * Alignment: w and out 16-byte aligned, scales 4-byte (f32) / 2-byte (f16), else
  * FL_ERR_MISALIGNED. out may not overlap an input.

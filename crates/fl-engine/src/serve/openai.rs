@@ -283,6 +283,18 @@ fn expected(field: &str, what: &str, v: &Value) -> ApiError {
     ApiError::invalid(field, format!("expected {what}, got {}", kind(v)))
 }
 
+/// The token ids of `list` (`field[i]` named for an entry that is not one).
+fn token_ids(list: &[Value], field: &str) -> Result<Vec<u32>, ApiError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| expected(&format!("{field}[{i}]"), "a token id", v))
+        })
+        .collect()
+}
+
 /// Typed access to a request object; a missing field and `null` both read as `None`.
 struct Fields<'a>(&'a Map<String, Value>);
 
@@ -460,15 +472,7 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
     }
     let stop_token_ids = match f.get("stop_token_ids") {
         None => vec![],
-        Some(Value::Array(list)) => list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| expected(&format!("stop_token_ids[{i}]"), "a token id", v))
-            })
-            .collect::<Result<_, _>>()?,
+        Some(Value::Array(list)) => token_ids(list, "stop_token_ids")?,
         Some(v) => return Err(expected("stop_token_ids", "an array of token ids", v)),
     };
     let stream = f.bool("stream")?.unwrap_or(false);
@@ -552,16 +556,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
 
 /// A `prompt`: a string, a list of one string, token ids, or a list of one list of ids.
 fn prompt(v: &Value) -> Result<Prompt, ApiError> {
-    let ids = |list: &[Value], field: &str| -> Result<Vec<u32>, ApiError> {
-        list.iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| expected(&format!("{field}[{i}]"), "a token id", v))
-            })
-            .collect()
-    };
+    let ids = token_ids;
     match v {
         Value::String(s) => Ok(Prompt::Text(s.clone())),
         Value::Array(list) => match list.first() {
@@ -729,15 +724,7 @@ pub fn parse_detokenize(body: &[u8]) -> Result<(Option<String>, Vec<u32>), ApiEr
     let model = f.str("model")?.map(str::to_string);
     let tokens = match f.get("tokens") {
         None => return Err(ApiError::invalid("tokens", "is required")),
-        Some(Value::Array(list)) => list
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_u64()
-                    .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| expected(&format!("tokens[{i}]"), "a token id", v))
-            })
-            .collect::<Result<_, _>>()?,
+        Some(Value::Array(list)) => token_ids(list, "tokens")?,
         Some(v) => return Err(expected("tokens", "an array of token ids", v)),
     };
     Ok((model, tokens))
