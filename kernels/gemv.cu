@@ -11,6 +11,7 @@
 //   gemv_one_token_gguf.cu m = 1, Q8_0 / Q4_0 with k % 256 == 0: cp.async or TMA rings
 //   gemv_multi_token.cu    m = 2..16 with k % 256 == 0: cp.async rings with every token's x
 //   gemv_dequant.cu        fl_gemv_dequantize (the prefill path)
+//   gemv_kquant.cu         Q4_K / Q5_K / Q6_K on every path (CUDA cores), their dequantisation
 // What each kernel tried and lost is in kernels/experiments/gemv.md.
 //
 // The choice (GemvPath::Auto; GemvPath::Mma takes the tensor-core side whatever the shape,
@@ -23,6 +24,7 @@
 // of their one-token kernels applies; otherwise (e.g. Q8_0 / Q4_0 at k % 256 != 0, where the
 // general tensor-core kernel is slower) the CUDA-core kernel.
 #include "gemv_common.cuh"
+#include "gemv_kquant.cuh"
 
 namespace fl {
 namespace gemv {
@@ -100,6 +102,7 @@ template <typename T> void raw_nibbles_host(uint32_t w, float *out) {
 
 extern "C" int64_t fl_gemv_weight_bytes(fl_gemv_format format, int64_t n, int64_t k) {
     if (n < 0 || k < 0 || k % 32 != 0) return -1;
+    if (fl::gemv::is_kquant(format) && k % 256 != 0) return -1;
     int64_t per_row;
     switch (format) {
     case FL_GEMV_INT8: per_row = k; break;
@@ -107,6 +110,9 @@ extern "C" int64_t fl_gemv_weight_bytes(fl_gemv_format format, int64_t n, int64_
     case FL_GEMV_INT4_ZP: per_row = k / 2; break;
     case FL_GEMV_Q8_0: per_row = k / 32 * 34; break;
     case FL_GEMV_Q4_0: per_row = k / 32 * 18; break;
+    case FL_GEMV_Q4_K: per_row = k / 256 * 144; break;
+    case FL_GEMV_Q5_K: per_row = k / 256 * 176; break;
+    case FL_GEMV_Q6_K: per_row = k / 256 * 210; break;
     default: return -1;
     }
     if (per_row > 0 && n > INT64_MAX / per_row) return -1;
@@ -129,6 +135,8 @@ extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, c
     if (path < FL_GEMV_PATH_AUTO || path > FL_GEMV_PATH_MMA) return FL_ERR_INVALID_ARGUMENT;
     if (m < 0 || m > FL_GEMV_MAX_M || n < 0 || k <= 0 || k % 32 != 0)
         return FL_ERR_INVALID_ARGUMENT;
+    const bool kquant = gemv::is_kquant(format);
+    if (kquant && k % 256 != 0) return FL_ERR_INVALID_ARGUMENT;
     const bool int4 = format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
     if (int4 && ((group_size != 32 && group_size != 64 && group_size != 128) || k % group_size != 0))
         return FL_ERR_INVALID_ARGUMENT;
@@ -156,6 +164,7 @@ extern "C" fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, c
                            k,
                            group_size,
                            as_stream(stream)};
+    if (kquant) return gemv::launch_kquant(a);  // one kernel on every path (gemv_kquant.cu)
     if (gemv::use_tensor_cores(path, format, m, n, k)) return gemv::launch_tensor_cores(a);
     return gemv::launch_fma(a);
 }

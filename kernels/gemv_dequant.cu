@@ -3,7 +3,8 @@
 // a tensor-core GEMM reads it. One thread per unit (16 int8 values, 32 int4 values, one
 // 32-value GGUF block); units never straddle rows (k is a multiple of 32). The per-unit code is
 // __host__ __device__: fl_gemv_dequantize_host runs the very same code on the CPU for the CPU
-// tests.
+// tests. The K-quants (64-value units of 256-value super-blocks) are gemv_kquant.cu's.
+#include "gemv_kquant.cuh"
 #include "gemv_unpack.cuh"
 
 namespace fl {
@@ -160,6 +161,7 @@ inline fl_status dequant_check(fl_gemv_format format, const void *w, const void 
                                const void *zeros, int32_t group_size, const void *out, int64_t n,
                                int64_t k) {
     if (n < 0 || k <= 0 || k % 32 != 0) return FL_ERR_INVALID_ARGUMENT;
+    if (is_kquant(format) && k % 256 != 0) return FL_ERR_INVALID_ARGUMENT;
     const bool int4 = format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP;
     if (int4 && ((group_size != 32 && group_size != 64 && group_size != 128) || k % group_size != 0))
         return FL_ERR_INVALID_ARGUMENT;
@@ -191,6 +193,7 @@ extern "C" fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, c
         (reinterpret_cast<uintptr_t>(scales) & 1u) != 0)
         return FL_ERR_MISALIGNED;
     const cudaStream_t s = as_stream(stream);
+    if (gemv::is_kquant(format)) return gemv::launch_kquant_dequantize(dtype, format, w, out, n, k, s);
     FL_DISPATCH_FLOAT(dtype, return gemv::dequant_dispatch<scalar_t>(format, w, scales, zeros,
                                                                     group_size, out, n, k, s));
     return FL_ERR_UNSUPPORTED_DTYPE;
@@ -202,6 +205,10 @@ extern "C" fl_status fl_gemv_dequantize_host(fl_gemv_format format, const void *
     using namespace fl::gemv;
     const fl_status st = dequant_check(format, w, scales, zeros, group_size, out, n, k);
     if (st != FL_OK || n == 0) return st;
+    if (is_kquant(format)) {
+        kquant_dequantize_host(format, w, out, n, k);
+        return FL_OK;
+    }
     switch (format) {
     case FL_GEMV_INT8: dequant_host<I8>(w, scales, zeros, group_size, out, n, k); return FL_OK;
     case FL_GEMV_INT4: dequant_host<I4>(w, scales, zeros, group_size, out, n, k); return FL_OK;

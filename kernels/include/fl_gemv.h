@@ -27,7 +27,7 @@
  *                   u8 qs[128] }: as Q4_K with a fifth bit per value from qh
  *  FL_GEMV_Q6_K    w: block_q6_K, 210 bytes { u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }:
  *                   16 sub-blocks of 16 values, value = d * scale * (q - 32), q 6-bit
- *                   (the exact bit layouts are ggml-common.h's; crates/fl-kernels/src/reference/ggml.rs)
+ *                   (bit layouts: ggml-common.h; crates/fl-kernels/src/reference/ggml.rs)
  * GGUF blocks are used as stored (no repacking): Q8_0 / Q4_0 / Q6_K blocks are only 2-byte
  * aligned, which the kernels handle (Q4_K / Q5_K super-blocks are 16-byte aligned in a
  * 16-byte aligned w). group_size (int4 only): 32, 64 or 128, dividing k; ignored otherwise.
@@ -36,9 +36,9 @@
  * Alignment: x and w 16-byte aligned, y 2-byte, scales 4-byte (f32) / 2-byte (f16), else
  * FL_ERR_MISALIGNED. No output may overlap an input.
  * Errors: FL_ERR_INVALID_ARGUMENT for m outside 0..FL_GEMV_MAX_M, n < 0, k <= 0 or not a
- * multiple of 32 (256 for the K-quants), a bad group size, sizes whose products overflow int64_t, an unknown format or
- * a NULL pointer with work to do; FL_ERR_UNSUPPORTED_DTYPE for a dtype other than f16/bf16.
- * m == 0 or n == 0 launches nothing and returns FL_OK. */
+ * multiple of 32 (256 for the K-quants), a bad group size, sizes whose products overflow
+ * int64_t, an unknown format or a NULL pointer with work to do; FL_ERR_UNSUPPORTED_DTYPE for
+ * a dtype other than f16/bf16. m == 0 or n == 0 launches nothing and returns FL_OK. */
 #ifndef FL_GEMV_H
 #define FL_GEMV_H
 #include "fl_kernels.h"
@@ -72,9 +72,9 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
                         int64_t m, int64_t n, int64_t k, fl_stream stream);
 
 /* Kernels of fl_gemv_quant_path. The K-quants (FL_GEMV_Q4_K / Q5_K / Q6_K) take one kernel on
- * every path: CUDA cores, one warp per output row, each lane a run of 64 values of a
- * super-block at a time, f32 FMAs on the exact integer quants, the sub-block scale and min
- * applied per 16 or 32 values. For the other formats (every one gives the same result up to f32 rounding: the
+ * every path: CUDA cores, one warp per output row, each lane 64 values of a super-block at a
+ * time, f32 FMAs on the exact integer quants, each sub-block's scale and min applied to its
+ * sums. The other formats' kernels (every one gives the same result up to f32 rounding: the
  * summation order, and for int4 at m = 1 in the one-token kernel's 32-row CTAs of 4 warps, a
  * product on raw nibbles whose offsets (M + z) times x's group sums are subtracted per row in
  * f32):
@@ -108,13 +108,14 @@ fl_status fl_gemv_quant_path(fl_dtype dtype, fl_gemv_format format, const void *
  *   out[r, j] = dtype(W[r, j]),   r < n, j < k,
  * with W as defined above, computed in f32 ((q - z) * scale: one rounded f32 product for
  * FL_GEMV_INT8, exact for the other formats; the K-quants as ggml's dequantize_row_*, bit for
- * bit) and rounded once to dtype. out: dtype [n, k]
- * row-major; dtype f32, f16 or bf16. w, scales, zeros, group_size as for fl_gemv_quant.
+ * bit) and rounded once to dtype. out: dtype [n, k] row-major; dtype f32, f16 or bf16.
+ * w, scales, zeros, group_size as for fl_gemv_quant.
  * Alignment: w and out 16-byte aligned, scales 4-byte (f32) / 2-byte (f16), else
  * FL_ERR_MISALIGNED. out may not overlap an input.
- * Errors: FL_ERR_INVALID_ARGUMENT for n < 0, k <= 0 or not a multiple of 32, a bad group size,
- * sizes whose products overflow int64_t, an unknown format or a NULL pointer with work to do;
- * FL_ERR_UNSUPPORTED_DTYPE for another dtype. n == 0 launches nothing and returns FL_OK. */
+ * Errors: FL_ERR_INVALID_ARGUMENT for n < 0, k <= 0 or not a multiple of 32 (256 for the
+ * K-quants), a bad group size, sizes whose products overflow int64_t, an unknown format or a
+ * NULL pointer with work to do; FL_ERR_UNSUPPORTED_DTYPE for another dtype. n == 0 launches
+ * nothing and returns FL_OK. */
 fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, const void *w,
                              const void *scales, const void *zeros, int32_t group_size, void *out,
                              int64_t n, int64_t k, fl_stream stream);

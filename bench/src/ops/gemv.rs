@@ -43,6 +43,9 @@ fn op_name(f: QuantFormat) -> &'static str {
         } => "gemv_int4zp_g128",
         QuantFormat::Q8_0 => "gemv_q8_0",
         QuantFormat::Q4_0 => "gemv_q4_0",
+        QuantFormat::Q4_K => "gemv_q4_k",
+        QuantFormat::Q5_K => "gemv_q5_k",
+        QuantFormat::Q6_K => "gemv_q6_k",
     }
 }
 

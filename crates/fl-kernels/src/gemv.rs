@@ -14,6 +14,11 @@
 //!   bit-exact (`{f16 d; i8 qs[32]}` = 34 bytes; `{f16 d; u8 qs[16]}` = 18 bytes with value
 //!   `j` in the low nibble of `qs[j]` and value `j + 16` in its high nibble), rows of `k / 32`
 //!   blocks, so GGUF tensors upload without repacking.
+//! - [`Q4_K`](QuantFormat::Q4_K), [`Q5_K`](QuantFormat::Q5_K) and [`Q6_K`](QuantFormat::Q6_K):
+//!   llama.cpp's K-quants, bit-exact (`ggml-common.h`): rows of `k / 256` super-blocks of 144,
+//!   176 and 210 bytes (`k` a multiple of 256), dequantised exactly as ggml's
+//!   `dequantize_row_*` ([`crate::reference::ggml::dequantize_row`]). Build one from a GGUF
+//!   tensor's bytes with [`QuantizedHost::from_ggml`].
 //!
 //! The host side: [`quantize`] turns f32 weights into a [`QuantizedHost`] (quantise-on-load,
 //! tests); [`QuantizedHost::new`] wraps bytes you already have (a GGUF tensor); the CPU
@@ -46,6 +51,7 @@ use half::f16;
 
 use crate::dtype::{FloatDType, HalfDType};
 use crate::error::check;
+use crate::ggml::{GgmlType, QK_K};
 use crate::tensor::{as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
@@ -60,6 +66,7 @@ pub const Q8_0_BLOCK_BYTES: usize = 34;
 pub const Q4_0_BLOCK_BYTES: usize = 18;
 
 /// How a weight matrix is stored (see the [module docs](self)).
+#[allow(non_camel_case_types)] // ggml's names (Q4_K), as in [`GgmlType`]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
     /// int8, symmetric, one f32 scale per output row.
@@ -76,10 +83,17 @@ pub enum QuantFormat {
     Q8_0,
     /// llama.cpp Q4_0 blocks of 32 values.
     Q4_0,
+    /// llama.cpp Q4_K super-blocks of 256 values (144 bytes).
+    Q4_K,
+    /// llama.cpp Q5_K super-blocks of 256 values (176 bytes).
+    Q5_K,
+    /// llama.cpp Q6_K super-blocks of 256 values (210 bytes).
+    Q6_K,
 }
 
 impl QuantFormat {
-    /// Short name for ids and messages: `int8`, `int4_g128`, `int4zp_g128`, `q8_0`, `q4_0`.
+    /// Short name for ids and messages: `int8`, `int4_g128`, `int4zp_g128`, `q8_0`, `q4_0`,
+    /// `q4_k`, `q5_k`, `q6_k`.
     pub fn name(&self) -> String {
         match *self {
             QuantFormat::Int8 => "int8".into(),
@@ -93,14 +107,44 @@ impl QuantFormat {
             } => format!("int4zp_g{group}"),
             QuantFormat::Q8_0 => "q8_0".into(),
             QuantFormat::Q4_0 => "q4_0".into(),
+            QuantFormat::Q4_K => "q4_k".into(),
+            QuantFormat::Q5_K => "q5_k".into(),
+            QuantFormat::Q6_K => "q6_k".into(),
         }
     }
 
-    /// The multiple `k` must be of: the group for int4, else 32.
+    /// The multiple `k` must be of: the group for int4, 256 for the K-quants, else 32.
     pub fn k_multiple(&self) -> usize {
         match *self {
             QuantFormat::Int4 { group, .. } => group,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => QK_K,
             _ => BLOCK,
+        }
+    }
+
+    /// The ggml type of the GGUF formats (`Q8_0`, `Q4_0`, the K-quants); `None` for int8 /
+    /// int4.
+    pub fn ggml_type(&self) -> Option<GgmlType> {
+        match self {
+            QuantFormat::Q8_0 => Some(GgmlType::Q8_0),
+            QuantFormat::Q4_0 => Some(GgmlType::Q4_0),
+            QuantFormat::Q4_K => Some(GgmlType::Q4_K),
+            QuantFormat::Q5_K => Some(GgmlType::Q5_K),
+            QuantFormat::Q6_K => Some(GgmlType::Q6_K),
+            QuantFormat::Int8 | QuantFormat::Int4 { .. } => None,
+        }
+    }
+
+    /// The format that stores ggml type `ty` as it is (no requantising), if the GEMV takes it:
+    /// Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
+    pub fn from_ggml(ty: GgmlType) -> Option<QuantFormat> {
+        match ty {
+            GgmlType::Q8_0 => Some(QuantFormat::Q8_0),
+            GgmlType::Q4_0 => Some(QuantFormat::Q4_0),
+            GgmlType::Q4_K => Some(QuantFormat::Q4_K),
+            GgmlType::Q5_K => Some(QuantFormat::Q5_K),
+            GgmlType::Q6_K => Some(QuantFormat::Q6_K),
+            _ => None,
         }
     }
 
@@ -111,6 +155,9 @@ impl QuantFormat {
             QuantFormat::Int4 { .. } => n * k / 2,
             QuantFormat::Q8_0 => n * (k / BLOCK) * Q8_0_BLOCK_BYTES,
             QuantFormat::Q4_0 => n * (k / BLOCK) * Q4_0_BLOCK_BYTES,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => {
+                n * (k / QK_K) * self.ggml_type().map_or(0, |t| t.block_bytes())
+            }
         }
     }
 
@@ -138,6 +185,9 @@ impl QuantFormat {
             } => fl_gemv_format::FL_GEMV_INT4_ZP,
             QuantFormat::Q8_0 => fl_gemv_format::FL_GEMV_Q8_0,
             QuantFormat::Q4_0 => fl_gemv_format::FL_GEMV_Q4_0,
+            QuantFormat::Q4_K => fl_gemv_format::FL_GEMV_Q4_K,
+            QuantFormat::Q5_K => fl_gemv_format::FL_GEMV_Q5_K,
+            QuantFormat::Q6_K => fl_gemv_format::FL_GEMV_Q6_K,
         }
     }
 
@@ -209,6 +259,9 @@ impl QuantizedHost {
     ///   zero point, else empty.
     /// - `Q8_0` / `Q4_0`: `data` = the GGUF blocks, `n · k / 32` of them, row-major;
     ///   `scales` = `Scales::None`, `zeros` empty.
+    /// - `Q4_K` / `Q5_K` / `Q6_K`: `data` = the GGUF super-blocks, `n · k / 256` of them,
+    ///   row-major; `scales` = `Scales::None`, `zeros` empty (see also
+    ///   [`QuantizedHost::from_ggml`]).
     ///
     /// Errors: [`Error::InvalidArgument`] naming `k`/`format` (see [`quantize`]), `data`,
     /// `scales` or `zeros` when a length or kind does not match, or a zero is above 15.
@@ -238,7 +291,14 @@ impl QuantizedHost {
             (QuantFormat::Int4 { group, .. }, Scales::F16(s)) if s.len() == n * (k / group) => {
                 scales_f16 = s.to_vec()
             }
-            (QuantFormat::Q8_0 | QuantFormat::Q4_0, Scales::None) => {}
+            (
+                QuantFormat::Q8_0
+                | QuantFormat::Q4_0
+                | QuantFormat::Q4_K
+                | QuantFormat::Q5_K
+                | QuantFormat::Q6_K,
+                Scales::None,
+            ) => {}
             (f, s) => {
                 return Err(Error::invalid(
                     "scales",
@@ -279,6 +339,36 @@ impl QuantizedHost {
             scales_f16,
             zeros,
         })
+    }
+
+    /// Wraps the bytes of a ggml tensor of type `ty` holding an `[n, k]` weight (GGUF dims
+    /// `[k, n]`: rows of `k` values, row-major), as they are in the file: no requantising.
+    /// `ty` is Q8_0, Q4_0, Q4_K, Q5_K or Q6_K.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `ty` (a type the GEMV does not take: convert
+    /// it first), `k` (not a positive multiple of the type's block: 32, or 256 for the
+    /// K-quants) or `data` (not `n` rows of `ty.row_bytes(k)` bytes); [`Error::TooLarge`]
+    /// naming `n` when `n · k` overflows.
+    ///
+    /// ```
+    /// use fl_kernels::ggml::GgmlType;
+    /// use fl_kernels::gemv::{QuantFormat, QuantizedHost};
+    /// use fl_kernels::reference::ggml::random_blocks;
+    /// let (n, k) = (3, 512); // 2 super-blocks of 144 bytes per row
+    /// let bytes = random_blocks(GgmlType::Q4_K, n * k / 256, 1);
+    /// let w = QuantizedHost::from_ggml(GgmlType::Q4_K, n, k, bytes)?;
+    /// assert_eq!(w.format(), QuantFormat::Q4_K);
+    /// assert_eq!(w.num_bytes(), 3 * 2 * 144);
+    /// # Ok::<(), fl_kernels::Error>(())
+    /// ```
+    pub fn from_ggml(ty: GgmlType, n: usize, k: usize, data: Vec<u8>) -> Result<Self> {
+        let format = QuantFormat::from_ggml(ty).ok_or_else(|| {
+            Error::invalid(
+                "ty",
+                format!("{ty} weights: the GEMV takes q8_0, q4_0, q4_K, q5_K and q6_K"),
+            )
+        })?;
+        QuantizedHost::new(format, n, k, data, Scales::None, Vec::new())
     }
 
     /// The storage format.
@@ -346,13 +436,16 @@ fn f16_round_up(s: f32) -> f16 {
 /// - `Q8_0`, `Q4_0`: llama.cpp's reference quantisers (`quantize_row_q8_0_ref`,
 ///   `quantize_row_q4_0_ref`): `d = amax / 127`, `q = round(w / d)`; and `d = m / −8` with
 ///   `m` the value of largest magnitude, `nib = min(15, trunc(w / d + 8.5))`; `d` stored f16.
+/// - `Q4_K`, `Q5_K`, `Q6_K`: ggml's reference quantisers (`quantize_row_q4_K_ref` ..., the
+///   K-quant searches), [`crate::reference::ggml::quantize_row`]; their error is not bounded
+///   by half a step as above (the searches trade it over a sub-block).
 ///
 /// So `|w − dequantised| <= scale / 2` for every value (up to f32 rounding and, for the
 /// GGUF formats, the f16 rounding of `d`, as in llama.cpp). An all-zero group gets scale 0.
 ///
 /// Errors: [`Error::InvalidArgument`] naming `weights` (length not `n · k`, or a non-finite
 /// value, or a value so large that its f16 scale overflows), `k` (not a positive multiple of
-/// the group / 32) or `format` (int4 group not 32/64/128).
+/// the group / 32 / 256) or `format` (int4 group not 32/64/128).
 pub fn quantize(weights: &[f32], n: usize, k: usize, format: QuantFormat) -> Result<QuantizedHost> {
     format.check_shape(n, k)?;
     if weights.len() != n * k {
@@ -472,6 +565,31 @@ pub fn quantize(weights: &[f32], n: usize, k: usize, format: QuantFormat) -> Res
                 }
             }
         }
+        QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => {
+            let ty = format
+                .ggml_type()
+                .ok_or_else(|| Error::invalid("format", "no ggml type"))?;
+            // Where each super-block keeps its f16 scales (d, dmin / d).
+            let scale_at: &[usize] = if format == QuantFormat::Q6_K {
+                &[208]
+            } else {
+                &[0, 2]
+            };
+            let bb = ty.block_bytes();
+            data.clear();
+            for row in weights.chunks_exact(k) {
+                let q = crate::reference::ggml::quantize_row(ty, row)?;
+                for blk in q.chunks_exact(bb) {
+                    for &at in scale_at {
+                        let d = f16::from_le_bytes([blk[at], blk[at + 1]]);
+                        if !d.is_finite() {
+                            return Err(too_big(&format!("{} scale", format.name()), d.to_f32()));
+                        }
+                    }
+                }
+                data.extend_from_slice(&q);
+            }
+        }
     }
     let scales = match format {
         QuantFormat::Int8 => Scales::F32(&sf32),
@@ -561,7 +679,10 @@ impl QuantWeight {
 /// 1..=[`MAX_M`] (`m = 0` does nothing). Dtypes: `x`, `y` f16 or bf16; the weight in any
 /// [`QuantFormat`]. Accumulation in f32, one rounding to `T` at the output; weights are
 /// dequantised in registers (never written out). Memory-bound at small `m`: one pass over
-/// the weight bytes, shared by all `m` tokens. With `k % 256 == 0` (every LLaMA shape) every
+/// the weight bytes, shared by all `m` tokens. The K-quants (`Q4_K`, `Q5_K`, `Q6_K`) take one
+/// CUDA-core kernel on every path (one warp per output row, the super-blocks read straight
+/// from global memory); the tensor-core one-token kernels of Q8_0 / Q4_0 are not done for
+/// them yet. With `k % 256 == 0` (every LLaMA shape) every
 /// format streams its weight through a shared-memory ring (filled by the TMA engine for the
 /// GGUF formats and int8 at one token on sm_90+ where that measured faster; `bench/RESULTS.md`
 /// has the current figures). Other `k` take general kernels, which are slower (most for the
@@ -707,7 +828,8 @@ pub fn gemv_with_path<T: HalfDType>(
 /// Dequantises a whole weight into a dense tensor: `out[r, j] = T(W[r, j])` for the `[n, k]`
 /// weight `W` that `w` stands for (exactly [`reference::gemv::dequantize`](crate::reference::gemv::dequantize):
 /// `(q − zero) · scale` in f32, one rounded product for [`QuantFormat::Int8`] and exact for
-/// the others, then one rounding to `T`).
+/// the others; the K-quants bit for bit as ggml's `dequantize_row_*`; then one rounding to
+/// `T`).
 ///
 /// The prefill path of a weight-only quantised linear layer: past [`MAX_M`] tokens the GEMV
 /// stops paying (it is memory-bound, a GEMM is not), so the weight is dequantised into a

@@ -1451,6 +1451,9 @@ fn host_unpack(format: QuantFormat, bytes: &[u8; 16], zero: i32) -> Option<Vec<f
         QuantFormat::Q4_0 => F::FL_GEMV_Q4_0,
         QuantFormat::Int8 => F::FL_GEMV_INT8,
         QuantFormat::Q8_0 => F::FL_GEMV_Q8_0,
+        QuantFormat::Q4_K => F::FL_GEMV_Q4_K,
+        QuantFormat::Q5_K => F::FL_GEMV_Q5_K,
+        QuantFormat::Q6_K => F::FL_GEMV_Q6_K,
     };
     let mut out = vec![f32::NAN; 32];
     // SAFETY: a host-only function; `bytes` holds 16 bytes and `out` 32 floats.
@@ -1593,6 +1596,9 @@ fn host_dequantize(q: &QuantizedHost, k_override: Option<i64>) -> Result<Vec<f32
         } => (F::FL_GEMV_INT4_ZP, group as i32),
         QuantFormat::Q8_0 => (F::FL_GEMV_Q8_0, 0),
         QuantFormat::Q4_0 => (F::FL_GEMV_Q4_0, 0),
+        QuantFormat::Q4_K => (F::FL_GEMV_Q4_K, 0),
+        QuantFormat::Q5_K => (F::FL_GEMV_Q5_K, 0),
+        QuantFormat::Q6_K => (F::FL_GEMV_Q6_K, 0),
     };
     let scales: *const std::ffi::c_void = match q.scales() {
         Scales::F32(s) => s.as_ptr() as _,

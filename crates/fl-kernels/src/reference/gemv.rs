@@ -9,7 +9,9 @@ use crate::gemv::{QuantFormat, QuantizedHost, Scales, BLOCK, Q4_0_BLOCK_BYTES, Q
 /// an integer times a scale, computed in f64):
 /// int8 `q · scale[r]`; int4 `(nib − zero) · scale[g]` (zero = 8 without zero point, nib =
 /// low nibble for even k); Q8_0 `d · qs[i]`; Q4_0 `d · ((qs[i] & 15) − 8)` for `i < 16` and
-/// `d · ((qs[i − 16] >> 4) − 8)` above.
+/// `d · ((qs[i − 16] >> 4) − 8)` above; the K-quants (`Q4_K`, `Q5_K`, `Q6_K`) row by row as
+/// [`reference::ggml::dequantize_row`](crate::reference::ggml::dequantize_row) (ggml's f32
+/// values, bit for bit, widened).
 pub fn dequantize(w: &QuantizedHost) -> Vec<f64> {
     let (n, k, data) = (w.n(), w.k(), w.data());
     let mut out = vec![0f64; n * k];
@@ -42,6 +44,17 @@ pub fn dequantize(w: &QuantizedHost) -> Vec<f64> {
                     let q = blk[2 + j];
                     out[b * BLOCK + j] = d * ((q & 15) as f64 - 8.0);
                     out[b * BLOCK + j + 16] = d * ((q >> 4) as f64 - 8.0);
+                }
+            }
+        }
+        (QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K, _) => {
+            if let Some(ty) = w.format().ggml_type() {
+                let rb = data.len() / n.max(1);
+                for (row, o) in data.chunks_exact(rb.max(1)).zip(out.chunks_exact_mut(k)) {
+                    // QuantizedHost::new checked the row length, so this cannot fail.
+                    if let Ok(v) = crate::reference::ggml::dequantize_row(ty, row, k) {
+                        o.iter_mut().zip(v).for_each(|(o, v)| *o = v as f64);
+                    }
                 }
             }
         }

@@ -1,0 +1,388 @@
+// The quantised GEMV (m = 1..16) and the dequantisation for llama.cpp's K-quants, as stored in
+// GGUF files (ggml-common.h): super-blocks of 256 values, 8 sub-blocks of 32 with a 6-bit
+// scale and min each (Q4_K: 144 bytes, Q5_K: 176 bytes with a fifth bit per value), or 16
+// sub-blocks of 16 with a signed 8-bit scale (Q6_K: 210 bytes, 6-bit values).
+//
+// A "unit" is 64 values of one super-block whose quants sit together (unit i = 0..3):
+//   Q4_K / Q5_K: qs[32 i .. 32 i + 32): low nibbles are values 64 i + b (sub-block 2 i), high
+//                nibbles 64 i + 32 + b (sub-block 2 i + 1); Q5_K's fifth bits are bits 2 i and
+//                2 i + 1 of qh[b]: two runs of 32 values, each with its (scale, min).
+//   Q6_K:        half h = i / 2, l0 = 16 (i % 2): ql[64 h + l0 + j], ql[64 h + 32 + l0 + j],
+//                qh[32 h + l0 + j] for j < 16 give values 128 h + l0 + j + 32 r, r = 0..3: four
+//                runs of 16 values, each with its scale.
+// kq_unit decodes a unit (bytes placed in the mantissa of 2^23, as gemv_unpack.cuh does) into
+// the exact integer quants and per-run f32 scale s and min mn
+// formed as ggml forms them (d * sc and dmin * m, products exact in f32), so value = s * q - mn
+// is ggml's dequantize_row_* bit for bit (one rounding, the subtraction). The same code runs on
+// the host (fl_gemv_dequantize_host) for the CPU tests.
+//
+// The GEMV (gemv_kquant_kernel): one warp per output row, 4 rows per CTA; lane l takes units
+// l, l + 32, ... of its row, reads their bytes straight from global memory (Q4_K / Q5_K
+// super-blocks are 16-byte aligned in a 16-byte aligned w: 16-byte loads; Q6_K's 210-byte
+// super-blocks only 2-byte aligned: aligned 32-bit loads and funnel shifts), and per token adds
+// s * sum(q x) - mn * sum(x) per run (f32 FMAs; x by 16-byte loads). Correctness first: the
+// tensor-core product of the Q8_0 / Q4_0 one-token kernels is not done for these formats yet.
+#include "gemv_kquant.cuh"
+
+namespace fl {
+namespace gemv {
+namespace {
+
+constexpr int kUnitValues = 64;   // values per unit
+constexpr int kUnitsPerSuper = 4; // units per 256-value super-block
+constexpr int kKqWarps = 4;       // warps (= output rows) per CTA of the GEMV
+
+// Per format: super-block bytes, runs per unit, values per run, whether runs have a min.
+template <int F> struct KQuant;
+template <> struct KQuant<FL_GEMV_Q4_K> {
+    static constexpr int bytes = 144, runs = 2, len = 32;
+    static constexpr bool mins = true;
+};
+template <> struct KQuant<FL_GEMV_Q5_K> {
+    static constexpr int bytes = 176, runs = 2, len = 32;
+    static constexpr bool mins = true;
+};
+template <> struct KQuant<FL_GEMV_Q6_K> {
+    static constexpr int bytes = 210, runs = 4, len = 16;
+    static constexpr bool mins = false;
+};
+
+// The 16 bytes at p (16-byte aligned on the device) as 4 little-endian words.
+__host__ __device__ __forceinline__ void load16(const uint8_t *p, uint32_t (&w)[4]) {
+#ifdef __CUDA_ARCH__
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+#else
+    std::memcpy(w, p, 16);
+#endif
+}
+// NW little-endian words at p, which is only 2-byte aligned: on the device, the aligned words
+// around them and funnel shifts (the word past them only when p % 4 == 2, so nothing past
+// their last byte's word is read).
+template <int NW> __host__ __device__ __forceinline__ void load_words_a2(const uint8_t *p, uint32_t (&w)[NW]) {
+#ifdef __CUDA_ARCH__
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t *b = reinterpret_cast<const uint32_t *>(a & ~uintptr_t(3));
+    const unsigned sh = (unsigned)(a & 2u) * 8u;  // 0 or 16
+    uint32_t r[NW + 1];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) r[i] = __ldg(b + i);
+    r[NW] = sh ? __ldg(b + NW) : 0u;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = __funnelshift_r(r[i], r[i + 1], sh);
+#else
+    std::memcpy(w, p, 4 * NW);
+#endif
+}
+// The f16 in bits 0..15 of h as f32 (host and device).
+__host__ __device__ __forceinline__ float half_bits(uint32_t h) {
+    __half_raw r;
+    r.x = (unsigned short)(h & 0xffffu);
+    return __half2float(__half(r));
+}
+// Byte B of w (at most 2^23 - 1 apart from 2^23) as the float 2^23 + byte: PRMT into the
+// mantissa of 2^23 on the device (int->float conversions issue at 1/4 rate).
+template <int B> __host__ __device__ __forceinline__ float magic_byte(uint32_t w) {
+#ifdef __CUDA_ARCH__
+    return byte_magic<B>(w);
+#else
+    return bits_to_f32(0x4B000000u | ((w >> (8 * B)) & 0xffu));
+#endif
+}
+// The 4 bytes of w as exact floats, less `bias` (bias + 2^23 is exact: a small integer).
+__host__ __device__ __forceinline__ void bytes_to_floats(uint32_t w, float bias, float *f) {
+    const float b = kMagic + bias;
+    f[0] = magic_byte<0>(w) - b;
+    f[1] = magic_byte<1>(w) - b;
+    f[2] = magic_byte<2>(w) - b;
+    f[3] = magic_byte<3>(w) - b;
+}
+
+// Sub-block j's (scale, min) of a Q4_K / Q5_K super-block, from its 12 packed bytes in words
+// s[0..2] (ggml's get_scale_min_k4).
+__host__ __device__ __forceinline__ void scale_min_k4(int j, const uint32_t (&s)[3], uint32_t &sc, uint32_t &m) {
+    if (j < 4) {
+        sc = (s[0] >> (8 * j)) & 63u;
+        m = (s[1] >> (8 * j)) & 63u;
+    } else {
+        const int jj = 8 * (j - 4);
+        sc = ((s[2] >> jj) & 15u) | (((s[0] >> jj) >> 6 & 3u) << 4);
+        m = ((s[2] >> jj) >> 4 & 15u) | (((s[1] >> jj) >> 6 & 3u) << 4);
+    }
+}
+
+// Unit i (0..3) of the super-block at blk: q[r * len + j] = the integer quant of run r's value
+// j (Q6_K: less 32), s[r] and mn[r] its scale and min (mn = 0 for Q6_K); value = s * q - mn.
+template <int F>
+__host__ __device__ __forceinline__ void kq_unit(const uint8_t *blk, int i, float (&q)[kUnitValues],
+                                                 float (&s)[KQuant<F>::runs], float (&mn)[KQuant<F>::runs]) {
+    if constexpr (F == FL_GEMV_Q4_K || F == FL_GEMV_Q5_K) {
+        uint32_t h[4];
+        load16(blk, h);  // d, dmin, scales[12]
+        const float d = half_bits(h[0]), dmin = half_bits(h[0] >> 16);
+        const uint32_t sw[3] = {h[1], h[2], h[3]};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            uint32_t sc, m;
+            scale_min_k4(2 * i + r, sw, sc, m);
+            s[r] = d * (float)sc;
+            mn[r] = dmin * (float)m;
+        }
+        constexpr int QS = F == FL_GEMV_Q4_K ? 16 : 48;  // qs's offset
+        uint32_t qa[4], qb[4];
+        load16(blk + QS + 32 * i, qa);
+        load16(blk + QS + 32 * i + 16, qb);
+        const uint32_t qw[8] = {qa[0], qa[1], qa[2], qa[3], qb[0], qb[1], qb[2], qb[3]};
+        uint32_t hw[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if constexpr (F == FL_GEMV_Q5_K) {
+            uint32_t ha[4], hb[4];
+            load16(blk + 16, ha);
+            load16(blk + 32, hb);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) hw[c] = ha[c], hw[4 + c] = hb[c];
+        }
+        // Word c holds bytes 4c..4c+3: their low nibbles (values 4c.., run 0) and high nibbles
+        // (run 1), four at a time; Q5_K's fifth bits are bits 2i, 2i + 1 of the qh bytes.
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            uint32_t lo = qw[c] & 0x0F0F0F0Fu, hi = (qw[c] >> 4) & 0x0F0F0F0Fu;
+            if constexpr (F == FL_GEMV_Q5_K) {
+                const uint32_t e = hw[c] >> (2 * i);
+                lo |= (e & 0x01010101u) << 4;
+                hi |= (e & 0x02020202u) << 3;
+            }
+            bytes_to_floats(lo, 0.f, q + 4 * c);
+            bytes_to_floats(hi, 0.f, q + 32 + 4 * c);
+        }
+    } else {
+        const int half = i >> 1, l0 = 16 * (i & 1), is = i & 1;
+        uint32_t la[4], lb[4], hq[4], sw[2], dw[1];
+        load_words_a2<4>(blk + 64 * half + l0, la);
+        load_words_a2<4>(blk + 64 * half + 32 + l0, lb);
+        load_words_a2<4>(blk + 128 + 32 * half + l0, hq);
+        load_words_a2<2>(blk + 192 + 8 * half, sw);
+#ifdef __CUDA_ARCH__
+        dw[0] = __ldg(reinterpret_cast<const unsigned short *>(blk + 208));
+#else
+        unsigned short dv;
+        std::memcpy(&dv, blk + 208, 2);
+        dw[0] = dv;
+#endif
+        const float d = half_bits(dw[0]);
+        // Run r's scale: scales[8 h + is + 2 r] (signed), as ggml's d * sc (exact).
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            s[r] = d * (float)(int8_t)(uint8_t)((sw[r >> 1] >> (8 * (is + 2 * (r & 1)))) & 0xffu);
+            mn[r] = 0.f;
+        }
+        // Word c: values l0 + 4c .. l0 + 4c + 3 of each run (6-bit, less 32), four at a time.
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const uint32_t a = la[c], b = lb[c], e = hq[c];
+            constexpr uint32_t lo4 = 0x0F0F0F0Fu, lo2 = 0x03030303u;
+            bytes_to_floats((a & lo4) | (e & lo2) << 4, 32.f, q + 4 * c);
+            bytes_to_floats((b & lo4) | (e >> 2 & lo2) << 4, 32.f, q + 16 + 4 * c);
+            bytes_to_floats((a >> 4 & lo4) | (e >> 4 & lo2) << 4, 32.f, q + 32 + 4 * c);
+            bytes_to_floats((b >> 4 & lo4) | (e >> 6 & lo2) << 4, 32.f, q + 48 + 4 * c);
+        }
+    }
+}
+
+// The offset of run r of unit i in its super-block's 256 values.
+template <int F> __host__ __device__ __forceinline__ int run_offset(int i, int r) {
+    if constexpr (F == FL_GEMV_Q6_K) return 128 * (i >> 1) + 16 * (i & 1) + 32 * r;
+    return 64 * i + 32 * r;
+}
+
+// The value s * q - mn as ggml computes it (an exact product, one rounding).
+__host__ __device__ __forceinline__ float kq_value(float s, float q, float mn) { return s * q - mn; }
+
+// 8 consecutive x values (16 bytes, 16-byte aligned) as f32.
+template <typename T> __device__ __forceinline__ void load_x8(const T *p, float (&f)[8]) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 t = widen2<T>(w[j]);
+        f[2 * j] = t.x;
+        f[2 * j + 1] = t.y;
+    }
+}
+
+}  // namespace
+
+// grid.x = ceil(n / kKqWarps), block = 32 kKqWarps. M: the token count rounded up to 1, 2, 4,
+// 8 or 16. y[t, row] = sum over the row's units of s * sum(q x) - mn * sum(x) per run.
+template <int F, typename T, int M>
+__global__ void __launch_bounds__(kKqWarps * 32)
+gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
+                   int64_t k) {
+    using Q = KQuant<F>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * kKqWarps + warp;
+    if (row >= n) return;  // whole warps only; no block-wide barrier below
+    const int64_t supers = k >> 8, units = supers * kUnitsPerSuper;
+    const uint8_t *wr = w + row * supers * Q::bytes;
+
+    float acc[M];
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[t] = 0.f;
+    for (int64_t u = lane; u < units; u += 32) {
+        const int64_t sb = u >> 2;
+        const int i = (int)(u & 3);
+        float q[kUnitValues], s[Q::runs], mn[Q::runs];
+        kq_unit<F>(wr + sb * Q::bytes, i, q, s, mn);
+        const T *xs = x + (sb << 8);
+#pragma unroll
+        for (int t = 0; t < M; ++t) {
+            if (t < m) {
+                float part = 0.f;
+#pragma unroll
+                for (int r = 0; r < Q::runs; ++r) {
+                    const T *xr = xs + (int64_t)t * k + run_offset<F>(i, r);
+                    float qx = 0.f, sx = 0.f;
+#pragma unroll
+                    for (int v = 0; v < Q::len / 8; ++v) {
+                        float xf[8];
+                        load_x8<T>(xr + 8 * v, xf);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) {
+                            qx = fmaf(q[r * Q::len + 8 * v + e], xf[e], qx);
+                            if constexpr (Q::mins) sx += xf[e];
+                        }
+                    }
+                    part = fmaf(s[r], qx, part);
+                    if constexpr (Q::mins) part = fmaf(-mn[r], sx, part);
+                }
+                acc[t] += part;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+        const float v = warp_sum(acc[t]);
+        if (t < m && lane == t) y[(int64_t)t * n + row] = from_f32<T>(v);
+    }
+}
+
+// out [n, k] = T(W): grid-stride over the n k / 64 units; 16-byte stores.
+template <int F, typename T>
+__global__ void __launch_bounds__(256)
+gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out, int64_t units, int64_t k) {
+    using Q = KQuant<F>;
+    constexpr int VW = 16 / (int)sizeof(T);
+    using V = Vec<T, VW>;
+    static_assert(Q::len % VW == 0, "whole 16-byte stores per run");
+    const int64_t per_row = k / kUnitValues;
+    for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
+         u += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = u / per_row, ur = u - row * per_row;
+        const int64_t sb = ur >> 2;
+        const int i = (int)(ur & 3);
+        const uint8_t *blk = w + (row * (k >> 8) + sb) * Q::bytes;
+        float q[kUnitValues], s[Q::runs], mn[Q::runs];
+        kq_unit<F>(blk, i, q, s, mn);
+        T *o = out + row * k + (sb << 8);
+#pragma unroll
+        for (int r = 0; r < Q::runs; ++r) {
+            V *ov = reinterpret_cast<V *>(o + run_offset<F>(i, r));
+#pragma unroll
+            for (int c = 0; c < Q::len / VW; ++c) {
+                V v;
+#pragma unroll
+                for (int e = 0; e < VW; ++e) v.v[e] = from_f32<T>(kq_value(s[r], q[r * Q::len + c * VW + e], mn[r]));
+                ov[c] = v;
+            }
+        }
+    }
+}
+
+namespace {
+
+template <int F, typename T, int M> fl_status launch_kquant_tokens(const GemvArgs &a) {
+    const int64_t blocks = ceil_div(a.n, kKqWarps);
+    if (blocks > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    gemv_kquant_kernel<F, T, M><<<(unsigned)blocks, kKqWarps * 32, 0, a.stream>>>(
+        static_cast<const T *>(a.x), static_cast<const uint8_t *>(a.w), static_cast<T *>(a.y), a.m, a.n, a.k);
+    return launch_status();
+}
+
+template <int F, typename T> fl_status launch_kquant_format(const GemvArgs &a) {
+    if (a.m <= 1) return launch_kquant_tokens<F, T, 1>(a);
+    if (a.m <= 2) return launch_kquant_tokens<F, T, 2>(a);
+    if (a.m <= 4) return launch_kquant_tokens<F, T, 4>(a);
+    if (a.m <= 8) return launch_kquant_tokens<F, T, 8>(a);
+    return launch_kquant_tokens<F, T, 16>(a);
+}
+
+template <int F, typename T>
+fl_status launch_kquant_dequantize_format(const void *w, void *out, int64_t n, int64_t k, cudaStream_t s) {
+    constexpr int threads = 256;
+    const int64_t units = n * (k / kUnitValues);
+    gemv_kquant_dequantize_kernel<F, T><<<grid_for(units, threads), threads, 0, s>>>(
+        static_cast<const uint8_t *>(w), static_cast<T *>(out), units, k);
+    return launch_status();
+}
+
+template <typename T>
+fl_status launch_kquant_dequantize_type(fl_gemv_format format, const void *w, void *out, int64_t n, int64_t k,
+                                        cudaStream_t s) {
+    switch (format) {
+    case FL_GEMV_Q4_K: return launch_kquant_dequantize_format<FL_GEMV_Q4_K, T>(w, out, n, k, s);
+    case FL_GEMV_Q5_K: return launch_kquant_dequantize_format<FL_GEMV_Q5_K, T>(w, out, n, k, s);
+    case FL_GEMV_Q6_K: return launch_kquant_dequantize_format<FL_GEMV_Q6_K, T>(w, out, n, k, s);
+    default: return FL_ERR_INVALID_ARGUMENT;
+    }
+}
+
+template <int F> void dequantize_host_format(const uint8_t *w, float *out, int64_t n, int64_t k) {
+    using Q = KQuant<F>;
+    const int64_t supers = k >> 8;
+    for (int64_t row = 0; row < n; ++row)
+        for (int64_t sb = 0; sb < supers; ++sb)
+            for (int i = 0; i < kUnitsPerSuper; ++i) {
+                float q[kUnitValues], s[Q::runs], mn[Q::runs];
+                kq_unit<F>(w + (row * supers + sb) * Q::bytes, i, q, s, mn);
+                float *o = out + row * k + (sb << 8);
+                for (int r = 0; r < Q::runs; ++r)
+                    for (int j = 0; j < Q::len; ++j)
+                        o[run_offset<F>(i, r) + j] = kq_value(s[r], q[r * Q::len + j], mn[r]);
+            }
+}
+
+}  // namespace
+
+fl_status launch_kquant(const GemvArgs &a) {
+    return with_act_type(a, [&](auto t) {
+        using T = typename decltype(t)::type;
+        switch ((int)a.format) {
+        case FL_GEMV_Q4_K: return launch_kquant_format<FL_GEMV_Q4_K, T>(a);
+        case FL_GEMV_Q5_K: return launch_kquant_format<FL_GEMV_Q5_K, T>(a);
+        case FL_GEMV_Q6_K: return launch_kquant_format<FL_GEMV_Q6_K, T>(a);
+        default: return FL_ERR_INVALID_ARGUMENT;
+        }
+    });
+}
+
+fl_status launch_kquant_dequantize(fl_dtype dtype, fl_gemv_format format, const void *w, void *out, int64_t n,
+                                   int64_t k, cudaStream_t s) {
+    switch (dtype) {
+    case FL_DTYPE_F32: return launch_kquant_dequantize_type<float>(format, w, out, n, k, s);
+    case FL_DTYPE_F16: return launch_kquant_dequantize_type<__half>(format, w, out, n, k, s);
+    case FL_DTYPE_BF16: return launch_kquant_dequantize_type<__nv_bfloat16>(format, w, out, n, k, s);
+    default: return FL_ERR_UNSUPPORTED_DTYPE;
+    }
+}
+
+void kquant_dequantize_host(fl_gemv_format format, const void *w, float *out, int64_t n, int64_t k) {
+    const uint8_t *b = static_cast<const uint8_t *>(w);
+    switch (format) {
+    case FL_GEMV_Q4_K: dequantize_host_format<FL_GEMV_Q4_K>(b, out, n, k); break;
+    case FL_GEMV_Q5_K: dequantize_host_format<FL_GEMV_Q5_K>(b, out, n, k); break;
+    case FL_GEMV_Q6_K: dequantize_host_format<FL_GEMV_Q6_K>(b, out, n, k); break;
+    default: break;
+    }
+}
+
+}  // namespace gemv
+}  // namespace fl
