@@ -80,6 +80,11 @@ fn tokenizer_json() -> Value {
 
 const VOCAB: usize = 260 + 94;
 
+/// The token of a printable ASCII character.
+fn char_id(c: char) -> u32 {
+    260 + (c as u32 - 33)
+}
+
 // ---------------------------------------------------------------- the mock model
 
 /// Test controls shared with the mock on the worker thread.
@@ -92,7 +97,8 @@ struct Ctl {
 }
 
 /// The "model" repeats its prompt after the first token: prompt `<s> a b c` generates
-/// `a b c a b c ...`, so a test writes the output it wants as the prompt.
+/// `a b c a b c ...`, so a test writes the output it wants as the prompt. A `?` echoes as
+/// the last decimal digit of the request's seed.
 struct Echo {
     sched: Scheduler<SamplingParams>,
     seqs: HashMap<RequestId, (Vec<u32>, usize)>,
@@ -101,13 +107,18 @@ struct Echo {
 
 impl Backend for Echo {
     fn add_request(&mut self, req: Request<SamplingParams>) -> fl_engine::Result<()> {
-        let (id, prompt) = (req.id, req.prompt.clone());
+        let (id, prompt, seed) = (req.id, req.prompt.clone(), req.params.seed);
         self.sched.add_request(req)?;
         let echo = if prompt.len() > 1 {
             prompt[1..].to_vec()
         } else {
             prompt
         };
+        let digit = char_id(char::from(b'0' + (seed % 10) as u8));
+        let echo = echo
+            .into_iter()
+            .map(|t| if t == char_id('?') { digit } else { t })
+            .collect();
         self.seqs.insert(id, (echo, 0));
         Ok(())
     }
@@ -762,7 +773,8 @@ fn validation_errors_name_the_field() {
         (json!({"prompt": "a", "max_tokens": CONTEXT}), "max_tokens"),
         (json!({"prompt": "a", "temperature": -0.5}), "temperature"),
         (json!({"prompt": "a", "top_p": 1.5}), "top_p"),
-        (json!({"prompt": "a", "n": 3}), "n"),
+        (json!({"prompt": "a", "n": 0}), "n"),
+        (json!({"prompt": "a", "n": 17}), "n"),
         (json!({"prompt": "a", "logprobs": 2}), "logprobs"),
         (
             json!({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}),
@@ -1139,4 +1151,178 @@ fn idle_connections_do_not_block_others() {
     );
     assert_eq!(r.json()["choices"][0]["text"], " ab");
     drop(idle);
+}
+
+/// The per-choice pieces of a streamed response with `n` choices: each choice's text and
+/// finish reason, and the usage chunk; checks the framing (chat: one role chunk per choice
+/// first; one finish chunk per choice, nothing after it; usage once after all; `[DONE]`
+/// once, last).
+fn streamed_n(r: &Resp, chat: bool, n: usize) -> (Vec<(String, String)>, Value) {
+    assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+    let events = r.events();
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk JSON"))
+        .collect();
+    let (usage, body) = chunks.split_last().expect("a usage chunk");
+    assert_eq!(usage["choices"], json!([]), "usage comes last: {usage}");
+    let mut out = vec![(String::new(), String::new()); n];
+    let mut role = vec![false; n];
+    for c in body {
+        assert_eq!(c["choices"].as_array().map(Vec::len), Some(1), "{c}");
+        assert!(c["usage"].is_null(), "{c}");
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().expect("index") as usize;
+        assert!(i < n, "{c}");
+        assert!(
+            out[i].1.is_empty(),
+            "a chunk after choice {i} finished: {c}"
+        );
+        if chat && !role[i] {
+            assert_eq!(
+                choice["delta"],
+                json!({"role": "assistant", "content": ""}),
+                "choice {i}'s first chunk carries the role"
+            );
+            role[i] = true;
+            continue;
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            out[i].1 = f.to_string();
+            continue;
+        }
+        let piece = if chat {
+            choice["delta"]["content"].as_str()
+        } else {
+            choice["text"].as_str()
+        };
+        out[i].0 += piece.expect("text");
+    }
+    for (i, (_, f)) in out.iter().enumerate() {
+        assert!(!f.is_empty(), "choice {i} has no finish chunk");
+    }
+    (out, usage["usage"].clone())
+}
+
+#[test]
+fn n_choices_non_streaming() {
+    let t = start(Opts::default());
+    // Choice i samples with seed 40 + i; the mock echoes `?` as the seed's last digit. A stop
+    // string per choice: only choice 1's text ("1") contains it.
+    let body = json!({"prompt": "a?b", "max_tokens": 6, "n": 3, "seed": 40, "stop": "a1"});
+    let j = t.post("/v1/completions", &body).json();
+    let choices = j["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{j}");
+    let got: Vec<(u64, &str, &str)> = choices
+        .iter()
+        .map(|c| {
+            (
+                c["index"].as_u64().unwrap(),
+                c["text"].as_str().unwrap(),
+                c["finish_reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, " a0b a", "length"),
+            (1, " ", "stop"),
+            (2, " a2b a", "length")
+        ]
+    );
+    // The prompt once, completion tokens summed over choices (choice 1's up to its stop).
+    let u = &j["usage"];
+    assert_eq!(u["prompt_tokens"], 5);
+    let stopped = u["completion_tokens"].as_u64().unwrap() - 12;
+    assert!((2..=6).contains(&stopped), "{u}");
+    assert_eq!(u["total_tokens"], 5 + 12 + stopped);
+    assert!(
+        u["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            <= 5
+    );
+    // Chat: the same shape; greedy choices are identical.
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "n": 2,
+                      "temperature": 0});
+    let j = t.post("/v1/chat/completions", &body).json();
+    let choices = j["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 2, "{j}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["message"]["role"], "assistant");
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(c["message"]["content"], choices[0]["message"]["content"]);
+    }
+    assert_eq!(j["usage"]["completion_tokens"], 8);
+    // Each choice is a request in the counters.
+    let m = t.get("/metrics").text();
+    assert!(
+        m.contains("fl_request_success_total{finished_reason=\"length\"} 4"),
+        "{m}"
+    );
+    assert!(
+        m.contains("fl_request_success_total{finished_reason=\"stop\"} 1"),
+        "{m}"
+    );
+}
+
+#[test]
+fn n_choices_streaming() {
+    let t = start(Opts::default());
+    let body = json!({"prompt": "a?b", "max_tokens": 6, "n": 3, "seed": 7, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let (out, usage) = streamed_n(&t.post("/v1/completions", &body), false, 3);
+    let want = [" a7b a", " a8b a", " a9b a"];
+    for (i, (text, finish)) in out.iter().enumerate() {
+        assert_eq!((text.as_str(), finish.as_str()), (want[i], "length"));
+    }
+    assert_eq!(usage["prompt_tokens"], 5);
+    assert_eq!(usage["completion_tokens"], 18);
+    assert_eq!(usage["total_tokens"], 23);
+    let body = json!({"messages": [{"role": "user", "content": "?"}], "max_tokens": 8, "n": 3,
+                      "seed": 20, "stream": true, "stream_options": {"include_usage": true}});
+    let (out, usage) = streamed_n(&t.post("/v1/chat/completions", &body), true, 3);
+    for (i, (text, finish)) in out.iter().enumerate() {
+        assert_eq!(finish, "length");
+        // The echo of "user: ?": the seed's digit differs per choice.
+        assert_eq!(text, &format!(" user: {i}"), "choice {i}");
+    }
+    assert_eq!(usage["completion_tokens"], 24);
+}
+
+#[test]
+fn a_client_that_goes_away_aborts_all_its_choices() {
+    let t = start(Opts::default());
+    t.ctl.delay_us.store(2000, Ordering::Relaxed);
+    let body = json!({"prompt": "abcdef", "max_tokens": 3000, "n": 2, "stream": true}).to_string();
+    let mut s = connect(t.addr);
+    s.write_all(&raw_request(
+        "POST",
+        "/v1/completions",
+        &[],
+        body.as_bytes(),
+    ))
+    .expect("send");
+    let mut seen = vec![];
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("\"index\":1") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    t.wait_until("both choices active", |s| s.stats().active == 2);
+    drop(s);
+    t.wait_until("the abort of both", |s| s.stats().active == 0);
+    let st = t.service.stats();
+    assert_eq!(st.ended, 2);
+    assert_eq!(st.backend.running + st.backend.waiting, 0);
+    let m = t.get("/metrics").text();
+    assert!(
+        m.contains("fl_request_failure_total{reason=\"disconnected\"} 2"),
+        "{m}"
+    );
 }

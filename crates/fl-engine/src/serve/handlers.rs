@@ -488,8 +488,8 @@ struct Generation {
     queued: VecDeque<Out>,
 }
 
-/// Submits the request and waits for its first event (so a refusal is a plain 4xx).
-async fn start(
+/// Submits one choice's request; its events come through the returned generation.
+fn submit(
     st: &Arc<AppState>,
     r: &Ready,
     arrival: Instant,
@@ -503,34 +503,23 @@ async fn start(
         end_ids.extend_from_slice(&params.eos_token_ids);
     }
     let text = OutputText::new(decoder(&r.model), &prompt, stops, end_ids);
-    let (tx, mut rx) = unbounded_channel();
+    let (tx, rx) = unbounded_channel();
     let sink = move |e: StreamEvent, at: Instant| tx.send((e, at)).is_ok();
     let id = r
         .service
         .submit_with_sink(prompt, params, sink)
         .map_err(|e| service_error(e, fields.0, fields.1))?;
     st.in_flight.fetch_add(1, Ordering::Relaxed);
-    let mut guard = Guard {
+    let guard = Guard {
         st: Arc::clone(st),
         service: Arc::clone(&r.service),
         id,
         ended: false,
     };
-    let first = match rx.recv().await {
-        Some((StreamEvent::Error(e), _)) => {
-            guard.ended = true;
-            return Err(service_error(e, fields.0, fields.1));
-        }
-        Some(ev) => ev,
-        None => {
-            guard.ended = true;
-            return Err(ApiError::internal("the engine dropped the request"));
-        }
-    };
     Ok(Generation {
         guard,
         rx,
-        first: Some(first),
+        first: None,
         text,
         arrival,
         last_token_at: None,
@@ -538,6 +527,120 @@ async fn start(
         stopped_at: None,
         queued: VecDeque::new(),
     })
+}
+
+/// Submits the request and waits for its first event (so a refusal is a plain 4xx).
+async fn start(
+    st: &Arc<AppState>,
+    r: &Ready,
+    arrival: Instant,
+    prompt: Vec<u32>,
+    fields: (&'static str, &'static str),
+    params: RequestParams<SamplingParams>,
+    stops: Vec<String>,
+) -> Result<Generation, ApiError> {
+    let mut gen = submit(st, r, arrival, prompt, fields, params, stops)?;
+    match gen.rx.recv().await {
+        Some((StreamEvent::Error(e), _)) => {
+            gen.guard.ended = true;
+            Err(service_error(e, fields.0, fields.1))
+        }
+        Some(ev) => {
+            gen.first = Some(ev);
+            Ok(gen)
+        }
+        None => {
+            gen.guard.ended = true;
+            Err(ApiError::internal("the engine dropped the request"))
+        }
+    }
+}
+
+/// The `n` choices of one request, each its own engine request, their outputs interleaved
+/// as they come. A failed choice ends them all (the response ends with its error).
+struct Choices {
+    gens: Vec<Generation>,
+    /// Whether each choice has ended (finished or failed).
+    ended: Vec<bool>,
+    /// Each finished choice's usage.
+    usage: Vec<Usage>,
+    /// The choice polled first next time, so that a busy choice does not starve the rest.
+    turn: usize,
+}
+
+impl Choices {
+    fn new(gens: Vec<Generation>) -> Self {
+        let n = gens.len();
+        Choices {
+            gens,
+            ended: vec![false; n],
+            usage: vec![Usage::default(); n],
+            turn: 0,
+        }
+    }
+
+    fn metrics(&self) -> &super::metrics::Metrics {
+        self.gens[0].metrics()
+    }
+
+    /// The next output of any running choice with the choice's index; `None` once all
+    /// ended.
+    async fn next(&mut self) -> Option<(usize, Out)> {
+        let n = self.gens.len();
+        let ended = &self.ended;
+        let mut running: Vec<(usize, &mut Generation)> = self
+            .gens
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| !ended[*i])
+            .collect();
+        if running.is_empty() {
+            return None;
+        }
+        let k = running.iter().position(|(i, _)| *i >= self.turn);
+        running.rotate_left(k.unwrap_or(0));
+        // `Generation::next` only awaits its channel, so dropping the others loses nothing.
+        let polls = running
+            .into_iter()
+            .map(|(i, g)| Box::pin(async move { (i, g.next().await) }));
+        let ((i, out), _, rest) = futures_util::future::select_all(polls).await;
+        drop(rest);
+        self.turn = (i + 1) % n;
+        match &out {
+            Out::Text(_) => {}
+            Out::Done { usage, .. } => {
+                self.ended[i] = true;
+                self.usage[i] = *usage;
+            }
+            Out::Failed(e) => {
+                self.ended[i] = true;
+                self.fail_rest(e);
+            }
+        }
+        Some((i, out))
+    }
+
+    /// Aborts the choices still running after one failed, each counted as failed with it.
+    fn fail_rest(&mut self, e: &ApiError) {
+        for (g, ended) in self.gens.iter_mut().zip(&mut self.ended) {
+            if !*ended {
+                *ended = true;
+                let _ = g.guard.service.abort(g.guard.id);
+                g.guard.ended = true;
+                count_failure(&g.guard.st.metrics, e);
+            }
+        }
+    }
+
+    /// The request's usage: completion tokens summed over choices, the prompt counted once
+    /// with choice 0's cached tokens (the siblings' cache hits are the prompt shared, not
+    /// more of it).
+    fn total_usage(&self) -> Usage {
+        Usage {
+            completion_tokens: self.usage.iter().map(|u| u.completion_tokens).sum(),
+            ..self.usage[0]
+        }
+    }
 }
 
 impl Generation {
@@ -677,16 +780,39 @@ async fn generate(
     let params = request_params(&r.model, prompt.len(), prompt_field, &p)?;
     let max_field = p.max_tokens.map_or("max_tokens", |(f, _)| f);
     let prompt_len = prompt.len();
-    let mut gen = start(
-        st,
-        r,
-        arrival,
-        prompt,
-        (prompt_field, max_field),
-        params,
-        p.stop.clone(),
-    )
-    .await?;
+    let fields = (prompt_field, max_field);
+    let siblings = (p.n > 1).then(|| (prompt.clone(), params.clone()));
+    let first = start(st, r, arrival, prompt, fields, params, p.stop.clone()).await?;
+    let mut gens = vec![first];
+    // Siblings go in once choice 0 has a token: its prompt blocks are then in the prefix
+    // cache, so each sibling prefills only the last, uncached block.
+    if let Some((prompt, params)) = siblings {
+        for i in 1..p.n {
+            let mut params = params.clone();
+            // Choice i samples its own stream: seed s + i for a client seed s.
+            params.seed = p.seed.map_or_else(random_u64, |s| s.wrapping_add(i as u64));
+            params.sampling.seed = params.seed;
+            let gen = submit(
+                st,
+                r,
+                arrival,
+                prompt.clone(),
+                fields,
+                params,
+                p.stop.clone(),
+            );
+            match gen {
+                Ok(gen) => gens.push(gen),
+                Err(e) => {
+                    Choices::new(gens).fail_rest(&e);
+                    return Err(e);
+                }
+            }
+        }
+    }
+    let mut choices = Choices::new(gens);
+    // Counted once per HTTP request, as `usage.prompt_tokens` counts it; every choice is
+    // a request in the other counters (success, failure, TTFT, latency).
     st.metrics
         .prompt_tokens
         .fetch_add(prompt_len as u64, Ordering::Relaxed);
@@ -704,19 +830,19 @@ async fn generate(
         endpoint,
     };
     if p.stream {
-        return Ok(sse(gen, meta, p.include_usage));
+        return Ok(sse(choices, meta, p.include_usage));
     }
-    let mut text = String::new();
-    loop {
-        match gen.next().await {
-            Out::Text(t) => text.push_str(&t),
-            Out::Done {
-                finish_reason,
-                usage,
-            } => return Ok(json_response(&meta.response(&text, finish_reason, &usage))),
+    let mut texts = vec![String::new(); p.n];
+    let mut finish = vec![""; p.n];
+    while let Some((i, out)) = choices.next().await {
+        match out {
+            Out::Text(t) => texts[i].push_str(&t),
+            Out::Done { finish_reason, .. } => finish[i] = finish_reason,
             Out::Failed(e) => return Err(e),
         }
     }
+    let list: Vec<(&str, &str)> = texts.iter().map(String::as_str).zip(finish).collect();
+    Ok(json_response(&meta.response(&list, &choices.total_usage())))
 }
 
 /// One server-sent event.
@@ -726,19 +852,19 @@ fn event(v: &Value) -> String {
 
 const DONE: &str = "data: [DONE]\n\n";
 
-/// The SSE body: (chat) a role chunk, a chunk per piece of text, a last chunk with the
-/// finish reason, a usage chunk when asked, then `[DONE]`. An error after the start is an
-/// `{"error": ...}` event before `[DONE]`.
-fn sse(gen: Generation, meta: ResponseMeta, include_usage: bool) -> Response {
+/// The SSE body: (chat) a role chunk per choice, then each choice's chunks per piece of
+/// text and a last one with its finish reason, interleaved, then a usage chunk when asked
+/// and `[DONE]`. An error after the start is an `{"error": ...}` event before `[DONE]`.
+fn sse(choices: Choices, meta: ResponseMeta, include_usage: bool) -> Response {
     struct S {
-        gen: Generation,
+        choices: Choices,
         meta: ResponseMeta,
         include_usage: bool,
         started: bool,
         done: bool,
     }
     let s = S {
-        gen,
+        choices,
         meta,
         include_usage,
         started: false,
@@ -752,30 +878,32 @@ fn sse(gen: Generation, meta: ResponseMeta, include_usage: bool) -> Response {
         if !s.started {
             s.started = true;
             if s.meta.endpoint == Endpoint::Chat {
-                let role = event(&s.meta.chunk(Some(""), true, None, iu));
-                return Some((Ok::<_, Infallible>(Bytes::from(role)), s));
+                let roles: String = (0..s.choices.gens.len())
+                    .map(|i| event(&s.meta.chunk(i, Some(""), true, None, iu)))
+                    .collect();
+                return Some((Ok::<_, Infallible>(Bytes::from(roles)), s));
             }
         }
-        let out = match s.gen.next().await {
-            Out::Text(t) => event(&s.meta.chunk(Some(&t), false, None, iu)),
-            Out::Done {
-                finish_reason,
-                usage,
-            } => {
-                s.done = true;
+        let out = match s.choices.next().await {
+            Some((i, Out::Text(t))) => event(&s.meta.chunk(i, Some(&t), false, None, iu)),
+            Some((i, Out::Done { finish_reason, .. })) => {
                 let text = match s.meta.endpoint {
                     Endpoint::Chat => None,
                     Endpoint::Completions => Some(""),
                 };
-                let mut out = event(&s.meta.chunk(text, false, Some(finish_reason), iu));
+                event(&s.meta.chunk(i, text, false, Some(finish_reason), iu))
+            }
+            None => {
+                s.done = true;
+                let mut out = String::new();
                 if iu {
-                    out += &event(&s.meta.usage_chunk(&usage));
+                    out += &event(&s.meta.usage_chunk(&s.choices.total_usage()));
                 }
                 out + DONE
             }
-            Out::Failed(e) => {
+            Some((_, Out::Failed(e))) => {
                 s.done = true;
-                count_failure(s.gen.metrics(), &e);
+                count_failure(s.choices.metrics(), &e);
                 event(&e.to_json()) + DONE
             }
         };

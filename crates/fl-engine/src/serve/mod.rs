@@ -18,6 +18,8 @@
 //!   `POST /tokenize`, `POST /detokenize` (these need the bearer token when an API key is
 //!   set), `GET /health` (503 while the model loads, 200 once ready) and `GET /metrics`
 //!   (Prometheus text), which stay open for probes and scrapers.
+//! - `n` > 1 runs each choice as its own engine request (seed `s + i` for choice `i`),
+//!   sharing the prompt's KV blocks through the prefix cache; see `handlers::generate`.
 //! - Every request is validated before it is queued; errors are OpenAI's JSON
 //!   (`{"error": {"message", "type", "param", "code"}}`) naming the field.
 //! - A client that goes away aborts its request (the handler's future or the SSE body is

@@ -3,8 +3,8 @@
 //!
 //! Requests are read field by field from a JSON object, so that a wrong type names its field
 //! (`max_tokens: expected an integer, got a string`), fields the server does not know are
-//! ignored (clients send extras), and fields it knows but cannot honour yet (`n > 1`,
-//! `logprobs`, `tools`, ...) are refused with a 400 naming them rather than ignored.
+//! ignored (clients send extras), and fields it knows but cannot honour yet (`logprobs`,
+//! `tools`, ...) are refused with a 400 naming them rather than ignored.
 //!
 //! ```
 //! use fl_engine::serve::openai::parse_completion;
@@ -188,7 +188,12 @@ pub struct GenParams {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `n`: choices to generate for the prompt, 1 to [`MAX_N`].
+    pub n: usize,
 }
+
+/// The largest `n` (choices per request) served.
+pub const MAX_N: usize = 16;
 
 /// A prompt given as text or as token ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -485,14 +490,16 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
         },
         Some(v) => return Err(expected("stream_options", "an object", v)),
     };
-    if let Some(n) = f.u64("n")? {
-        if n != 1 {
+    let n = match f.u64("n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as u64).contains(&n) => n as usize,
+        Some(n) => {
             return Err(ApiError::invalid(
                 "n",
-                format!("only n = 1 is supported, got {n}"),
-            ));
+                format!("must be in 1..={MAX_N}, got {n}"),
+            ))
         }
-    }
+    };
     match f.get("logit_bias") {
         None => {}
         Some(Value::Object(o)) if o.is_empty() => {}
@@ -517,13 +524,14 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
         stream,
         include_usage,
+        n,
     })
 }
 
 /// Parses a `/v1/completions` body.
 ///
 /// Errors: 400 naming the field: a wrong type, a value out of range, a batch of prompts, or
-/// a field asking for something not served yet (`n` > 1, `logprobs`, `echo`, `best_of` > 1,
+/// a field asking for something not served yet (`logprobs`, `echo`, `best_of` > 1,
 /// `suffix`, `logit_bias`).
 pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = parse_object(body)?;
@@ -763,22 +771,24 @@ pub struct ResponseMeta {
 }
 
 impl ResponseMeta {
-    /// A full (non-streaming) response.
-    pub fn response(&self, text: &str, finish_reason: &str, usage: &Usage) -> Value {
-        let choice = match self.endpoint {
+    /// A full (non-streaming) response: `choices` holds each choice's (text, finish
+    /// reason), its index its position.
+    pub fn response(&self, choices: &[(&str, &str)], usage: &Usage) -> Value {
+        let choice = |(index, &(text, finish_reason)): (usize, &(&str, &str))| match self.endpoint {
             Endpoint::Chat => json!({
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": null,
                 "finish_reason": finish_reason,
             }),
             Endpoint::Completions => json!({
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": null,
                 "finish_reason": finish_reason,
             }),
         };
+        let choices: Vec<Value> = choices.iter().enumerate().map(choice).collect();
         json!({
             "id": self.id,
             "object": match self.endpoint {
@@ -787,15 +797,16 @@ impl ResponseMeta {
             },
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage_json(usage),
         })
     }
 
-    /// A streamed chunk with one choice: `text` (chat: the delta's content; `role` adds
-    /// the role, as the first chat chunk does) and a finish reason on the last one.
+    /// A streamed chunk of choice `index`: `text` (chat: the delta's content; `role` adds
+    /// the role, as each choice's first chat chunk does) and a finish reason on its last one.
     pub fn chunk(
         &self,
+        index: usize,
         text: Option<&str>,
         role: bool,
         finish_reason: Option<&str>,
@@ -810,10 +821,10 @@ impl ResponseMeta {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
             }
             Endpoint::Completions => json!({
-                "index": 0,
+                "index": index,
                 "text": text.unwrap_or(""),
                 "logprobs": null,
                 "finish_reason": finish_reason,
@@ -880,7 +891,8 @@ mod tests {
                 r#"{"prompt": "a", "stop_token_ids": [1, -1]}"#,
                 "stop_token_ids[1]",
             ),
-            (r#"{"prompt": "a", "n": 2}"#, "n"),
+            (r#"{"prompt": "a", "n": 0}"#, "n"),
+            (r#"{"prompt": "a", "n": 17}"#, "n"),
             (r#"{"prompt": "a", "logprobs": 1}"#, "logprobs"),
             (r#"{"prompt": "a", "stream": "yes"}"#, "stream"),
             (r#"{"prompt": "a", "echo": true}"#, "echo"),
@@ -957,6 +969,9 @@ mod tests {
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(p.stop_token_ids, vec![3]);
         assert!(p.ignore_eos && p.stream && p.include_usage);
+        assert_eq!(p.n, 1);
+        let c = parse_completion(br#"{"prompt": "a", "n": 16}"#).unwrap();
+        assert_eq!(c.params.n, 16);
         let c = parse_completion(br#"{"prompt": [[1, 2, 3]], "max_tokens": null}"#).unwrap();
         assert_eq!(c.prompt, Prompt::Ids(vec![1, 2, 3]));
         assert_eq!(c.params.max_tokens, None);
