@@ -12,6 +12,7 @@
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
 //!   resolution; [`gguf`]: llama.cpp's GGUF model files (reader, writer, config from
 //!   metadata);
+//! - [`beam`]: beam search hypotheses as transformers keeps them (per-request state machine);
 //! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
 //!   stream each one's tokens and finish reason, abort, metrics);
 //! - [`chat_template`] (feature `serve`): a model's Jinja chat template rendered as
@@ -39,6 +40,7 @@
 //! # Ok::<(), fl_engine::EngineError>(())
 //! ```
 
+pub mod beam;
 pub mod buffers;
 pub mod cache;
 #[cfg(feature = "serve")]
