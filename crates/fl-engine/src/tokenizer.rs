@@ -66,35 +66,3 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| self.err(e))
     }
 }
-
-/// Streams text as tokens arrive: decodes the whole sequence so far and returns what was
-/// added since the last call (so multi-token characters and merged spaces come out right).
-pub struct TextStream<'a> {
-    tok: &'a Tokenizer,
-    ids: Vec<u32>,
-    printed: usize,
-}
-
-impl<'a> TextStream<'a> {
-    /// A stream with no tokens yet.
-    pub fn new(tok: &'a Tokenizer) -> Self {
-        TextStream {
-            tok,
-            ids: Vec::new(),
-            printed: 0,
-        }
-    }
-
-    /// Adds `id`; returns the new text (possibly empty while a character is incomplete).
-    pub fn push(&mut self, id: u32) -> Result<String> {
-        self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
-        // Hold back while the tail is an incomplete UTF-8 sequence (decoded as U+FFFD).
-        if text.ends_with('\u{FFFD}') {
-            return Ok(String::new());
-        }
-        let new = text.get(self.printed..).unwrap_or("").to_string();
-        self.printed = text.len();
-        Ok(new)
-    }
-}

@@ -13,6 +13,13 @@ use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 
 mod bench;
+
+use fl_engine::serve::text::Detokenizer;
+
+/// A detokenizer's error as the tokenizer's.
+fn text_err(e: String) -> EngineError {
+    EngineError::invalid("tokenizer", e)
+}
 mod serve;
 
 /// Loads the model named by a `ModelArgs` in its dtype and runs `$body(engine, loaded)`.
@@ -477,15 +484,16 @@ fn generate<T: RunDType>(
     params.eos_token_ids = eos;
     params.seed = g.sampling.seed;
     params.sampling = g.sampling;
+    // Text out through the server's windowed detokenizer (the prompt's tail as context).
+    let mut stream = match (tok, g.print_ids) {
+        (Some(t), false) => Some((t, Detokenizer::new(&prompt))),
+        _ => None,
+    };
     r.add_request(Request {
         id: 0,
         prompt,
         params,
     })?;
-    let mut stream = match (tok, g.print_ids) {
-        (Some(t), false) => Some(fl_engine::tokenizer::TextStream::new(t)),
-        _ => None,
-    };
     let t0 = std::time::Instant::now();
     let (mut first, mut n, mut graph) = (None, 0usize, false);
     while r.has_unfinished() {
@@ -495,13 +503,16 @@ fn generate<T: RunDType>(
             if let Event::Token { token, .. } = ev {
                 first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
                 match stream.as_mut() {
-                    Some(ts) => print!("{}", ts.push(token)?),
+                    Some((t, d)) => print!("{}", d.push(*t, token).map_err(text_err)?),
                     None => print!("{}{token}", if n == 0 { "" } else { "," }),
                 }
                 n += 1;
                 let _ = std::io::stdout().flush();
             }
         }
+    }
+    if let Some((t, d)) = stream.as_mut() {
+        print!("{}", d.finish(*t).map_err(text_err)?);
     }
     println!();
     let total = t0.elapsed().as_secs_f64();
