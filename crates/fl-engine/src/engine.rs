@@ -418,34 +418,11 @@ impl<T: RunDType> Engine<T> {
         logits: &mut DeviceTensor<T>,
     ) -> Result<Option<CudaGraph>> {
         let stream = self.stream().clone();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let body = self
-            .model
-            .forward(&stream, &mut self.blas, dbuf, cache, AttnMode::Decode)
-            .and_then(|_| self.model.lm_head(&stream, &mut self.blas, &dbuf.x, logits));
-        let g = stream.end_capture(CUgraphInstantiate_flags(0));
-        match (body, g) {
-            (Ok(()), Ok(Some(g))) => {
-                g.upload()?;
-                Ok(Some(g))
-            }
-            // The capture was invalidated under the body (e.g. another thread of the process
-            // synchronised the device or freed memory while it ran: CUDA 901, "operation
-            // failed due to a previous error during capture"); nothing was executed, so the
-            // step runs eagerly, where a genuine argument error shows again.
-            (Err(e), Err(c)) => {
-                eprintln!(
-                    "fl: CUDA graph capture invalidated ({e}; {c}); decoding without a graph"
-                );
-                Ok(None)
-            }
-            (Err(e), _) => Err(e),
-            (Ok(()), Ok(None)) => Ok(None),
-            (Ok(()), Err(e)) => {
-                eprintln!("fl: CUDA graph capture failed ({e}); decoding without a graph");
-                Ok(None)
-            }
-        }
+        let (model, blas) = (&self.model, &mut self.blas);
+        capture_graph(&stream, |s| {
+            model.forward(s, blas, dbuf, cache, AttnMode::Decode)?;
+            model.lm_head(s, blas, &dbuf.x, logits)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -513,4 +490,35 @@ fn read_logits<T: RunDType>(
     host.clear();
     host.extend(v.into_iter().map(|x| x.to_f32()));
     Ok(())
+}
+
+/// Captures `body` on `stream` into a CUDA graph (nothing runs) and uploads it. `Ok(None)`
+/// when the driver refuses the capture: the caller then runs the step eagerly.
+pub(crate) fn capture_graph(
+    stream: &Arc<CudaStream>,
+    body: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
+) -> Result<Option<CudaGraph>> {
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let res = body(stream);
+    let g = stream.end_capture(CUgraphInstantiate_flags(0));
+    match (res, g) {
+        (Ok(()), Ok(Some(g))) => {
+            g.upload()?;
+            Ok(Some(g))
+        }
+        // The capture was invalidated under the body (e.g. another thread of the process
+        // synchronised the device or freed memory while it ran: CUDA 901, "operation failed
+        // due to a previous error during capture"); nothing was executed, so the step runs
+        // eagerly, where a genuine argument error shows again.
+        (Err(e), Err(c)) => {
+            eprintln!("fl: CUDA graph capture invalidated ({e}; {c}); running without a graph");
+            Ok(None)
+        }
+        (Err(e), _) => Err(e),
+        (Ok(()), Ok(None)) => Ok(None),
+        (Ok(()), Err(e)) => {
+            eprintln!("fl: CUDA graph capture failed ({e}); running without a graph");
+            Ok(None)
+        }
+    }
 }

@@ -34,7 +34,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fl_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use fl_kernels::cudarc::driver::{CudaGraph, CudaStream, PinnedHostSlice};
 use fl_kernels::{embedding, kv_cache, DeviceTensor};
 use fl_sampling::{
@@ -45,7 +44,7 @@ use fl_sampling::{
 use crate::buffers::Buffers;
 use crate::cache::Cache;
 use crate::dtype::RunDType;
-use crate::engine::Engine;
+use crate::engine::{capture_graph, Engine};
 use crate::error::{EngineError, Result};
 use crate::kv;
 use crate::model::AttnMode;
@@ -574,7 +573,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let model = &engine.model;
         if decode {
             if pass.graph.is_none() && engine.use_graph && pass.runs >= 1 {
-                let g = capture(&stream, |s| {
+                let g = capture_graph(&stream, |s| {
                     model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
                     model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
                 })?;
@@ -752,32 +751,5 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
         }
         Ok((out, events))
-    }
-}
-
-/// Captures `body` on `stream` into a CUDA graph (nothing runs). `Ok(None)` when the driver
-/// refuses the capture (the step then runs eagerly).
-fn capture(
-    stream: &Arc<CudaStream>,
-    body: impl FnOnce(&Arc<CudaStream>) -> Result<()>,
-) -> Result<Option<CudaGraph>> {
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let res = body(stream);
-    let g = stream.end_capture(CUgraphInstantiate_flags(0));
-    match (res, g) {
-        (Ok(()), Ok(Some(g))) => {
-            g.upload()?;
-            Ok(Some(g))
-        }
-        (Err(e), Err(c)) => {
-            eprintln!("fl: CUDA graph capture invalidated ({e}; {c}); running without a graph");
-            Ok(None)
-        }
-        (Err(e), _) => Err(e),
-        (Ok(()), Ok(None)) => Ok(None),
-        (Ok(()), Err(e)) => {
-            eprintln!("fl: CUDA graph capture failed ({e}); running without a graph");
-            Ok(None)
-        }
     }
 }
