@@ -76,6 +76,7 @@ fl_status fl_prefetch_l2(const void *p, int64_t bytes, fl_stream stream);
 #include "fl_activation.h"
 #include "fl_padding.h"
 #include "fl_sampling.h"
+#include "fl_beam.h"
 #include "fl_attention.h"
 #include "fl_attention_prefill.h"
 #include "fl_wgmma_probe.h"

@@ -281,12 +281,72 @@ impl BeamState {
                 self.running_scores[b] + logprobs[if first_row_only { v } else { i }]
             })
             .collect();
-        let cand = top_k(&sums, keep);
+        let cand: Vec<(f32, usize)> = top_k(&sums, keep)
+            .into_iter()
+            .map(|i| (sums[i], i))
+            .collect();
+        self.apply(&cand)
+    }
+
+    /// One step from the candidates already selected (on the GPU: `fl_sampling::beam_topk`):
+    /// the `beams_to_keep()` best `(running sum + log-probability, beam * vocab + token)` over
+    /// the step's rows, best first, the lower index first among equal scores. `beam` is the
+    /// row of the step's input: `0..num_beams`, only `0` at the first step when the prompt's
+    /// row alone was computed.
+    ///
+    /// Errors: `step` after the search is done; the wrong number of candidates, an index
+    /// outside `num_beams x vocab`, or candidates out of order.
+    pub fn step_candidates(&mut self, candidates: &[(f32, usize)]) -> Result<StepResult> {
+        if self.done {
+            return Err(EngineError::invalid(
+                "step",
+                "the beam search is already done",
+            ));
+        }
+        let (keep, n) = (
+            self.params.beams_to_keep(),
+            self.params.num_beams * self.vocab,
+        );
+        if candidates.len() != keep {
+            return Err(EngineError::invalid(
+                "candidates",
+                format!(
+                    "{} candidates, expected beams_to_keep() = {keep}",
+                    candidates.len()
+                ),
+            ));
+        }
+        if let Some(&(_, i)) = candidates.iter().find(|c| c.1 >= n) {
+            return Err(EngineError::invalid(
+                "candidates",
+                format!("index {i} outside num_beams x vocab = {n}"),
+            ));
+        }
+        if candidates
+            .windows(2)
+            .any(|w| w[0].0.total_cmp(&w[1].0).then(w[1].1.cmp(&w[0].1)).is_lt())
+        {
+            return Err(EngineError::invalid(
+                "candidates",
+                "not sorted best first (lower index first among equal scores)",
+            ));
+        }
+        self.apply(candidates)
+    }
+
+    /// The running log-probability sums of the beams, `[num_beams]` (`-1e9` for beams `1..`
+    /// before the first step).
+    pub fn running_scores(&self) -> &[f32] {
+        &self.running_scores
+    }
+
+    fn apply(&mut self, cand: &[(f32, usize)]) -> Result<StepResult> {
+        let (k, vocab) = (self.params.num_beams, self.vocab);
         let gen_len = self.generated + 1;
         let at_max = gen_len >= self.params.max_new_tokens;
         let ends: Vec<bool> = cand
             .iter()
-            .map(|&i| at_max || self.params.eos_token_ids.contains(&((i % vocab) as u32)))
+            .map(|&(_, i)| at_max || self.params.eos_token_ids.contains(&((i % vocab) as u32)))
             .collect();
         let seq = |i: usize| {
             let mut s = self.running[i / vocab].clone();
@@ -298,8 +358,8 @@ impl BeamState {
         // with the kept slots (the slots first, as transformers concatenates them).
         let penalty = (gen_len as f64).powf(self.params.length_penalty) as f32;
         let mut merged: Vec<f32> = self.slots.iter().map(|s| s.score).collect();
-        for (r, &i) in cand.iter().enumerate() {
-            let mut score = sums[i] / penalty;
+        for (r, &(sum, _)) in cand.iter().enumerate() {
+            let mut score = sum / penalty;
             if !(ends[r] && r < k) {
                 score += MASK;
             }
@@ -313,7 +373,7 @@ impl BeamState {
                 Some(r) => Slot {
                     score: merged[m],
                     finished: ends[r] && r < k,
-                    tokens: seq(cand[r]),
+                    tokens: seq(cand[r].1),
                 },
             })
             .collect();
@@ -323,12 +383,12 @@ impl BeamState {
         let masked: Vec<f32> = cand
             .iter()
             .zip(&ends)
-            .map(|(&i, &e)| sums[i] + if e { MASK } else { 0.0 })
+            .map(|(&(sum, _), &e)| sum + if e { MASK } else { 0.0 })
             .collect();
         let next = top_k(&masked, k);
-        let reorder: Vec<usize> = next.iter().map(|&r| cand[r] / vocab).collect();
-        let tokens: Vec<u32> = next.iter().map(|&r| (cand[r] % vocab) as u32).collect();
-        self.running = next.iter().map(|&r| seq(cand[r])).collect();
+        let reorder: Vec<usize> = next.iter().map(|&r| cand[r].1 / vocab).collect();
+        let tokens: Vec<u32> = next.iter().map(|&r| (cand[r].1 % vocab) as u32).collect();
+        self.running = next.iter().map(|&r| seq(cand[r].1)).collect();
         self.running_scores = next.iter().map(|&r| masked[r]).collect();
         self.generated = gen_len;
 

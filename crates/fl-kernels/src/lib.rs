@@ -29,6 +29,7 @@ mod tensor;
 pub mod activation;
 pub mod attention;
 pub mod attention_prefill;
+pub mod beam;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemv;

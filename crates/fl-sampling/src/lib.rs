@@ -15,6 +15,9 @@
 //! - **randomness** ([`philox`]): counter-based Philox4x32-10 keyed by (seed, request id,
 //!   step), the same on CPU and GPU, so a request gets the same tokens whatever it is
 //!   batched with;
+//! - **beam search** ([`beam_topk`]): per request, the best (beam, token) candidates by
+//!   running log-probability plus log-softmax, ragged requests of different beam counts in
+//!   one step (the engine's beam search keeps the hypotheses);
 //! - **bookkeeping** ([`DecodeState`], [`decode_update`], [`Sampler`]): finished flags,
 //!   several end ids, generated lengths, a device-side "all finished" flag.
 //!
@@ -46,6 +49,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+mod beam;
 mod decode;
 mod dev;
 mod error;
@@ -56,6 +60,7 @@ mod sampler;
 pub mod philox;
 pub mod reference;
 
+pub use beam::{beam_topk, BeamRequests, BeamTopkWorkspace, BEAM_MAX_KEEP};
 pub use decode::{decode_update, DecodeState, Sampler, SamplerConfig};
 pub use error::{Error, Result};
 pub use params::{DeviceParams, SamplingParams, PARAM_WORDS};

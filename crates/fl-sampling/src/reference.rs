@@ -625,3 +625,76 @@ pub mod radix {
         argmax
     }
 }
+
+// ---------------------------------------------------------------- beam search
+
+/// `log_softmax` of one row in f32 as torch computes it (and `fl_engine::beam::log_softmax`):
+/// `(x - m) - ln(sum exp(x - m))`, `m` the row's max (NaN ignored), the sum taken in order.
+pub fn log_softmax_row<T: FloatDType>(row: &[T]) -> Vec<f32> {
+    let max = row
+        .iter()
+        .map(|x| x.to_f32())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = row.iter().map(|x| (x.to_f32() - max).exp()).sum();
+    let lse = sum.ln();
+    row.iter().map(|x| (x.to_f32() - max) - lse).collect()
+}
+
+/// The beam-search step (`fl_beam_topk`): for each request `r`, the best
+/// `k_r = min(keep[r], max_keep, rows_r * vocab)` (0 when `keep[r] < 1`) candidates over its
+/// rows `b` (local beam `j`) and tokens `v`, scored
+/// `beam_scores[b] + log_softmax_row(logits[b])[v]` in f32 (a NaN score counts as `-inf`),
+/// sorted by score descending with ties to the smaller flat index `j * vocab + v`, as
+/// `fl_engine::beam`'s `top_k` orders them.
+///
+/// `logits` is `[rows, vocab]` row-major, `beam_scores` `[rows]`, `req_start` `[n_req + 1]`
+/// (request `r` owns rows `req_start[r] .. req_start[r + 1]`, clamped to `[0, rows]` and made
+/// non-decreasing, as the kernel does), `keep` `[n_req]`. Returns `(scores, ids)`, each
+/// `[n_req, max_keep]`, ids `j * vocab + v`; entries past `k_r` are `-inf` and `-1`.
+pub fn beam_topk<T: FloatDType>(
+    logits: &[T],
+    vocab: usize,
+    beam_scores: &[f32],
+    req_start: &[i32],
+    keep: &[i32],
+    max_keep: usize,
+) -> (Vec<f32>, Vec<i32>) {
+    let rows = logits.len() / vocab.max(1);
+    let n_req = keep.len();
+    let mut scores = vec![f32::NEG_INFINITY; n_req * max_keep];
+    let mut ids = vec![-1i32; n_req * max_keep];
+    for r in 0..n_req {
+        let first = (req_start[r].max(0) as usize).min(rows);
+        let end = (req_start[r + 1].max(0) as usize).clamp(first, rows);
+        let k = (keep[r].max(0) as usize)
+            .min(max_keep)
+            .min((end - first) * vocab);
+        if k == 0 {
+            continue;
+        }
+        let mut all: Vec<f32> = Vec::with_capacity((end - first) * vocab);
+        for b in first..end {
+            let lp = log_softmax_row(&logits[b * vocab..(b + 1) * vocab]);
+            all.extend(lp.iter().map(|&l| {
+                let s = beam_scores[b] + l;
+                if s.is_nan() {
+                    f32::NEG_INFINITY
+                } else {
+                    s
+                }
+            }));
+        }
+        let mut idx: Vec<usize> = (0..all.len()).collect();
+        let by_score = |a: &usize, b: &usize| all[*b].total_cmp(&all[*a]).then(a.cmp(b));
+        if k < idx.len() {
+            idx.select_nth_unstable_by(k, by_score);
+            idx.truncate(k);
+        }
+        idx.sort_by(by_score);
+        for (i, &f) in idx.iter().enumerate() {
+            scores[r * max_keep + i] = all[f];
+            ids[r * max_keep + i] = f as i32;
+        }
+    }
+    (scores, ids)
+}

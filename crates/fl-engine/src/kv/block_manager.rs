@@ -265,6 +265,21 @@ impl BlockManager {
         })
     }
 
+    /// Free blocks [`append_slots`](Self::append_slots)`(seq, n_new_tokens)` would take now
+    /// (new blocks, plus one for a copy-on-write of a shared partial last block).
+    pub fn append_need(&self, seq: SeqId, n_new_tokens: usize) -> Result<usize, KvError> {
+        let bs = self.block_size;
+        let s = self.seq(seq)?;
+        if n_new_tokens == 0 {
+            return Ok(0);
+        }
+        let cow = s.num_tokens % bs != 0
+            && s.table
+                .last()
+                .is_some_and(|&b| self.blocks[b as usize].ref_count > 1);
+        Ok(blocks_needed(s.num_tokens + n_new_tokens, bs) - s.table.len() + cow as usize)
+    }
+
     /// Reserves slots for `n_new_tokens` more tokens of `seq`. If the last block is partial and
     /// shared (after [`fork`](Self::fork)), the sequence first moves to a fresh copy of it: the
     /// returned [`CowCopy`] must run on the GPU before this step writes KV. On

@@ -76,6 +76,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[cfg(test)]
+mod beam_tests;
 mod plan;
 mod policy;
 mod request;
@@ -83,5 +85,5 @@ mod request;
 mod tests;
 
 pub use plan::{ScheduledSeq, StepPlan};
-pub use policy::{Scheduler, SchedulerConfig, SchedulerError};
+pub use policy::{BeamStep, Scheduler, SchedulerConfig, SchedulerError, BEAM_ID_BASE};
 pub use request::{Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage};

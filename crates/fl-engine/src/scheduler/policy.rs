@@ -76,6 +76,14 @@ pub enum SchedulerError {
     /// `update` got a token for a request that needs none this step, or two for one request.
     #[error("sampled: unexpected token for request {0}")]
     UnexpectedToken(RequestId),
+    /// `update_with_beams` got a [`BeamStep`] that does not fit its group.
+    #[error("beams: request {id}: {reason}")]
+    InvalidBeamStep {
+        /// The beam request.
+        id: RequestId,
+        /// Why.
+        reason: String,
+    },
     /// The block manager refused an operation the scheduler believed valid (a bug).
     #[error(transparent)]
     Kv(#[from] KvError),
@@ -93,6 +101,41 @@ struct Seq<S> {
     /// Prefix-cache hit at first admission.
     cached_tokens: Option<usize>,
     running: bool,
+    /// The beam request this sequence is a beam of.
+    group: Option<RequestId>,
+}
+
+/// Sequence ids from here up are beams of beam requests (request ids stay below).
+pub const BEAM_ID_BASE: RequestId = 1 << 63;
+
+/// A beam request's sequences.
+#[derive(Clone, Debug)]
+struct Group {
+    /// Its beams' sequence ids in beam order: the request's own id until the first token,
+    /// then `width` ids from [`BEAM_ID_BASE`] up.
+    members: Vec<RequestId>,
+    width: usize,
+    /// KV blocks the group holds at most: the prompt's full blocks (shared by every beam)
+    /// plus each beam's own blocks for the prompt's tail and every generated token.
+    worst_blocks: usize,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    generated: usize,
+}
+
+/// One beam request's step, for [`Scheduler::update_with_beams`]: the new beams, each the
+/// continuation of one current beam by one token (the runner's beam search decides them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BeamStep {
+    /// The beam request (its id at `add_request`).
+    pub id: RequestId,
+    /// `[beam_width]`: the current beam (index into [`Scheduler::beams`]) each new beam
+    /// continues; its KV blocks are shared, not copied (copy-on-write of the partial block).
+    pub reorder: Vec<usize>,
+    /// `[beam_width]`: the token each new beam appends.
+    pub tokens: Vec<u32>,
+    /// The search is over: the request finishes with this reason (its beams are freed).
+    pub finish: Option<FinishReason>,
 }
 
 impl<S> Seq<S> {
@@ -140,9 +183,11 @@ pub struct Scheduler<S = ()> {
     pending_freed: Vec<u32>,
     pending_finished: Vec<RequestId>,
     num_preemptions: u64,
+    groups: HashMap<RequestId, Group>,
+    next_beam_id: RequestId,
 }
 
-impl<S> Scheduler<S> {
+impl<S: Clone> Scheduler<S> {
     /// A scheduler over a fresh pool. Errors name the [`SchedulerConfig`] field.
     pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedulerError> {
         let bad = |field, reason: &str| {
@@ -182,6 +227,8 @@ impl<S> Scheduler<S> {
             pending_freed: Vec::new(),
             pending_finished: Vec::new(),
             num_preemptions: 0,
+            groups: HashMap::new(),
+            next_beam_id: BEAM_ID_BASE,
         })
     }
 
@@ -230,6 +277,20 @@ impl<S> Scheduler<S> {
         self.seqs.get(&id).map(|s| &s.output[..])
     }
 
+    /// The current beams of beam request `id`, in beam order (sequence ids of the plan's rows):
+    /// the request's own id until its first token, then `beam_width` beam ids.
+    pub fn beams(&self, id: RequestId) -> Option<&[RequestId]> {
+        self.groups.get(&id).map(|g| &g.members[..])
+    }
+
+    /// The beam request that sequence `seq` is a beam of, and its index among
+    /// [`beams`](Self::beams); `None` for a sampled request.
+    pub fn beam_of(&self, seq: RequestId) -> Option<(RequestId, usize)> {
+        let group = self.seqs.get(&seq)?.group?;
+        let index = self.groups[&group].members.iter().position(|&m| m == seq)?;
+        Some((group, index))
+    }
+
     /// Queues a request after checking it (each error names the field). It runs from the next
     /// [`schedule`](Self::schedule).
     pub fn add_request(&mut self, req: Request<S>) -> Result<(), RequestError> {
@@ -238,8 +299,19 @@ impl<S> Scheduler<S> {
             req.params.max_new_tokens,
             self.cfg.max_model_len,
         );
-        if self.seqs.contains_key(&req.id) {
+        if req.id >= BEAM_ID_BASE {
+            return Err(RequestError::ReservedId(req.id));
+        }
+        if self.seqs.contains_key(&req.id) || self.groups.contains_key(&req.id) {
             return Err(RequestError::DuplicateId(req.id));
+        }
+        if let Some(width) = req.params.beam_width {
+            if width == 0 || width > self.cfg.max_num_seqs {
+                return Err(RequestError::BeamWidth {
+                    width,
+                    max_num_seqs: self.cfg.max_num_seqs,
+                });
+            }
         }
         if len == 0 {
             return Err(RequestError::EmptyPrompt);
@@ -275,7 +347,11 @@ impl<S> Scheduler<S> {
             });
         }
         // The last sampled token never needs KV.
-        let needed = blocks_needed(len + max_new - 1, self.cfg.block_size);
+        let bs = self.cfg.block_size;
+        let needed = match req.params.beam_width {
+            None => blocks_needed(len + max_new - 1, bs),
+            Some(k) => len / bs + k * blocks_needed(len % bs + max_new - 1, bs),
+        };
         if needed > self.cfg.num_blocks {
             return Err(RequestError::ExceedsCache {
                 max_new_tokens: max_new,
@@ -283,6 +359,20 @@ impl<S> Scheduler<S> {
                 num_blocks: self.cfg.num_blocks,
             });
         }
+        let group = req.params.beam_width.map(|width| {
+            self.groups.insert(
+                req.id,
+                Group {
+                    members: vec![req.id],
+                    width,
+                    worst_blocks: needed,
+                    prompt_tokens: len,
+                    cached_tokens: 0,
+                    generated: 0,
+                },
+            );
+            req.id
+        });
         self.seqs.insert(
             req.id,
             Seq {
@@ -293,6 +383,7 @@ impl<S> Scheduler<S> {
                 prefilled: false,
                 cached_tokens: None,
                 running: false,
+                group,
             },
         );
         self.waiting.push_back(req.id);
@@ -303,10 +394,33 @@ impl<S> Scheduler<S> {
     /// [`Event::Finished`] with [`FinishReason::Abort`]. If the outstanding plan runs it, its
     /// rows are ignored by `update`.
     pub fn abort(&mut self, id: RequestId) -> Result<Event, SchedulerError> {
+        if let Some(group) = self.seqs.get(&id).and_then(|s| s.group) {
+            return Ok(self.finish_group(group, FinishReason::Abort));
+        }
+        if self.groups.contains_key(&id) {
+            return Ok(self.finish_group(id, FinishReason::Abort));
+        }
         if !self.seqs.contains_key(&id) {
             return Err(SchedulerError::UnknownRequest(id));
         }
         Ok(self.finish(id, FinishReason::Abort))
+    }
+
+    /// Blocks the running beam requests may still take: each group's worst case less what
+    /// its beams hold (shared blocks counted once).
+    fn beam_reserve(&self) -> usize {
+        self.groups
+            .values()
+            .filter(|g| self.seqs.get(&g.members[0]).is_some_and(|s| s.running))
+            .map(|g| {
+                let held: HashSet<u32> = g
+                    .members
+                    .iter()
+                    .flat_map(|&m| self.kv.block_table(m).unwrap_or(&[]).iter().copied())
+                    .collect();
+                g.worst_blocks.saturating_sub(held.len())
+            })
+            .sum()
     }
 
     /// Plans the next step: decodes of running requests (oldest first), then prefill chunks of
@@ -329,43 +443,74 @@ impl<S> Scheduler<S> {
         let mut budget = self.cfg.max_batched_tokens;
         let mut planned: HashSet<RequestId> = HashSet::new();
 
-        // Running requests: decodes first, then partial prefills, each pass oldest first.
+        // Running requests: decodes first, then partial prefills, each pass oldest first. A
+        // sampled request's blocks may not dip into what the beam requests reserved.
+        let mut reserve = self.beam_reserve();
         for decode_pass in [true, false] {
-            let mut i = 0;
-            while i < self.running.len() && budget > 0 {
-                let id = self.running[i];
-                let s = &self.seqs[&id];
-                let remaining = s.len() - s.num_computed;
+            for id in self.running.clone() {
+                if budget == 0 {
+                    break;
+                }
+                let Some(s) = self.seqs.get(&id).filter(|s| s.running) else {
+                    continue; // preempted while planning this pass
+                };
                 if s.prefilled != decode_pass || planned.contains(&id) {
-                    i += 1;
+                    continue;
+                }
+                let remaining = s.len() - s.num_computed;
+                if let Some(group) = s.group {
+                    // Every beam of a group in the same step, or none.
+                    let members = self.groups[&group].members.clone();
+                    let n: Vec<usize> = if decode_pass {
+                        members
+                            .iter()
+                            .map(|m| self.seqs[m].len() - self.seqs[m].num_computed)
+                            .collect()
+                    } else {
+                        vec![remaining.min(budget)]
+                    };
+                    let total: usize = n.iter().sum();
+                    let whole = decode_pass || self.cfg.chunked_prefill || n[0] == remaining;
+                    let mut need = 0;
+                    for (&m, &k) in members.iter().zip(&n) {
+                        need += self.kv.append_need(m, k)?;
+                    }
+                    planned.extend(members.iter().copied());
+                    if total > budget || !whole || !self.make_room(need, &planned, &mut plan) {
+                        continue; // waits for a step with room; never preempted
+                    }
+                    for (&m, &k) in members.iter().zip(&n) {
+                        plan.copies.extend(self.kv.append_slots(m, k)?);
+                        self.plan_rows(&mut plan, m, k);
+                        budget -= k;
+                    }
+                    reserve = self.beam_reserve();
                     continue;
                 }
                 let n = remaining.min(budget);
                 if !decode_pass && !self.cfg.chunked_prefill && n < remaining {
                     break;
                 }
-                match self.kv.append_slots(id, n) {
-                    Ok(copies) => {
-                        plan.copies.extend(copies);
+                loop {
+                    let need = self.kv.append_need(id, n)?;
+                    if self.kv.num_free_blocks() >= need + reserve {
+                        plan.copies.extend(self.kv.append_slots(id, n)?);
                         self.plan_rows(&mut plan, id, n);
                         planned.insert(id);
                         budget -= n;
-                        i += 1;
+                        break;
                     }
-                    Err(KvError::NoSpace { .. }) => {
-                        let victim = *self
-                            .running
-                            .iter()
-                            .rev()
-                            .find(|v| !planned.contains(v))
-                            .expect("the asking request is unplanned");
-                        self.preempt(victim, &mut plan);
-                        // Retry the same request unless it was the victim.
-                        if victim == id {
-                            continue;
-                        }
+                    // The newest unplanned sampled request (possibly this one) gives way.
+                    let victim = *self
+                        .running
+                        .iter()
+                        .rev()
+                        .find(|v| !planned.contains(v) && self.seqs[v].group.is_none())
+                        .expect("the asking request is an unplanned sampled request");
+                    self.preempt(victim, &mut plan);
+                    if victim == id {
+                        break;
                     }
-                    Err(e) => return Err(e.into()),
                 }
             }
         }
@@ -381,27 +526,42 @@ impl<S> Scheduler<S> {
             .map(|id| {
                 let s = &self.seqs[id];
                 let have = self.kv.block_table(*id).map_or(0, <[_]>::len);
-                if s.prefilled {
+                if s.prefilled || s.group.is_some() {
                     0
                 } else {
                     s.len().div_ceil(bs).saturating_sub(have)
                 }
             })
+            .sum::<usize>()
+            + self.beam_reserve();
+        // Sequence slots: a beam request takes its width from admission on.
+        let mut slots: usize = self
+            .running
+            .iter()
+            .map(|id| match self.seqs[id].group {
+                Some(g) if self.groups[&g].members.len() == 1 => self.groups[&g].width,
+                _ => 1,
+            })
             .sum();
         let watermark = self.cfg.num_blocks.div_ceil(100);
-        while plan.preempted_ids.is_empty()
-            && budget > 0
-            && self.running.len() < self.cfg.max_num_seqs
-        {
+        while plan.preempted_ids.is_empty() && budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            let group = self.seqs[&id].group.map(|g| &self.groups[&g]);
+            let width = group.map_or(1, |g| g.width);
+            if slots + width > self.cfg.max_num_seqs {
+                break;
+            }
             let tokens = self.seqs[&id].tokens();
             let cached = self.kv.cached_prefix_len(&tokens);
             if !self.cfg.chunked_prefill && tokens.len() - cached > budget {
                 break;
             }
-            let need = tokens.len().div_ceil(bs) - cached / bs;
+            let need = match group {
+                None => tokens.len().div_ceil(bs) - cached / bs,
+                Some(g) => g.worst_blocks - cached / bs,
+            };
             if !self.running.is_empty() && self.kv.num_free_blocks() < reserved + need + watermark {
                 break;
             }
@@ -411,13 +571,20 @@ impl<S> Scheduler<S> {
                 Err(e) => return Err(e.into()),
             };
             let have = self.kv.block_table(id).map_or(0, <[_]>::len);
-            reserved += tokens.len().div_ceil(bs).saturating_sub(have);
+            reserved += need.saturating_sub(have);
+            slots += width;
             self.waiting.pop_front();
             self.running.push(id);
             let s = self.seqs.get_mut(&id).expect("queued ids exist");
             s.running = true;
             s.num_computed = alloc.num_cached_tokens;
             s.cached_tokens.get_or_insert(alloc.num_cached_tokens);
+            if let Some(g) = s.group {
+                self.groups
+                    .get_mut(&g)
+                    .expect("a group per beam request")
+                    .cached_tokens = alloc.num_cached_tokens;
+            }
             self.plan_rows(&mut plan, id, alloc.num_new_tokens);
             budget -= alloc.num_new_tokens;
         }
@@ -435,10 +602,26 @@ impl<S> Scheduler<S> {
     /// finishes requests on a stop id, `max_new_tokens` or `max_model_len`. Returns, in row
     /// order, a [`Event::Token`] per sampled token and an [`Event::Finished`] per finished
     /// request. On error nothing changes (except for [`SchedulerError::Kv`], which is a bug).
+    /// A plan with beam requests' rows needs [`update_with_beams`](Self::update_with_beams).
     pub fn update(
         &mut self,
         plan: &StepPlan,
         sampled: &[(RequestId, u32)],
+    ) -> Result<Vec<Event>, SchedulerError> {
+        self.update_with_beams(plan, sampled, &[])
+    }
+
+    /// [`update`](Self::update) for a plan that also ran beam requests: `beams` holds one
+    /// [`BeamStep`] per beam request whose rows needed logits (its beams' rows carry no entry
+    /// in `sampled`). Each new beam forks the KV blocks of the beam it continues (shared,
+    /// copy-on-write), the old beams are freed. A finished beam request reports one
+    /// [`Event::Finished`] (its usage counts the generated length of its beams); beams report
+    /// no [`Event::Token`]: the runner reads the hypotheses from its beam search.
+    pub fn update_with_beams(
+        &mut self,
+        plan: &StepPlan,
+        sampled: &[(RequestId, u32)],
+        beams: &[BeamStep],
     ) -> Result<Vec<Event>, SchedulerError> {
         if self.outstanding != Some(plan.step) {
             return Err(SchedulerError::StalePlan {
@@ -453,8 +636,17 @@ impl<S> Scheduler<S> {
             }
         }
         let live = |id: &RequestId| self.seqs.get(id).is_some_and(|s| s.running);
+        let group_of = |id: &RequestId| self.seqs.get(id).and_then(|s| s.group);
+        let mut groups_due: Vec<RequestId> = Vec::new();
         for row in plan.seqs.iter().filter(|r| live(&r.id)) {
-            if row.needs_logits != tokens.contains_key(&row.id) {
+            if let Some(g) = group_of(&row.id) {
+                if tokens.contains_key(&row.id) {
+                    return Err(SchedulerError::UnexpectedToken(row.id));
+                }
+                if row.needs_logits && !groups_due.contains(&g) {
+                    groups_due.push(g);
+                }
+            } else if row.needs_logits != tokens.contains_key(&row.id) {
                 return Err(if row.needs_logits {
                     SchedulerError::MissingToken(row.id)
                 } else {
@@ -465,6 +657,43 @@ impl<S> Scheduler<S> {
         let in_plan: HashSet<RequestId> = plan.seqs.iter().map(|r| r.id).collect();
         if let Some(&id) = tokens.keys().find(|id| !in_plan.contains(id)) {
             return Err(SchedulerError::UnexpectedToken(id));
+        }
+        let vocab = self.cfg.vocab_size;
+        for (i, b) in beams.iter().enumerate() {
+            let bad = |reason: String| Err(SchedulerError::InvalidBeamStep { id: b.id, reason });
+            if beams[..i].iter().any(|o| o.id == b.id) {
+                return bad("two steps for one request".into());
+            }
+            let Some(g) = self.groups.get(&b.id) else {
+                // Aborted since the plan: ignored, like its rows.
+                continue;
+            };
+            if !groups_due.contains(&b.id) {
+                return bad("its beams needed no logits in this plan".into());
+            }
+            if b.finish.is_none() && (b.reorder.len() != g.width || b.tokens.len() != g.width) {
+                return bad(format!(
+                    "{} reorder entries and {} tokens for {} beams",
+                    b.reorder.len(),
+                    b.tokens.len(),
+                    g.width
+                ));
+            }
+            if let Some(&r) = b.reorder.iter().find(|&&r| r >= g.members.len()) {
+                return bad(format!(
+                    "reorder entry {r} >= {} current beams",
+                    g.members.len()
+                ));
+            }
+            if let (Some(v), Some(&t)) = (vocab, b.tokens.iter().find(|&&t| Some(t) >= vocab)) {
+                return bad(format!("token {t} >= vocab size {v}"));
+            }
+        }
+        if let Some(&g) = groups_due
+            .iter()
+            .find(|g| !beams.iter().any(|b| b.id == **g))
+        {
+            return Err(SchedulerError::MissingToken(g));
         }
         self.outstanding = None;
 
@@ -480,6 +709,9 @@ impl<S> Scheduler<S> {
             if self.kv.prefix_cache_enabled() && s.num_computed / bs > before {
                 let all = s.tokens();
                 self.kv.cache_full_blocks(row.id, &all, s.num_computed)?;
+            }
+            if s.group.is_some() {
+                continue;
             }
             let Some(&token) = tokens.get(&row.id) else {
                 continue;
@@ -501,7 +733,109 @@ impl<S> Scheduler<S> {
                 events.push(self.finish(row.id, reason));
             }
         }
+        for b in beams {
+            if !self.groups.contains_key(&b.id) {
+                continue;
+            }
+            if let Some(reason) = b.finish {
+                // The finishing step generated a token too.
+                self.groups.get_mut(&b.id).expect("checked above").generated += 1;
+                events.push(self.finish_group(b.id, reason));
+            } else {
+                self.reorder_beams(b)?;
+            }
+        }
         Ok(events)
+    }
+
+    /// Replaces a group's beams by `step`'s: new beam i forks old beam `reorder[i]` and
+    /// appends `tokens[i]`; then the old beams are freed (blocks still shared stay).
+    fn reorder_beams(&mut self, step: &BeamStep) -> Result<(), SchedulerError> {
+        let old = self.groups[&step.id].members.clone();
+        let mut new = Vec::with_capacity(step.reorder.len());
+        for (&r, &token) in step.reorder.iter().zip(&step.tokens) {
+            let id = self.next_beam_id;
+            self.next_beam_id += 1;
+            self.kv.fork(old[r], id)?;
+            let mut s = self.seqs[&old[r]].clone();
+            s.prefilled = true;
+            s.output.push(token);
+            self.seqs.insert(id, s);
+            new.push(id);
+        }
+        let at = self
+            .running
+            .iter()
+            .position(|id| *id == old[0])
+            .expect("a running group's beams are running");
+        self.running.retain(|id| !old.contains(id));
+        self.running.splice(at..at, new.iter().copied());
+        for id in &old {
+            self.pending_freed.extend(self.kv.free(*id)?);
+            self.seqs.remove(id);
+            if *id != step.id {
+                self.pending_finished.push(*id);
+            }
+        }
+        let g = self
+            .groups
+            .get_mut(&step.id)
+            .expect("checked by the caller");
+        g.members = new;
+        g.generated += 1;
+        Ok(())
+    }
+
+    /// Frees every beam of group `id` and reports the request finished.
+    fn finish_group(&mut self, id: RequestId, reason: FinishReason) -> Event {
+        let g = self.groups.remove(&id).expect("caller checked");
+        for m in &g.members {
+            if let Some(s) = self.seqs.remove(m) {
+                if s.running {
+                    if let Ok(freed) = self.kv.free(*m) {
+                        self.pending_freed.extend(freed);
+                    }
+                    self.running.retain(|r| r != m);
+                    self.pending_finished.push(*m);
+                } else {
+                    self.waiting.retain(|w| w != m);
+                }
+            }
+        }
+        if !self.pending_finished.contains(&id) {
+            self.pending_finished.push(id);
+        }
+        Event::Finished {
+            id,
+            reason,
+            usage: Usage {
+                prompt_tokens: g.prompt_tokens,
+                completion_tokens: g.generated,
+                cached_tokens: g.cached_tokens,
+            },
+        }
+    }
+
+    /// Preempts the newest unplanned sampled requests until `need` blocks are free; false
+    /// (nothing more to preempt) when that is not enough.
+    fn make_room(
+        &mut self,
+        need: usize,
+        planned: &HashSet<RequestId>,
+        plan: &mut StepPlan,
+    ) -> bool {
+        while self.kv.num_free_blocks() < need {
+            let Some(&victim) = self
+                .running
+                .iter()
+                .rev()
+                .find(|v| !planned.contains(v) && self.seqs[v].group.is_none())
+            else {
+                return false;
+            };
+            self.preempt(victim, plan);
+        }
+        true
     }
 
     fn plan_rows(&mut self, plan: &mut StepPlan, id: RequestId, n: usize) {

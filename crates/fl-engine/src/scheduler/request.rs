@@ -32,6 +32,13 @@ pub struct RequestParams<S = ()> {
     /// Sampling parameters: opaque to the scheduler, read by the runner through
     /// [`Scheduler::params`](super::Scheduler::params).
     pub sampling: S,
+    /// `Some(k)`: a beam search of `k` beams. The request's sequence forks into `k` beam
+    /// sequences at its first token ([`Scheduler::update_with_beams`](super::Scheduler::update_with_beams)
+    /// decides their tokens and order every step); they always run in the same step, are never
+    /// preempted (the worst case of `k` beams' KV is reserved at admission) and the request
+    /// ends only when the runner says so (the stop rules above do not apply). `None`: one
+    /// sampled sequence.
+    pub beam_width: Option<usize>,
 }
 
 impl<S: Default> RequestParams<S> {
@@ -44,6 +51,7 @@ impl<S: Default> RequestParams<S> {
             ignore_eos: false,
             seed: 0,
             sampling: S::default(),
+            beam_width: None,
         }
     }
 }
@@ -99,6 +107,17 @@ pub enum RequestError {
     /// Another unfinished request has this id.
     #[error("id: request {0} already exists")]
     DuplicateId(RequestId),
+    /// Ids from [`BEAM_ID_BASE`](super::BEAM_ID_BASE) up name beam sequences.
+    #[error("id: {0} is reserved for beam sequences (ids must be below 2^63)")]
+    ReservedId(RequestId),
+    /// `beam_width` is 0 or above `max_num_seqs`.
+    #[error("beam_width: {width} must be in 1..={max_num_seqs} (max_num_seqs)")]
+    BeamWidth {
+        /// The width asked for.
+        width: usize,
+        /// Sequences one step runs at most.
+        max_num_seqs: usize,
+    },
 }
 
 /// Why a request finished.
