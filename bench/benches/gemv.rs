@@ -3,7 +3,9 @@
 //! activations' dtype (`fl_blas::Blas::linear`, fp16 or bf16) on the same matrix.
 //!
 //! Shapes (n x k): 4096x4096, 11008x4096, 4096x11008, 32000x4096 at m = 1 and 16 tokens;
-//! formats int8, int4 (group 128, symmetric and with zero point), Q8_0, Q4_0.
+//! formats int8, int4 (group 128, symmetric and with zero point), Q8_0, Q4_0, and the K-quants
+//! Q4_K, Q5_K, Q6_K (GGUF super-blocks of 144 / 176 / 210 bytes per 256 values, as a GGUF file
+//! holds them: ggml's reference quantiser on the first rows, repeated).
 //! Throughput is `Throughput::Bytes(weight bytes (values + scales + zeros) + x + y)`; for
 //! cuBLAS its 16-bit weight + x + y. Weights (and copy buffers) rotate through enough copies to
 //! move >= 256 MB per cycle, so each call reads its weights from HBM as in a real decode
@@ -15,8 +17,8 @@
 //! the same dtype; bf16 rows are named `<format>/bf16` in the summary lines and
 //! `gemv_<n>x<k>_m<m>_bf16` in criterion's groups).
 //! `FL_GEMV_BENCH_QUICK=1`: m = 1 and int8 / int4 only; `FL_GEMV_BENCH_QUICK=gguf`: m = 1 and
-//! Q8_0 / Q4_0 only; `FL_GEMV_BENCH_QUICK=q4`: m = 1, int4 g32 (the bytes per value of Q4_0) and
-//! Q4_0. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
+//! Q8_0 / Q4_0 only; `FL_GEMV_BENCH_QUICK=kquant`: m = 1 and Q4_K / Q5_K / Q6_K only;
+//! `FL_GEMV_BENCH_QUICK=q4`: m = 1, int4 g32 (the bytes per value of Q4_0) and Q4_0. `FL_GEMV_BENCH_M=2,8,16` (comma-separated, 1..=16): those token counts
 //! instead (quick or not).
 //! At 4096x4096 and 11008x4096, int8 and int4 g128 also run with each kernel forced
 //! (`<format>_fma` / `<format>_mma`: CUDA cores vs tensor cores, `gemv::gemv_with_path`).
@@ -26,19 +28,23 @@ use fl_bench::ops::{bench_tensor, bench_values};
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
 use fl_blas::Blas;
 use fl_kernels::cudarc::driver::CudaStream;
-use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
+use fl_kernels::gemv::{self, QuantFormat, QuantWeight, QuantizedHost, Scales};
 use fl_kernels::{bf16, f16, DeviceTensor, Gpu, HalfDType};
 
 const SHAPES: &[(usize, usize)] = &[(4096, 4096), (11008, 4096), (4096, 11008), (32000, 4096)];
 const ROTATE_BYTES: usize = 256 << 20;
 
 /// `FL_GEMV_BENCH_QUICK=1`: one token and int8 / int4 only; `=gguf`: one token and Q8_0 /
-/// Q4_0 only; `=q4`: int4 g32 and Q4_0, the same bytes per value in two layouts (kernel A/B
-/// sweeps in one GPU call).
+/// Q4_0 only; `=kquant`: one token and Q4_K / Q5_K / Q6_K only; `=q4`: int4 g32 and Q4_0, the
+/// same bytes per value in two layouts (kernel A/B sweeps in one GPU call).
 fn quick_mode() -> Option<String> {
     std::env::var("FL_GEMV_BENCH_QUICK")
         .ok()
-        .filter(|v| v == "1" || v == "gguf" || v == "q4")
+        .filter(|v| v == "1" || v == "gguf" || v == "kquant" || v == "q4")
+}
+
+fn is_kquant(f: &QuantFormat) -> bool {
+    matches!(f, QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K)
 }
 fn quick() -> bool {
     quick_mode().is_some()
@@ -118,9 +124,13 @@ fn formats() -> Vec<QuantFormat> {
         },
         QuantFormat::Q8_0,
         QuantFormat::Q4_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q5_K,
+        QuantFormat::Q6_K,
     ];
     match quick_mode().as_deref() {
-        Some("1") => v.retain(|f| !matches!(f, QuantFormat::Q8_0 | QuantFormat::Q4_0)),
+        Some("1") => v.retain(|f| matches!(f, QuantFormat::Int8 | QuantFormat::Int4 { .. })),
+        Some("kquant") => v.retain(is_kquant),
         Some("q4") => {
             v = vec![
                 QuantFormat::Int4 {
@@ -134,6 +144,25 @@ fn formats() -> Vec<QuantFormat> {
         None => {}
     }
     v
+}
+
+/// `host` (`[n, k]`) in `f`. The K-quants' reference quantiser (a search per sub-block) is
+/// slow on the host, so they quantise the first 256 rows and repeat them: every row is still
+/// a row of real blocks, and each copy of the weight is read from HBM all the same.
+fn quantized(host: &[f32], n: usize, k: usize, f: QuantFormat) -> QuantizedHost {
+    if !is_kquant(&f) || n <= 256 {
+        return gemv::quantize(host, n, k, f).unwrap();
+    }
+    let head = gemv::quantize(&host[..256 * k], 256, k, f).unwrap();
+    let row = head.data().len() / 256;
+    let data: Vec<u8> = (0..n)
+        .flat_map(|r| {
+            head.data()[(r % 256) * row..(r % 256 + 1) * row]
+                .iter()
+                .copied()
+        })
+        .collect();
+    QuantizedHost::new(f, n, k, data, Scales::None, Vec::new()).unwrap()
 }
 
 /// How many copies of `bytes` make up >= ROTATE_BYTES.
@@ -203,7 +232,10 @@ fn shape_group<T: HalfDType + fl_blas::GemmType>(
 
     let host = bench_values(n * k, 7);
     for f in formats() {
-        let q = gemv::quantize(&host, n, k, f).unwrap();
+        if k % f.k_multiple() != 0 {
+            continue;
+        }
+        let q = quantized(&host, n, k, f);
         let bytes = q.num_bytes();
         let wq: Vec<QuantWeight> = (0..copies(bytes))
             .map(|_| QuantWeight::upload(&s, &q).unwrap())

@@ -9,10 +9,12 @@
 //! | `int8`                             | int8, one f32 scale per output channel          | `fl_kernels::gemv::gemv` (dequantised in registers) | `gemv::dequantize` into a scratch buffer, then cuBLASLt |
 //! | `int4`, `int4-g64`, `int4-g32`     | int4 symmetric, one f16 scale per group of 128 / 64 / 32 along k | as `int8`                 | as `int8`                                             |
 //! | `q8_0`, `q4_0`                     | llama.cpp blocks of 32                          | as `int8`                                  | as `int8`                                             |
+//! | `q4_k`, `q5_k`, `q6_k`             | llama.cpp K-quant super-blocks of 256           | as `int8`                                  | as `int8`                                             |
+//! | `gguf` (a .gguf file's default)    | each projection in its GGUF tensors' own format ([`crate::gguf::native`]) | as `int8` (dense ones as `none`) | as `int8` |
 //! | `w8a8`                             | int8 per output channel (`fl_blas::QuantLinear`), activations int8 per token | cuBLASLt IMMA (`Blas::gemm_i8`), (de)quantisation fused into the kernels around it | the same |
 //!
 //! Weights are quantised on the host from f32 (the checkpoint's values, widened exactly; or
-//! the dummy values of a preset), one tensor at a time, rows split over threads, then
+//! the dummy values of a preset; `gguf` copies the file's blocks instead), one tensor at a time, rows split over threads, then
 //! uploaded. The embedding table, the LM head and the norm weights stay dense in the run
 //! dtype; biases (Qwen2's QKV bias, `o_bias`, `mlp_bias`) stay dense and are added after the
 //! quantised product.
@@ -56,8 +58,12 @@ pub enum Quant {
     #[default]
     None,
     /// Weight-only quantisation in a [`QuantFormat`] (`int8`, `int4`, `int4-g64`, `int4-g32`,
-    /// `q8_0`, `q4_0`): activations stay in the run dtype.
+    /// `q8_0`, `q4_0`, `q4_k`, `q5_k`, `q6_k`): activations stay in the run dtype.
     WeightOnly(QuantFormat),
+    /// A GGUF file's own formats, projection by projection (`gguf`): Q8_0, Q4_0 and K-quant
+    /// tensors run weight-only from the file's blocks, the others dense; the rule is
+    /// [`crate::gguf::native`]'s. Only for a GGUF [`WeightSource`](crate::weights::WeightSource).
+    Gguf,
     /// INT8 weights per output channel and INT8 activations per token, int32 GEMMs
     /// (FasterLLaMA / FasterTransformer 3.0 W8A8).
     W8A8,
@@ -104,11 +110,13 @@ fn projections(cfg: &ModelConfig) -> [Proj; 4] {
 
 impl Quant {
     /// Every value `--quant` takes, in the order `fl --help` lists them.
+    /// (`gguf` is not among them: it quantises nothing and takes a GGUF file only.)
     pub const NAMES: &'static [&'static str] = &[
-        "none", "int8", "int4", "int4-g64", "int4-g32", "q8_0", "q4_0", "w8a8",
+        "none", "int8", "int4", "int4-g64", "int4-g32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
+        "w8a8",
     ];
 
-    /// Parses a `--quant` value (one of [`Quant::NAMES`]; `int4` is group 128).
+    /// Parses a `--quant` value (one of [`Quant::NAMES`], or `gguf`; `int4` is group 128).
     ///
     /// Errors: [`EngineError::Invalid`] naming `--quant` and listing the valid values.
     ///
@@ -138,7 +146,11 @@ impl Quant {
             "int4-g32" => int4(32),
             "q8_0" => Quant::WeightOnly(QuantFormat::Q8_0),
             "q4_0" => Quant::WeightOnly(QuantFormat::Q4_0),
+            "q4_k" => Quant::WeightOnly(QuantFormat::Q4_K),
+            "q5_k" => Quant::WeightOnly(QuantFormat::Q5_K),
+            "q6_k" => Quant::WeightOnly(QuantFormat::Q6_K),
             "w8a8" => Quant::W8A8,
+            "gguf" => Quant::Gguf,
             _ => {
                 return Err(EngineError::invalid(
                     "--quant",
@@ -154,6 +166,7 @@ impl Quant {
         match *self {
             Quant::None => "none".into(),
             Quant::W8A8 => "w8a8".into(),
+            Quant::Gguf => "gguf".into(),
             Quant::WeightOnly(QuantFormat::Int8) => "int8".into(),
             Quant::WeightOnly(QuantFormat::Q8_0) => "q8_0".into(),
             Quant::WeightOnly(QuantFormat::Q4_0) => "q4_0".into(),
@@ -192,8 +205,9 @@ impl Quant {
     }
 
     /// Checks that every projection of `cfg` fits this mode: weight-only formats need the
-    /// input features `k` to be a multiple of the group (int4) or of 32; `w8a8` needs `k` and
-    /// the output features `n` to be multiples of 4 (cuBLASLt IMMA).
+    /// input features `k` to be a multiple of the group (int4), of 256 (K-quants) or of 32;
+    /// `w8a8` needs `k` and the output features `n` to be multiples of 4 (cuBLASLt IMMA);
+    /// `gguf` takes any shape (each tensor's blocks divide its rows, or it runs dense).
     ///
     /// Errors: [`EngineError::Invalid`] naming `--quant`, the projection, its size, and the
     /// modes that would fit.
@@ -227,7 +241,7 @@ impl Quant {
         };
         for p in projections(cfg) {
             match *self {
-                Quant::None => {}
+                Quant::None | Quant::Gguf => {}
                 Quant::WeightOnly(f) => {
                     let mult = f.k_multiple();
                     if p.k == 0 || p.k % mult != 0 {
@@ -252,7 +266,7 @@ impl Quant {
 
     fn fits(&self, cfg: &ModelConfig) -> bool {
         projections(cfg).iter().all(|p| match *self {
-            Quant::None => true,
+            Quant::None | Quant::Gguf => true,
             Quant::WeightOnly(f) => p.k > 0 && p.k % f.k_multiple() == 0,
             Quant::W8A8 => p.k > 0 && p.k % 4 == 0 && p.n > 0 && p.n % 4 == 0,
         })
@@ -261,10 +275,14 @@ impl Quant {
     /// Device bytes of one `[n, k]` projection's weight in this mode at `dtype_bytes` per
     /// dense element: `n·k·dtype_bytes` dense; [`QuantFormat::weight_bytes`] (values + scales
     /// + zeros) weight-only; `n·k + 4n` (int8 values + f32 scales) for `w8a8`.
+    ///
+    /// For `gguf`, a lower bound without the file: 4.5 bits a weight (Q4_0 / Q4_K, the
+    /// smallest formats it runs natively); [`crate::gguf::native::weight_bytes`] is exact.
     pub fn linear_bytes(&self, n: usize, k: usize, dtype_bytes: usize) -> u64 {
         match *self {
             Quant::None => (n * k * dtype_bytes) as u64,
             Quant::WeightOnly(f) => f.weight_bytes(n, k) as u64,
+            Quant::Gguf => (n * k * 9).div_ceil(16) as u64,
             Quant::W8A8 => (n * k + 4 * n) as u64,
         }
     }
@@ -300,8 +318,8 @@ impl Quant {
     pub fn buffer_bytes(&self, cfg: &ModelConfig, m: usize, dtype_bytes: usize) -> u64 {
         match *self {
             Quant::None => 0,
-            Quant::WeightOnly(_) if m <= gemv::MAX_M => 0,
-            Quant::WeightOnly(_) => distinct_shapes(cfg)
+            Quant::WeightOnly(_) | Quant::Gguf if m <= gemv::MAX_M => 0,
+            Quant::WeightOnly(_) | Quant::Gguf => distinct_shapes(cfg)
                 .iter()
                 .map(|&(n, k)| (n * k * dtype_bytes) as u64)
                 .sum(),
@@ -503,7 +521,7 @@ impl<T: RunDType> QuantBuffers<T> {
         let mut b = QuantBuffers::default();
         match quant {
             Quant::None => {}
-            Quant::WeightOnly(_) => {
+            Quant::WeightOnly(_) | Quant::Gguf => {
                 if m > gemv::MAX_M {
                     for (n, k) in distinct_shapes(cfg) {
                         b.dense.push(DeviceTensor::zeros(stream, &[n, k])?);
@@ -713,7 +731,7 @@ pub(crate) fn w8a8_down<T: RunDType>(
 
 /// Splits the `n` rows of `w [n, k]` over threads and runs `f(rows, row_count)` on each
 /// block of rows, in row order.
-fn par_rows<R: Send>(
+pub(crate) fn par_rows<R: Send>(
     w: &[f32],
     n: usize,
     k: usize,
@@ -751,8 +769,9 @@ fn par_rows<R: Send>(
 /// format quantises row by row, so the blocks concatenate into the whole).
 ///
 /// Errors: [`EngineError::Invalid`] naming `--quant` for a shape the mode cannot take
-/// (see [`Quant::check`]); those of [`gemv::quantize`] (e.g. a non-finite weight) and of the
-/// upload.
+/// (see [`Quant::check`]) or for `gguf` (it copies a file's blocks: see
+/// [`crate::gguf::native`]); those of [`gemv::quantize`] (e.g. a non-finite weight) and of
+/// the upload.
 pub fn quantize_linear<T: RunDType>(
     stream: &Arc<CudaStream>,
     w: &[f32],
@@ -767,6 +786,10 @@ pub fn quantize_linear<T: RunDType>(
         ));
     }
     match quant {
+        Quant::Gguf => Err(EngineError::invalid(
+            "--quant",
+            "`gguf` runs a GGUF file's own blocks: there is nothing to quantise",
+        )),
         Quant::None => {
             let v: Vec<T> = w.iter().map(|&x| T::from_f32(x)).collect();
             Ok(Linear::Dense(DeviceTensor::from_host(stream, &v, &[n, k])?))

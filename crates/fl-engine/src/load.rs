@@ -32,21 +32,58 @@ pub struct Loaded {
     pub quant: Quant,
 }
 
-/// Resolves `model` (a directory, else a preset name) and checks `quant` (one of
-/// [`Quant::NAMES`]) against it.
+/// The `--quant` value that picks the model's own form: [`Quant::Gguf`] for a GGUF file,
+/// [`Quant::None`] for the rest.
+pub const QUANT_AUTO: &str = "auto";
+
+/// Every value `fl --quant` takes: [`QUANT_AUTO`] (the default), `gguf`, then
+/// [`Quant::NAMES`].
+pub const QUANT_ARGS: &[&str] = &[
+    QUANT_AUTO, "gguf", "none", "int8", "int4", "int4-g64", "int4-g32", "q8_0", "q4_0", "q4_k",
+    "q5_k", "q6_k", "w8a8",
+];
+
+/// Resolves `model` (a directory, a `.gguf` file, else a preset name) and checks `quant` (one
+/// of [`QUANT_ARGS`]) against it. For a GGUF file, [`QUANT_AUTO`] and `gguf` run its
+/// projections on their own formats ([`crate::gguf::native`]), `none` dequantises them to the
+/// run dtype, and the other modes requantise the dequantised values; elsewhere `auto` is
+/// `none`.
 ///
 /// Errors: a path that is neither a directory nor a preset names both possibilities; a
 /// config or checkpoint error names the file and field or tensor; every tensor is checked
 /// (names, shapes, dtypes, byte ranges) before anything is uploaded; an unknown `--quant`
-/// value, or one the model's shapes cannot take ([`Quant::check`]), names `--quant`.
+/// value, `gguf` for a model that is not a GGUF file, or a mode the model's shapes cannot
+/// take ([`Quant::check`]), names `--quant`.
+///
+/// ```
+/// use fl_engine::linear::Quant;
+/// assert_eq!(fl_engine::load::resolve("tiny", "auto")?.quant, Quant::None);
+/// assert!(fl_engine::load::resolve("tiny", "gguf").is_err());
+/// # Ok::<(), fl_engine::EngineError>(())
+/// ```
 pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
-    let quant = Quant::parse(quant)?;
     let path = Path::new(model);
-    if path.is_file()
+    let is_gguf = path.is_file()
         && path
             .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let quant = match quant {
+        QUANT_AUTO if is_gguf => Quant::Gguf,
+        QUANT_AUTO => Quant::None,
+        q => Quant::parse(q).map_err(|_| {
+            EngineError::invalid(
+                "--quant",
+                format!("`{q}` is not one of {}", QUANT_ARGS.join(", ")),
+            )
+        })?,
+    };
+    if quant == Quant::Gguf && !is_gguf {
+        return Err(EngineError::invalid(
+            "--quant",
+            format!("`gguf` runs a GGUF file's own formats; `{model}` is not a .gguf file"),
+        ));
+    }
+    if is_gguf {
         let f = crate::gguf::GgufFile::open(path)?;
         let cfg = f.model_config()?;
         f.check_tensors(&cfg)?;
@@ -108,9 +145,33 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
 }
 
 /// Loads `m` onto GPU 0 in dtype `T` (projections per `m.quant`) with a progress bar on
-/// stderr.
+/// stderr. A GGUF file in [`Quant::Gguf`] first prints one `note:` line per tensor type that
+/// does not run as stored ([`crate::gguf::native::notices`]); in `f32` it loads dense (the
+/// quantised kernels are 16-bit only; f32 runs are checks against an fp32 reference).
 pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
-    let total = m.quant.weight_bytes(&m.cfg, std::mem::size_of::<T>());
+    let dtype_bytes = std::mem::size_of::<T>();
+    let f32_run = <T as fl_kernels::DType>::NAME == "f32";
+    let plan = match (m.quant, &m.gguf) {
+        (Quant::Gguf, Some(f)) if !f32_run => Some(crate::gguf::native::plan(f, &m.cfg)?),
+        _ => None,
+    };
+    let (quant, total) = match &plan {
+        Some(p) => {
+            for line in crate::gguf::native::notices(p) {
+                eprintln!("note: {line}");
+            }
+            let total = crate::gguf::native::weight_bytes(p, &m.cfg, dtype_bytes);
+            (Quant::Gguf, total)
+        }
+        None => {
+            let q = if m.quant == Quant::Gguf {
+                Quant::None
+            } else {
+                m.quant
+            };
+            (q, q.weight_bytes(&m.cfg, dtype_bytes))
+        }
+    };
     let bar = ProgressBar::new(total);
     bar.set_style(
         ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
@@ -124,7 +185,7 @@ pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
             None => WeightSource::Dummy { seed: 1 },
         },
     };
-    let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), src, m.quant, Some(&mut tick))?;
+    let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), src, quant, Some(&mut tick))?;
     bar.finish_and_clear();
     e.use_graph = graph;
     Ok(e)

@@ -6,11 +6,13 @@
 //! of each head reordered so that every rotate-half pair is adjacent ([`qkv_row_order`]), and
 //! gate|up as `[2 * intermediate, hidden]`. With `--quant` the four projections of each layer
 //! are quantised on the host from their f32 values ([`Weights::load_quant`],
-//! [`crate::linear`]); the embedding, the LM head, the norms and the biases stay dense.
+//! [`crate::linear`]), or, for a GGUF file in [`Quant::Gguf`], take the file's own blocks
+//! ([`crate::gguf::native`]); the embedding, the LM head, the norms and the biases stay dense.
 
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::gemv::QuantWeight;
 use fl_kernels::rope;
 use fl_kernels::DeviceTensor;
 
@@ -95,7 +97,9 @@ impl<T: RunDType> Weights<T> {
 pub enum WeightSource<'a> {
     /// A safetensors checkpoint, converted to the run dtype on load.
     Checkpoint(&'a Checkpoint),
-    /// A GGUF file: every tensor dequantised to f32 on the host exactly as ggml does
+    /// A GGUF file. In [`Quant::Gguf`] the projections keep the file's blocks where the GEMV
+    /// runs their type ([`crate::gguf::native`]). Every other tensor (and every tensor in the
+    /// other modes) is dequantised to f32 on the host exactly as ggml does
     /// ([`fl_kernels::reference::ggml::dequantize_row`]) and, for the `llama` architecture,
     /// its q and k rows put back in the Hugging Face order (llama.cpp's converter interleaves
     /// them), so the rest of the loading is the safetensors path's.
@@ -138,10 +142,12 @@ impl<'a> Loader<'a, '_> {
                 ];
                 ck.expect(name, shape, &dtypes)?.to_vec::<T>()?
             }
-            WeightSource::Gguf(f) => gguf_f32(f, name, shape, self.head_dim)?
-                .into_iter()
-                .map(T::from_f32)
-                .collect(),
+            WeightSource::Gguf(f) => {
+                crate::gguf::native::tensor_f32(f, name, shape, self.head_dim)?
+                    .into_iter()
+                    .map(T::from_f32)
+                    .collect()
+            }
             WeightSource::Dummy { .. } if norm => vec![T::from_f32(1.0); n],
             WeightSource::Dummy { .. } => self.dummy(name, n).map(T::from_f32).collect(),
         };
@@ -162,7 +168,9 @@ impl<'a> Loader<'a, '_> {
             WeightSource::Checkpoint(ck) => {
                 ck.expect(name, shape, FLOAT_DTYPES)?.to_vec::<f32>()?
             }
-            WeightSource::Gguf(f) => gguf_f32(f, name, shape, self.head_dim)?,
+            WeightSource::Gguf(f) => {
+                crate::gguf::native::tensor_f32(f, name, shape, self.head_dim)?
+            }
             WeightSource::Dummy { .. } => self.dummy(name, n).collect(),
         })
     }
@@ -176,6 +184,9 @@ impl<'a> Loader<'a, '_> {
         quant: Quant,
         order: Option<&[usize]>,
     ) -> Result<Linear<T>> {
+        if quant == Quant::Gguf {
+            return self.gguf_linear(parts, order);
+        }
         if quant.is_dense() {
             return Ok(Linear::Dense(self.stacked(parts, order)?));
         }
@@ -192,6 +203,35 @@ impl<'a> Loader<'a, '_> {
         let lin = linear::quantize_linear(self.stream, &v, rows, k, quant)?;
         self.tick(lin.num_bytes());
         Ok(lin)
+    }
+
+    /// [`Loader::linear`] in [`Quant::Gguf`]: the stack in
+    /// [`stack_form`](crate::gguf::native::stack_form) of its parts' types.
+    fn gguf_linear<T: RunDType>(
+        &mut self,
+        parts: &[(String, Vec<usize>)],
+        order: Option<&[usize]>,
+    ) -> Result<Linear<T>> {
+        use crate::gguf::native::{self, Form};
+        let WeightSource::Gguf(f) = &self.src else {
+            return Err(crate::EngineError::invalid(
+                "--quant",
+                "`gguf` runs a GGUF file's own formats: --model must name a .gguf file",
+            ));
+        };
+        let mut types = Vec::with_capacity(parts.len());
+        for (name, _) in parts {
+            types.push(f.hf_tensor(name)?.ggml_type);
+        }
+        match native::stack_form(&types) {
+            Form::Dense => Ok(Linear::Dense(self.stacked(parts, order)?)),
+            Form::Native(format) => {
+                let q = native::stacked_host(f, parts, format, order, self.head_dim)?;
+                let w = QuantWeight::upload(self.stream, &q)?;
+                self.tick(w.num_bytes());
+                Ok(Linear::WeightOnly(w))
+            }
+        }
     }
 
     fn tensor<T: RunDType>(
@@ -237,63 +277,6 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
-/// GGUF tensor `name` (its Hugging Face name) of row-major `shape`, dequantised to f32 row by
-/// row; for a file whose q / k rows are interleaved (llama.cpp's `llama` converter), the q and
-/// k weights and biases are put back in the Hugging Face (rotate-half) order per head.
-fn gguf_f32(
-    f: &crate::gguf::GgufFile,
-    name: &str,
-    shape: &[usize],
-    head_dim: usize,
-) -> Result<Vec<f32>> {
-    use fl_kernels::ggml::GgmlType;
-    use fl_kernels::reference::ggml::dequantize_row;
-    let t = f.hf_tensor(name)?;
-    let got: Vec<usize> = t.shape().iter().map(|&d| d as usize).collect();
-    if got != shape {
-        return Err(crate::gguf::GgufError::TensorMismatch {
-            tensor: t.name.clone(),
-            reason: format!("shape {got:?}, expected {shape:?}"),
-        }
-        .into());
-    }
-    let ty = GgmlType::from_id(t.ggml_type as u32).map_err(|_| {
-        crate::EngineError::invalid(
-            "--model",
-            format!(
-                "tensor `{}` is {}: this type cannot be read yet (F32, F16, BF16, Q4_0, Q4_1, \
-                 Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K can)",
-                t.name,
-                t.ggml_type.name()
-            ),
-        )
-    })?;
-    let k = *shape.last().unwrap_or(&1);
-    let rows = shape.iter().product::<usize>() / k.max(1);
-    let data = f.tensor_data(t)?;
-    let row_bytes = ty.row_bytes(k)?;
-    let mut out = Vec::with_capacity(rows * k);
-    for r in 0..rows {
-        out.extend(dequantize_row(
-            ty,
-            &data[r * row_bytes..(r + 1) * row_bytes],
-            k,
-        )?);
-    }
-    let qk = name.ends_with("self_attn.q_proj.weight")
-        || name.ends_with("self_attn.k_proj.weight")
-        || name.ends_with("self_attn.q_proj.bias")
-        || name.ends_with("self_attn.k_proj.bias");
-    if qk && f.qk_rows_interleaved()? {
-        // A bias is one value per row.
-        let n_rows = if shape.len() == 1 { shape[0] } else { rows };
-        let order =
-            crate::gguf::model::interleaved_to_rotate_half_rows(n_rows / head_dim, head_dim)?;
-        out = reorder_rows(&out, &order);
-    }
-    Ok(out)
-}
-
 fn dummy_chunk(seed: u64) -> Vec<f32> {
     // Sum of four uniforms: roughly normal, std 0.02 after scaling.
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -331,9 +314,13 @@ impl<T: RunDType> Weights<T> {
     /// (quantised on the host from their f32 values, one stacked weight at a time, rows
     /// split over threads; see [`crate::linear`]).
     ///
+    /// [`Quant::Gguf`] takes the file's blocks instead, projection by projection
+    /// ([`crate::gguf::native`]).
+    ///
     /// Errors: those of [`Weights::load`]; [`EngineError::Invalid`](crate::EngineError::Invalid)
-    /// naming `--quant` when the dtype cannot run the mode ([`Quant::check_dtype`]) or a
-    /// projection's shape does not fit it ([`Quant::check`]).
+    /// naming `--quant` when the dtype cannot run the mode ([`Quant::check_dtype`]), a
+    /// projection's shape does not fit it ([`Quant::check`]), or for [`Quant::Gguf`] from a
+    /// source other than a GGUF file.
     pub fn load_quant(
         stream: &Arc<CudaStream>,
         cfg: &ModelConfig,
@@ -343,11 +330,24 @@ impl<T: RunDType> Weights<T> {
     ) -> Result<Self> {
         quant.check_dtype(<T as fl_kernels::DType>::NAME)?;
         quant.check(cfg)?;
+        if quant == Quant::Gguf && !matches!(src, WeightSource::Gguf(_)) {
+            return Err(crate::EngineError::invalid(
+                "--quant",
+                "`gguf` runs a GGUF file's own formats: --model must name a .gguf file",
+            ));
+        }
         let chunk = match src {
             WeightSource::Dummy { seed } => dummy_chunk(seed),
             WeightSource::Checkpoint(_) | WeightSource::Gguf(_) => Vec::new(),
         };
-        let total = quant.weight_bytes(cfg, std::mem::size_of::<T>());
+        let total = match (&src, quant) {
+            (WeightSource::Gguf(f), Quant::Gguf) => crate::gguf::native::weight_bytes(
+                &crate::gguf::native::plan(f, cfg)?,
+                cfg,
+                std::mem::size_of::<T>(),
+            ),
+            _ => quant.weight_bytes(cfg, std::mem::size_of::<T>()),
+        };
         let mut ld = Loader {
             stream,
             src,
@@ -371,25 +371,12 @@ impl<T: RunDType> Weights<T> {
             let p = format!("model.layers.{l}");
             let a = format!("{p}.self_attn");
             let m = format!("{p}.mlp");
-            let part = |what: &str, rows: usize, weight: bool| {
-                if weight {
-                    (format!("{a}.{what}_proj.weight"), vec![rows, h])
-                } else {
-                    (format!("{a}.{what}_proj.bias"), vec![rows])
-                }
-            };
-            let wqkv = ld.linear(
-                &[part("q", q, true), part("k", kv, true), part("v", kv, true)],
-                quant,
-                Some(&qkv_order),
-            )?;
+            let part = |what: &str, rows: usize| (format!("{a}.{what}_proj.bias"), vec![rows]);
+            let [qkv, o, gate_up, down] = projection_parts(cfg, l);
+            let wqkv = ld.linear(&qkv, quant, Some(&qkv_order))?;
             let bqkv = if cfg.qkv_bias {
                 Some(ld.stacked(
-                    &[
-                        part("q", q, false),
-                        part("k", kv, false),
-                        part("v", kv, false),
-                    ],
+                    &[part("q", q), part("k", kv), part("v", kv)],
                     Some(&qkv_order),
                 )?)
             } else {
@@ -399,21 +386,14 @@ impl<T: RunDType> Weights<T> {
                 attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
                 wqkv,
                 bqkv,
-                wo: ld.linear(&[(format!("{a}.o_proj.weight"), vec![h, q])], quant, None)?,
+                wo: ld.linear(&o, quant, None)?,
                 bo: if cfg.o_bias {
                     Some(ld.tensor(&format!("{a}.o_proj.bias"), &[h], false)?)
                 } else {
                     None
                 },
                 ffn_norm: ld.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h], true)?,
-                w_gate_up: ld.linear(
-                    &[
-                        (format!("{m}.gate_proj.weight"), vec![i, h]),
-                        (format!("{m}.up_proj.weight"), vec![i, h]),
-                    ],
-                    quant,
-                    None,
-                )?,
+                w_gate_up: ld.linear(&gate_up, quant, None)?,
                 b_gate_up: if cfg.mlp_bias {
                     Some(ld.stacked(
                         &[
@@ -425,11 +405,7 @@ impl<T: RunDType> Weights<T> {
                 } else {
                     None
                 },
-                w_down: ld.linear(
-                    &[(format!("{m}.down_proj.weight"), vec![h, i])],
-                    quant,
-                    None,
-                )?,
+                w_down: ld.linear(&down, quant, None)?,
                 b_down: if cfg.mlp_bias {
                     Some(ld.tensor(&format!("{m}.down_proj.bias"), &[h], false)?)
                 } else {
@@ -451,6 +427,33 @@ impl<T: RunDType> Weights<T> {
             quant,
         })
     }
+}
+
+/// The parts of layer `l`'s four projections as the loader stacks them: Hugging Face tensor
+/// names with their row-major shapes, for `q|k|v`, `o`, `gate|up` and `down`.
+pub(crate) fn projection_parts(cfg: &ModelConfig, l: usize) -> [Vec<(String, Vec<usize>)>; 4] {
+    let (h, q, kv, i) = (
+        cfg.hidden_size,
+        cfg.q_size(),
+        cfg.kv_size(),
+        cfg.intermediate_size,
+    );
+    let a = format!("model.layers.{l}.self_attn");
+    let m = format!("model.layers.{l}.mlp");
+    let w = |name: String, rows: usize, k: usize| (name, vec![rows, k]);
+    [
+        vec![
+            w(format!("{a}.q_proj.weight"), q, h),
+            w(format!("{a}.k_proj.weight"), kv, h),
+            w(format!("{a}.v_proj.weight"), kv, h),
+        ],
+        vec![w(format!("{a}.o_proj.weight"), h, q)],
+        vec![
+            w(format!("{m}.gate_proj.weight"), i, h),
+            w(format!("{m}.up_proj.weight"), i, h),
+        ],
+        vec![w(format!("{m}.down_proj.weight"), h, i)],
+    ]
 }
 
 /// The row order of a layer's stacked QKV weight (and bias) on the device: new row `i` is row

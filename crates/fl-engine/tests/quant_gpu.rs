@@ -126,7 +126,7 @@ fn dequantised(t: &Tensors, q: Quant) -> Tensors {
                         .map(|(i, &x)| x as f32 * s[i / k])
                         .collect()
                 }
-                Quant::None => v.clone(),
+                Quant::None | Quant::Gguf => v.clone(),
             };
             (name.clone(), shape.clone(), d)
         })
@@ -274,7 +274,14 @@ fn every_mode_matches_dense_on_its_dequantised_weights_f16() {
         return;
     }
     let _serial = serial();
-    quantised_vs_dense::<f16>(&config(false), &Quant::NAMES[1..], "quant_gpu_f16");
+    let cfg = config(false);
+    // Every mode whose blocks fit hidden 128 (not the K-quants: see the ring-kernel test).
+    let modes: Vec<&str> = Quant::NAMES[1..]
+        .iter()
+        .copied()
+        .filter(|n| Quant::parse(n).is_ok_and(|q| q.check(&cfg).is_ok()))
+        .collect();
+    quantised_vs_dense::<f16>(&cfg, &modes, "quant_gpu_f16");
 }
 
 #[test]
@@ -309,7 +316,9 @@ fn weight_only_modes_on_shapes_of_the_ring_kernels() {
     c.intermediate_size = 512;
     quantised_vs_dense::<f16>(
         &c,
-        &["int8", "int4", "int4-g32", "q8_0", "q4_0"],
+        &[
+            "int8", "int4", "int4-g32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k",
+        ],
         "quant_gpu_ring_f16",
     );
     quantised_vs_dense::<bf16>(&c, &["int8", "int4", "q4_0"], "quant_gpu_ring_bf16");

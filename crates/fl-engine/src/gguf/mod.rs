@@ -24,6 +24,8 @@
 //! - [`model`]: [`ModelConfig`](crate::config::ModelConfig) from `general.architecture` and its
 //!   keys, GGUF -> Hugging Face tensor names, and the Q/K row permutation of llama.cpp's
 //!   converter;
+//! - [`native`]: how the decoder's projections run on the file's own formats (which tensor
+//!   becomes which [`Linear`](crate::linear::Linear), the stacked weights' rule, notices);
 //! - [`tokenizer`]: the `tokenizers` Tokenizer from `tokenizer.*` metadata
 //!   ([`GgufFile::tokenizer_spec`] fills its [`tokenizer::TokenizerSpec`]).
 //!
@@ -39,6 +41,7 @@
 
 mod error;
 pub mod model;
+pub mod native;
 pub mod reader;
 pub mod tokenizer;
 mod types;
