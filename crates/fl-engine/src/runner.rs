@@ -37,10 +37,11 @@ use std::sync::Arc;
 use fl_kernels::cudarc::driver::{CudaGraph, CudaStream, PinnedHostSlice};
 use fl_kernels::{embedding, kv_cache, DeviceTensor};
 use fl_sampling::{
-    DeviceParams, History, PenaltyWorkspace, Processors, SampleOptions, SampleWorkspace,
-    SamplingParams,
+    BeamRequests, BeamTopkWorkspace, DeviceParams, History, PenaltyWorkspace, Processors,
+    SampleOptions, SampleWorkspace, SamplingParams, BEAM_MAX_KEEP,
 };
 
+use crate::beam::{BeamParams, BeamState};
 use crate::buffers::Buffers;
 use crate::cache::Cache;
 use crate::dtype::RunDType;
@@ -48,7 +49,9 @@ use crate::engine::{capture_graph, Engine};
 use crate::error::{EngineError, Result};
 use crate::kv;
 use crate::model::AttnMode;
-use crate::scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig, StepPlan};
+use crate::scheduler::{
+    BeamStep, Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, StepPlan,
+};
 
 /// How a [`Runner`] sizes its KV pool and its steps.
 #[derive(Clone, Debug)]
@@ -102,7 +105,23 @@ pub struct Runner<'e, T: RunDType> {
     penalty_ws: Option<PenaltyWorkspace>,
     /// Teacher forcing and logits read-back, per request that asked.
     extras: HashMap<RequestId, Extras>,
+    /// Beam requests: the search of each running one, the hypotheses of each finished one
+    /// until taken.
+    beams: HashMap<RequestId, BeamState>,
+    beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
+    beam_ws: Option<BeamBuffers>,
     last: StepStats,
+}
+
+/// The beam step's device buffers, sized for a full row bucket.
+struct BeamBuffers {
+    ws: BeamTopkWorkspace,
+    rows: usize,
+    scores: DeviceTensor<f32>,
+    req_start: DeviceTensor<i32>,
+    keep: DeviceTensor<i32>,
+    out_scores: DeviceTensor<f32>,
+    out_ids: DeviceTensor<i32>,
 }
 
 /// A pass's buffers and, for a decode bucket, the CUDA graph of its forward + LM head.
@@ -205,6 +224,9 @@ fn bucket(m: usize) -> usize {
     m.next_power_of_two()
 }
 
+/// What a step's execution hands the scheduler: sampled `(request, token)`s and beam steps.
+type Executed = (Vec<(u64, u32)>, Vec<BeamStep>);
+
 /// One row of a step that gets logits.
 struct LogitRow {
     id: RequestId,
@@ -257,6 +279,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 let mode = AttnMode::Paged { max_q_len: 1 };
                 let m = bucket(cfg.max_batched_tokens);
                 let reserve = engine.model.buffers(&stream, m, &probe, mode)?;
+                // A sync first: memory freed by an earlier runner's drop goes back to the
+                // driver only at a synchronisation, and would not count as free otherwise.
+                stream.synchronize()?;
                 let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
                 drop(reserve);
                 let per_block = kv::bytes_per_block(
@@ -299,6 +324,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
             workspace,
             penalty_ws: None,
             extras: HashMap::new(),
+            beams: HashMap::new(),
+            beam_results: HashMap::new(),
+            beam_ws: None,
             last: StepStats::default(),
         })
     }
@@ -353,6 +381,53 @@ impl<'e, T: RunDType> Runner<'e, T> {
         Ok(())
     }
 
+    /// Queues a beam search request (transformers' `generate(num_beams=..)` semantics, see
+    /// [`crate::beam`]): `beam.num_beams` sequences that share the prompt's KV blocks and fork
+    /// them copy-on-write as beams are reordered. `req.params.max_new_tokens` and
+    /// `eos_token_ids` are taken from `beam`; `req.params.sampling`'s penalties apply to
+    /// each beam's own tokens, its temperature and truncation do not (beams are scored by
+    /// log-probability). The request reports no [`Event::Token`]s, only its
+    /// [`Event::Finished`]; then [`Runner::take_beams`] gives its hypotheses.
+    ///
+    /// Errors: `beam`'s field errors ([`BeamParams::validate`]); `num_beams` above the
+    /// runner's `max_num_seqs` or more candidates per step (`beams_to_keep`) than
+    /// [`BEAM_MAX_KEEP`]; as [`Runner::add_request`].
+    pub fn add_beam_request(
+        &mut self,
+        mut req: Request<SamplingParams>,
+        beam: BeamParams,
+    ) -> Result<()> {
+        let vocab = self.engine.model.cfg.vocab_size;
+        let state = BeamState::new(beam.clone(), vocab)?;
+        if beam.beams_to_keep() > BEAM_MAX_KEEP {
+            return Err(EngineError::invalid(
+                "num_beams",
+                format!(
+                    "{} beams with {} end ids keep {} candidates a step, the kernel at most {BEAM_MAX_KEEP}",
+                    beam.num_beams,
+                    beam.eos_token_ids.len(),
+                    beam.beams_to_keep()
+                ),
+            ));
+        }
+        req.params.max_new_tokens = beam.max_new_tokens;
+        req.params.eos_token_ids = beam.eos_token_ids.clone();
+        req.params.stop_token_ids.clear();
+        req.params.beam_width = Some(beam.num_beams);
+        req.params.sampling.seed = req.params.seed;
+        let id = req.id;
+        self.sched.add_request(req)?;
+        self.beams.insert(id, state);
+        Ok(())
+    }
+
+    /// The hypotheses of finished beam request `id`, best first: generated tokens (the end id
+    /// included) and score (`sum of log-probabilities / length ^ length_penalty`); taking them
+    /// clears them. `None` while it runs, or for an unknown id. An aborted request has none.
+    pub fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
+        self.beam_results.remove(&id)
+    }
+
     /// The logits kept for request `id` so far (one `[vocab]` row per generated token, in
     /// order), when it was added with [`RequestOptions::logits`]; taking them clears them.
     pub fn take_logits(&mut self, id: RequestId) -> Option<Vec<Vec<f32>>> {
@@ -362,6 +437,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
     /// Aborts a request: its blocks are freed; returns its [`Event::Finished`].
     pub fn abort(&mut self, id: u64) -> Result<Event> {
         self.extras.remove(&id);
+        self.beams.remove(&id);
         Ok(self.sched.abort(id)?)
     }
 
@@ -388,22 +464,28 @@ impl<'e, T: RunDType> Runner<'e, T> {
         if plan.seqs.is_empty() {
             return Ok(self.sched.update(&plan, &[])?);
         }
-        let sampled = match self.execute(&plan) {
+        let (sampled, beam_steps) = match self.execute(&plan) {
             Ok(s) => s,
             Err(e) => {
                 // Leave the scheduler consistent: abort every request of the failed step and
                 // close the step (its aborted rows are ignored).
                 let ids: Vec<u64> = plan.seqs.iter().map(|s| s.id).collect();
                 for id in ids {
+                    let id = self.sched.beam_of(id).map_or(id, |(g, _)| g);
                     let _ = self.abort(id);
                 }
                 let _ = self.sched.update(&plan, &[]);
                 return Err(e);
             }
         };
-        let events = self.sched.update(&plan, &sampled)?;
+        let events = self.sched.update_with_beams(&plan, &sampled, &beam_steps)?;
         for e in &events {
-            if let Event::Finished { id, .. } = e {
+            if let Event::Finished { id, reason, .. } = e {
+                if let Some(state) = self.beams.remove(id) {
+                    if *reason != FinishReason::Abort {
+                        self.beam_results.insert(*id, state.finish());
+                    }
+                }
                 // Kept logits stay until taken; forcing ends with the request.
                 if self.extras.get(id).is_some_and(|x| x.logits.is_none()) {
                     self.extras.remove(id);
@@ -433,7 +515,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
 
     /// Runs `plan` on the GPU: one paged forward pass, the LM head on the rows that need
     /// logits, sampling. Returns `(request, token)` per such row.
-    fn execute(&mut self, plan: &StepPlan) -> Result<Vec<(u64, u32)>> {
+    fn execute(&mut self, plan: &StepPlan) -> Result<Executed> {
         self.copy_blocks(plan)?;
         let stream = self.engine.gpu.stream().clone();
         let cfg = &self.engine.model.cfg;
@@ -594,7 +676,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             if heads.is_empty() {
                 pass.runs += 1;
                 buf.status.check(&stream)?;
-                return Ok(vec![]);
+                return Ok((vec![], vec![]));
             }
             let mut gather: Vec<i32> = heads.iter().map(|h| h.row).collect();
             gather.resize(rows, 0);
@@ -605,9 +687,10 @@ impl<'e, T: RunDType> Runner<'e, T> {
         pass.runs += 1;
         if heads.is_empty() {
             buf.status.check(&stream)?;
-            return Ok(vec![]);
+            return Ok((vec![], vec![]));
         }
         self.process_logits(&stream, &heads, &slot, rows)?;
+        let beam_groups = self.launch_beams(&stream, &heads, &slot, rows)?;
         let head = self.heads.get_mut(&rows).expect("inserted above");
         let opts = SampleOptions {
             steps: Some(&head.steps),
@@ -635,6 +718,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
         buf.status.check(&stream)?;
         let mut out = Vec::with_capacity(heads.len());
         for (h, &r) in heads.iter().zip(&slot) {
+            if self.sched.beam_of(h.id).is_some() {
+                continue;
+            }
             let mut token = host[r] as u32;
             if let Some(x) = self.extras.get_mut(&h.id) {
                 if let (Some(kept), Some(l)) = (x.logits.as_mut(), host_logits.as_ref()) {
@@ -651,7 +737,142 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
             out.push((h.id, token));
         }
+        let beam_steps = self.finish_beams(&stream, &beam_groups)?;
+        Ok((out, beam_steps))
+    }
+
+    /// Queues the beam step of every beam request with logits rows in this step: the rows of
+    /// a request are consecutive head rows in beam order (the scheduler plans a request's
+    /// beams together, in order). Returns `(request, keep, index in the kernel's requests)`.
+    fn launch_beams(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        heads: &[LogitRow],
+        slot: &[usize],
+        rows: usize,
+    ) -> Result<Vec<(RequestId, usize, usize)>> {
+        // (request, first head row, rows)
+        let mut groups: Vec<(RequestId, usize, usize)> = vec![];
+        for (h, &r) in heads.iter().zip(slot) {
+            let Some((g, i)) = self.sched.beam_of(h.id) else {
+                continue;
+            };
+            let seen = groups.iter().any(|x| x.0 == g);
+            match groups.last_mut() {
+                Some(last) if last.0 == g && r == last.1 + last.2 && i == last.2 => last.2 += 1,
+                _ if i == 0 && !seen => groups.push((g, r, 1)),
+                _ => {
+                    return Err(EngineError::invalid(
+                        "plan.seqs",
+                        format!("the beams of request {g} are not consecutive rows in order"),
+                    ))
+                }
+            }
+        }
+        if groups.is_empty() {
+            return Ok(vec![]);
+        }
+        let vocab = self.engine.model.cfg.vocab_size;
+        let mut scores = vec![0f32; rows];
+        let (mut starts, mut keep, mut out) = (vec![], vec![], vec![]);
+        let mut cursor = 0;
+        for &(g, r0, n) in &groups {
+            let state = &self.beams[&g];
+            if n != state.running_scores().len() && !(n == 1 && state.generated_len() == 0) {
+                return Err(EngineError::invalid(
+                    "plan.seqs",
+                    format!("request {g} has {n} beam rows this step"),
+                ));
+            }
+            scores[r0..r0 + n].copy_from_slice(&state.running_scores()[..n]);
+            if r0 > cursor {
+                // Rows of other requests between two beam requests: a request of no candidates.
+                starts.push(cursor as i32);
+                keep.push(0);
+            }
+            let k = state.params().beams_to_keep();
+            out.push((g, k, keep.len()));
+            starts.push(r0 as i32);
+            keep.push(k as i32);
+            cursor = r0 + n;
+        }
+        starts.push(cursor as i32);
+        let max_keep = out.iter().map(|o| o.1).max().unwrap_or(1);
+        if self.beam_ws.as_ref().is_none_or(|b| b.rows < rows) {
+            self.beam_ws = None; // free the old workspace first
+            self.beam_ws = Some(BeamBuffers {
+                ws: BeamTopkWorkspace::new(stream, rows, vocab, BEAM_MAX_KEEP)?,
+                rows,
+                scores: DeviceTensor::zeros(stream, &[1])?,
+                req_start: DeviceTensor::zeros(stream, &[1])?,
+                keep: DeviceTensor::zeros(stream, &[1])?,
+                out_scores: DeviceTensor::zeros(stream, &[1, 1])?,
+                out_ids: DeviceTensor::zeros(stream, &[1, 1])?,
+            });
+        }
+        let b = self.beam_ws.as_mut().expect("allocated above");
+        b.scores = DeviceTensor::from_host(stream, &scores, &[rows])?;
+        b.req_start = DeviceTensor::from_host(stream, &starts, &[starts.len()])?;
+        b.keep = DeviceTensor::from_host(stream, &keep, &[keep.len()])?;
+        b.out_scores = DeviceTensor::zeros(stream, &[keep.len(), max_keep])?;
+        b.out_ids = DeviceTensor::zeros(stream, &[keep.len(), max_keep])?;
+        let head = self.heads.get(&rows).expect("allocated by execute");
+        fl_sampling::beam_topk(
+            stream,
+            &head.logits,
+            &b.scores,
+            &BeamRequests {
+                req_start: &b.req_start,
+                keep: &b.keep,
+            },
+            &mut b.ws,
+            &mut b.out_scores,
+            &mut b.out_ids,
+        )?;
         Ok(out)
+    }
+
+    /// Reads the candidates of [`launch_beams`](Self::launch_beams) (the step has finished)
+    /// and advances each beam search.
+    fn finish_beams(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        groups: &[(RequestId, usize, usize)],
+    ) -> Result<Vec<BeamStep>> {
+        if groups.is_empty() {
+            return Ok(vec![]);
+        }
+        let b = self.beam_ws.as_ref().expect("launched");
+        let max_keep = b.out_scores.shape()[1];
+        let (scores, ids) = (b.out_scores.to_host(stream)?, b.out_ids.to_host(stream)?);
+        let mut steps = Vec::with_capacity(groups.len());
+        for &(g, k, q) in groups {
+            let cands: Vec<(f32, usize)> = (q * max_keep..q * max_keep + k)
+                .map(|i| (scores[i], ids[i].max(0) as usize))
+                .collect();
+            let state = self.beams.get_mut(&g).expect("a state per beam request");
+            let r = state.step_candidates(&cands)?;
+            let finish = r.done.then(|| {
+                let eos = &state.params().eos_token_ids;
+                let stopped = state
+                    .finish()
+                    .first()
+                    .and_then(|(t, _)| t.last())
+                    .is_some_and(|t| eos.contains(t));
+                if stopped {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                }
+            });
+            steps.push(BeamStep {
+                id: g,
+                reorder: r.reorder,
+                tokens: r.tokens,
+                finish,
+            });
+        }
+        Ok(steps)
     }
 
     /// Penalties over each request's generated tokens and the end-id ban under

@@ -305,7 +305,7 @@ impl Drop for CallbackSink {
 
 enum Command {
     Submit {
-        req: Request<SamplingParams>,
+        req: Box<Request<SamplingParams>>,
         events: Sink,
         /// `None` for a callback sink: a refusal is its first (terminal) event instead.
         reply: Option<SyncSender<std::result::Result<(), ServiceError>>>,
@@ -489,7 +489,7 @@ impl Service {
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, rx) = mpsc::channel();
         let (reply, reply_rx) = mpsc::sync_channel(1);
-        let req = Request { id, prompt, params };
+        let req = Box::new(Request { id, prompt, params });
         let (events, reply) = (Sink::Channel(events), Some(reply));
         self.cmd
             .send(Command::Submit { req, events, reply })
@@ -559,7 +559,7 @@ impl Service {
             shared: Arc::clone(&self.shared),
             ended: false,
         });
-        let req = Request { id, prompt, params };
+        let req = Box::new(Request { id, prompt, params });
         let cmd = Command::Submit {
             req,
             events,
@@ -835,7 +835,7 @@ impl Worker {
                 reply,
             } => {
                 let (id, prompt_len) = (req.id, req.prompt.len());
-                let answer = b.add_request(req).map_err(ServiceError::from);
+                let answer = b.add_request(*req).map_err(ServiceError::from);
                 let Some(reply) = reply else {
                     // A callback sink: a refusal is its only event.
                     match answer {

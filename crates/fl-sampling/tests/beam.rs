@@ -4,8 +4,9 @@
 //! tokens; exact ties; keeps past 32 and 64), with outputs poisoned before the launch, and
 //! the argument errors. GPU tests skip without a GPU (FL_REQUIRE_GPU=1 makes that a failure).
 //!
-//! GPU and CPU sum the exponentials in different orders, so scores agree to within 1e-5
-//! (relative, floored at 1) and ids exactly on inputs whose best scores are not nearly tied:
+//! GPU and CPU sum the exponentials in different orders (a tree of partial sums against one
+//! running sum over up to 128,256 terms), so scores agree to within 1e-4 (relative, floored
+//! at 1; 3.1e-5 seen on the H100 at vocab 128,256) and ids exactly on inputs whose best scores are not nearly tied:
 //! the generators separate the top logits and every case checks that the reference's ranking
 //! has no near ties (drawing again if it has).
 
@@ -17,8 +18,8 @@ use proptest::prelude::*;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-/// Score tolerance: relative 1e-5, floored at 1 (scores near 0 are compared absolutely).
-const TOL: f32 = 1e-5;
+/// Score tolerance: relative 1e-4, floored at 1 (scores near 0 are compared absolutely).
+const TOL: f32 = 1e-4;
 
 fn close(got: f32, want: f32) -> bool {
     if want.is_infinite() || got.is_infinite() {

@@ -280,6 +280,30 @@ impl BlockManager {
         Ok(blocks_needed(s.num_tokens + n_new_tokens, bs) - s.table.len() + cow as usize)
     }
 
+    /// Free blocks that [`append_slots`](Self::append_slots) takes for each `(seq, n)` of
+    /// `appends` in that order: a partial block shared by several of them is copied for all
+    /// but the last one to move (its count is 1 by then).
+    pub fn append_need_all(&self, appends: &[(SeqId, usize)]) -> Result<usize, KvError> {
+        let bs = self.block_size;
+        let mut moved: HashMap<BlockId, u32> = HashMap::new();
+        let mut need = 0;
+        for &(seq, n) in appends {
+            let s = self.seq(seq)?;
+            if n == 0 {
+                continue;
+            }
+            if let Some(&last) = s.table.last().filter(|_| s.num_tokens % bs != 0) {
+                let left = self.blocks[last as usize].ref_count - moved.get(&last).unwrap_or(&0);
+                if left > 1 {
+                    need += 1;
+                    *moved.entry(last).or_default() += 1;
+                }
+            }
+            need += blocks_needed(s.num_tokens + n, bs) - s.table.len();
+        }
+        Ok(need)
+    }
+
     /// Reserves slots for `n_new_tokens` more tokens of `seq`. If the last block is partial and
     /// shared (after [`fork`](Self::fork)), the sequence first moves to a fresh copy of it: the
     /// returned [`CowCopy`] must run on the GPU before this step writes KV. On

@@ -237,6 +237,25 @@ fn beams_share_blocks_and_match_the_search_alone() {
     assert_eq!(s2.kv().stats().used_blocks, 0);
 }
 
+/// A pool of exactly the group's worst case (what `fl generate --num-beams` sizes): the beams'
+/// copies of the shared partial block are counted once each, not once per sharer.
+#[test]
+fn a_pool_of_exactly_the_worst_case_suffices() {
+    for (plen, k, max_new) in [(9usize, 4usize, 6usize), (17, 4, 12), (8, 3, 5), (1, 5, 9)] {
+        let bs = 4usize;
+        let worst = plen / bs + k * (plen % bs + max_new - 1).div_ceil(bs);
+        let c = cfg(worst, bs, 64);
+        let mut s = Scheduler::<()>::new(c.clone()).unwrap();
+        let mut f = Fake::new(&c);
+        let p = prompt(plen, 3);
+        let bp = BeamParams::new(k, max_new);
+        f.add_beam(&mut s, 1, p.clone(), bp.clone());
+        f.run(&mut s);
+        let want = beam_search(&p, &bp, |beams| beams.iter().map(|b| logits(b)).collect()).unwrap();
+        assert_eq!(f.done[&1], want, "prompt {plen}, {k} beams, {max_new} new");
+    }
+}
+
 #[test]
 fn beam_errors_name_the_field() {
     let c = cfg(64, 4, 64);

@@ -471,10 +471,9 @@ impl<S: Clone> Scheduler<S> {
                     };
                     let total: usize = n.iter().sum();
                     let whole = decode_pass || self.cfg.chunked_prefill || n[0] == remaining;
-                    let mut need = 0;
-                    for (&m, &k) in members.iter().zip(&n) {
-                        need += self.kv.append_need(m, k)?;
-                    }
+                    let appends: Vec<(RequestId, usize)> =
+                        members.iter().copied().zip(n.iter().copied()).collect();
+                    let need = self.kv.append_need_all(&appends)?;
                     planned.extend(members.iter().copied());
                     if total > budget || !whole || !self.make_room(need, &planned, &mut plan) {
                         continue; // waits for a step with room; never preempted

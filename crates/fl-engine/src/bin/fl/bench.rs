@@ -233,6 +233,94 @@ pub fn runner<T: RunDType>(
     Ok(())
 }
 
+/// `fl bench --num-beams K`: `requests` beam requests of `k` beams (`prompt_len` dummy
+/// tokens, exactly `gen_len` new tokens: no end id), then `requests * k` greedy sequences of
+/// the same lengths, on one runner. Reports each side's decode-only step time (steps without
+/// prefill rows) and the ratio beams / sampled: what beam search costs over the same number of
+/// sequences (the beam step kernel, block forks, the host search).
+pub fn beams<T: RunDType>(
+    e: &mut Engine<T>,
+    requests: usize,
+    k: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    json: bool,
+    rcfg: &RunnerConfig,
+) -> Result<()> {
+    let vocab = e.model.cfg.vocab_size as u32;
+    let seqs = requests * k;
+    let cfg = RunnerConfig {
+        max_num_seqs: seqs.max(1),
+        ..rcfg.clone()
+    };
+    let mut r = Runner::new(e, &cfg)?;
+    let beam_req = |r: &mut Runner<'_, T>, id: u64, prompt: Vec<u32>, new: usize| {
+        let req = greedy_request(id, prompt, new);
+        r.add_beam_request(req, fl_engine::beam::BeamParams::new(k, new))
+    };
+    // Warm-up of both kinds (module loading, buffers, the decode buckets' CUDA graphs), with
+    // prompts the measured runs do not share.
+    for i in 0..requests {
+        beam_req(
+            &mut r,
+            1_000_000 + i as u64,
+            dummy_prompt(usize::MAX - i, 8, vocab),
+            4,
+        )?;
+    }
+    r.run_to_completion()?;
+    for i in 0..seqs {
+        let p = dummy_prompt(usize::MAX / 2 - i, 8, vocab);
+        r.add_request(greedy_request(2_000_000 + i as u64, p, 4))?;
+    }
+    r.run_to_completion()?;
+    // (decode-only seconds, steps) of one run.
+    let measure = |r: &mut Runner<'_, T>| -> Result<(f64, usize, f64)> {
+        let (mut s, mut n) = (0f64, 0usize);
+        let t0 = Instant::now();
+        while r.has_unfinished() {
+            let ts = Instant::now();
+            r.step()?;
+            let st = r.last_step();
+            if st.prefill_tokens == 0 && st.decode_tokens > 0 {
+                s += ts.elapsed().as_secs_f64();
+                n += 1;
+            }
+        }
+        Ok((s, n, t0.elapsed().as_secs_f64()))
+    };
+    for i in 0..requests {
+        beam_req(
+            &mut r,
+            i as u64,
+            dummy_prompt(i, prompt_len, vocab),
+            gen_len,
+        )?;
+    }
+    let (bs, bn, bt) = measure(&mut r)?;
+    for i in 0..requests {
+        let _ = r.take_beams(i as u64);
+    }
+    for i in 0..seqs {
+        let p = dummy_prompt(10_000 + i, prompt_len, vocab);
+        r.add_request(greedy_request(100 + i as u64, p, gen_len))?;
+    }
+    let (ss, sn, st) = measure(&mut r)?;
+    let (bms, sms) = (1e3 * bs / bn.max(1) as f64, 1e3 * ss / sn.max(1) as f64);
+    if json {
+        println!(
+            "{{\"beams\":{k},\"requests\":{requests},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"beam_ms_per_step\":{bms:.4},\"beam_decode_steps\":{bn},\"beam_total_s\":{bt:.3},\"sampled_ms_per_step\":{sms:.4},\"sampled_decode_steps\":{sn},\"sampled_total_s\":{st:.3},\"ratio\":{:.4}}}",
+            bms / sms
+        );
+    } else {
+        println!(
+            "beams: {requests} request(s) x {k} beams, prompt {prompt_len}, {gen_len} new: decode {bms:.3} ms/step ({bn} steps, {bt:.2} s in all); {seqs} sampled sequences: {sms:.3} ms/step ({sn} steps, {st:.2} s); beams / sampled = {:.3}",
+            bms / sms
+        );
+    }
+    Ok(())
+}
+
 /// A trace replay's inputs.
 pub struct TraceRun<'a> {
     /// The requests, by arrival.

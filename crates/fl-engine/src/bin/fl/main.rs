@@ -4,9 +4,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
+use fl_engine::beam::{BeamParams, EarlyStopping};
 use fl_engine::dtype::RunDType;
 use fl_engine::engine::Engine;
-use fl_engine::linear::Quant;
 use fl_engine::runner::{RequestOptions, Runner, RunnerConfig};
 use fl_engine::scheduler::{Event, Request, RequestParams};
 use fl_engine::{load, EngineError, Loaded, Result};
@@ -90,6 +90,21 @@ enum Cmd {
         /// Print token ids instead of text.
         #[arg(long)]
         print_ids: bool,
+        /// Beam search with this many beams (transformers' `generate(num_beams=N)`) instead
+        /// of sampling; prints the returned hypotheses, best first, each as
+        /// `score<TAB>text` (or ids), after the search.
+        #[arg(long, default_value_t = 1)]
+        num_beams: usize,
+        /// Beam search: a hypothesis scores sum(log-probabilities) / length ^ this.
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+        length_penalty: f64,
+        /// Beam search: stop when num_beams hypotheses are done (true), when no running beam
+        /// can beat them at its current length (false, the heuristic), or at any length (never).
+        #[arg(long, default_value = "false", value_parser = ["true", "false", "never"])]
+        early_stopping: String,
+        /// Beam search: hypotheses printed, 1..=num_beams.
+        #[arg(long, default_value_t = 1)]
+        num_return_sequences: usize,
         #[command(flatten)]
         runner: RunnerArgs,
     },
@@ -117,6 +132,11 @@ enum Cmd {
         /// same load, and print its figures under the static engine's.
         #[arg(long)]
         runner: bool,
+        /// Beam search bench instead: per shape, BATCH requests of this many beams and then
+        /// BATCH x beams sampled (greedy) sequences through the runner on the same load;
+        /// prints both decode step times and their ratio.
+        #[arg(long)]
+        num_beams: Option<usize>,
         /// Replay a trace of this many requests through the runner instead of the shapes
         /// above: arrivals per `--rate`, lengths per `--prompt-lens` / `--output-lens`; reports
         /// throughput and TTFT / TPOT / inter-token latency percentiles.
@@ -200,12 +220,14 @@ struct ModelArgs {
     /// f32, no TF32, for checks against an fp32 reference).
     #[arg(long, default_value = "f16", value_parser = ["f16", "bf16", "f32"])]
     dtype: String,
-    /// Quantise the decoder's linear layers on load: weight-only int8 (per output channel),
-    /// int4 (symmetric, groups of 128 along k; int4-g64, int4-g32), llama.cpp q8_0 / q4_0, or
-    /// w8a8 (int8 weights and per-token int8 activations, int8 tensor-core GEMMs). The
-    /// embedding and the LM head stay dense. Needs --dtype f16 or bf16.
-    #[arg(long, default_value = "none",
-          value_parser = clap::builder::PossibleValuesParser::new(Quant::NAMES))]
+    /// How the decoder's linear layers are held. auto: a .gguf file's own formats (gguf:
+    /// Q8_0/Q4_0/K-quant tensors run from their blocks, other types dense), else none (dense).
+    /// Or quantise on load: weight-only int8 (per output channel), int4 (symmetric, groups of
+    /// 128 along k; int4-g64, int4-g32), llama.cpp q8_0 / q4_0 / q4_k / q5_k / q6_k, or w8a8
+    /// (int8 weights and per-token int8 activations, int8 tensor-core GEMMs). The embedding
+    /// and the LM head stay dense. Quantised modes need --dtype f16 or bf16.
+    #[arg(long, default_value = load::QUANT_AUTO,
+          value_parser = clap::builder::PossibleValuesParser::new(load::QUANT_ARGS))]
     quant: String,
     /// Decode without the CUDA graph (each kernel launched every step).
     #[arg(long)]
@@ -267,9 +289,25 @@ fn main() {
             top_p,
             seed,
             print_ids,
+            num_beams,
+            length_penalty,
+            early_stopping,
+            num_return_sequences,
             runner,
         } => {
+            let beam = (num_beams > 1).then(|| {
+                let mut b = BeamParams::new(num_beams, max_new_tokens);
+                b.length_penalty = length_penalty;
+                b.num_return_sequences = num_return_sequences;
+                b.early_stopping = match early_stopping.as_str() {
+                    "true" => EarlyStopping::True,
+                    "never" => EarlyStopping::Never,
+                    _ => EarlyStopping::False,
+                };
+                b
+            });
             let g = GenArgs {
+                beam,
                 prompt,
                 prompt_ids,
                 max_new_tokens,
@@ -292,6 +330,7 @@ fn main() {
             json,
             runs,
             runner,
+            num_beams,
             trace,
             trace_file,
             rate,
@@ -334,6 +373,12 @@ fn main() {
                 Some(r) => bench::parse_runs(r)?,
                 None => vec![(batch, prompt_len, gen_len)],
             };
+            if let Some(k) = num_beams {
+                for (b, p, g) in list {
+                    bench::beams(e, b, k, p, g, json, &rcfg)?;
+                }
+                return Ok(());
+            }
             for (b, p, g) in list {
                 let mut results = vec![bench::fixed(e, b, p, g, json)];
                 if runner {
@@ -428,6 +473,8 @@ fn demo(gpu: &fl_kernels::Gpu, n: usize) -> Result<()> {
 }
 
 struct GenArgs {
+    /// Beam search instead of sampling (`--num-beams` > 1).
+    beam: Option<BeamParams>,
     prompt: Option<String>,
     prompt_ids: Option<String>,
     max_new_tokens: usize,
@@ -473,6 +520,11 @@ fn generate<T: RunDType>(
     };
     let eos = e.model.cfg.eos_token_ids.clone();
     let n_prompt = prompt.len();
+    if let Some(b) = &g.beam {
+        let mut b = b.clone();
+        b.eos_token_ids = eos;
+        return generate_beams(e, tok, prompt, b, g, rcfg);
+    }
     // One request: a pool just large enough for it (prompt + new tokens).
     let cfg = RunnerConfig {
         max_num_seqs: 1,
@@ -522,6 +574,55 @@ fn generate<T: RunDType>(
         first * 1e3,
         n.saturating_sub(1) as f64 / (total - first).max(1e-9),
         if graph { " (CUDA graph)" } else { "" }
+    );
+    Ok(())
+}
+
+/// `fl generate --num-beams N`: one beam request; the hypotheses printed after the search.
+fn generate_beams<T: RunDType>(
+    e: &mut Engine<T>,
+    tok: Option<&fl_engine::tokenizer::Tokenizer>,
+    prompt: Vec<u32>,
+    beam: BeamParams,
+    g: &GenArgs,
+    rcfg: &RunnerConfig,
+) -> Result<()> {
+    beam.validate()?;
+    let (n_prompt, k, bs) = (prompt.len(), beam.num_beams, rcfg.block_size.max(1));
+    // A pool for the prompt's shared blocks and each beam's own.
+    let cfg = RunnerConfig {
+        max_num_seqs: k,
+        num_blocks: Some(n_prompt / bs + k * (n_prompt % bs + beam.max_new_tokens).div_ceil(bs)),
+        ..rcfg.clone()
+    };
+    let mut r = Runner::new(e, &cfg)?;
+    let mut params = RequestParams::<SamplingParams>::new(beam.max_new_tokens);
+    params.sampling = g.sampling;
+    let req = Request {
+        id: 0,
+        prompt: prompt.clone(),
+        params,
+    };
+    r.add_beam_request(req, beam)?;
+    let t0 = std::time::Instant::now();
+    let mut steps = 0usize;
+    while r.has_unfinished() {
+        r.step()?;
+        steps += 1;
+    }
+    let total = t0.elapsed().as_secs_f64();
+    let hyps = r.take_beams(0).unwrap_or_default();
+    for (ids, score) in &hyps {
+        let text = match (tok, g.print_ids) {
+            (Some(t), false) => t.decode(ids)?,
+            _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+        };
+        println!("{score:.6}\t{text}");
+    }
+    eprintln!(
+        "fl: {n_prompt} prompt tokens, {k} beams, {steps} steps in {:.1} ms, {} hypotheses",
+        total * 1e3,
+        hyps.len()
     );
     Ok(())
 }
