@@ -140,7 +140,7 @@ impl<T: RunDType> Backend for Runner<'_, T> {
     }
 
     fn contains(&self, id: RequestId) -> bool {
-        self.scheduler().params(id).is_some()
+        self.scheduler().contains(id)
     }
 
     fn stats(&self) -> BackendStats {

@@ -220,6 +220,7 @@ fn beams_share_blocks_and_match_the_search_alone() {
     f.step(&mut s);
     let beams = s.beams(1).unwrap().to_vec();
     assert_eq!(beams.len(), 3);
+    assert!(s.contains(1) && !s.contains(beams[0]));
     assert!(beams.iter().all(|&b| b >= BEAM_ID_BASE));
     let first = s.kv().block_table(beams[0]).unwrap()[0];
     assert_eq!(s.kv().ref_count(first), 3);

@@ -277,6 +277,12 @@ impl<S: Clone> Scheduler<S> {
         self.seqs.get(&id).map(|s| &s.output[..])
     }
 
+    /// Whether request `id` (a sampled request or a beam request, by the id it was added
+    /// with) is waiting or running.
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.groups.contains_key(&id) || self.seqs.get(&id).is_some_and(|s| s.group.is_none())
+    }
+
     /// The current beams of beam request `id`, in beam order (sequence ids of the plan's rows):
     /// the request's own id until its first token, then `beam_width` beam ids.
     pub fn beams(&self, id: RequestId) -> Option<&[RequestId]> {
