@@ -16,9 +16,10 @@ and those checks print SKIP.
 Checks: GET /health and /v1/models (curl and openai); completions non-streaming and streaming;
 chat non-streaming and streaming with `stream_options.include_usage` (role chunk first, content
 deltas, finish_reason, a usage-only last chunk, `data: [DONE]`); raw SSE framing through curl; a
-stop string (streamed and not: output cut before it, finish_reason "stop"); bad requests
-(negative max_tokens, malformed JSON) answered 400 with `{"error": {"message", "type", "param",
-"code"}}`. Each prints PASS / FAIL / SKIP; the exit status is 1 if any failed. Without the
+stop string (streamed and not: output cut before it, finish_reason "stop"); beam search through
+vLLM's extra fields (`extra_body={"use_beam_search": True, ...}`, `best_of` the width: n choices,
+one beam equal to greedy); bad requests (negative max_tokens, malformed JSON, streaming a beam
+search) answered 400 with `{"error": {"message", "type", "param", "code"}}`. Each prints PASS / FAIL / SKIP; the exit status is 1 if any failed. Without the
 `openai` package installed the script prints SKIP and exits 0. Only loopback targets.
 """
 
@@ -312,6 +313,36 @@ def main():
         expect(reasons[-1] == "stop", f"streamed finish reasons {reasons}")
         return f"stop {stop!r} -> {want!r}"
 
+    @check("beam search, n=2 of best_of=3 and one beam = greedy (openai, extra_body)")
+    def beam_search():
+        beams = dict(extra_body={"use_beam_search": True, "length_penalty": 1.0,
+                                 "early_stopping": False})
+        r = client.completions.create(model=model, prompt="The capital of France is",
+                                      max_tokens=n, n=2, best_of=3, **beams)
+        expect(len(r.choices) == 2, f"{len(r.choices)} choices, want 2")
+        for i, c in enumerate(r.choices):
+            expect(c.index == i and isinstance(c.text, str), f"choice {i}: {c}")
+            expect(c.finish_reason in ("stop", "length"), f"choice {i}: {c.finish_reason}")
+        u = r.usage
+        expect(0 < u.completion_tokens <= 2 * n, f"usage.completion_tokens {u.completion_tokens}")
+        expect(u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage {u}")
+        # One beam without end ids is greedy decoding (transformers' num_beams=1).
+        one = client.completions.create(
+            model=model, prompt="The capital of France is", max_tokens=n, temperature=0.0,
+            extra_body=dict(beams["extra_body"], ignore_eos=True))
+        expect(one.choices[0].finish_reason == "length", f"finish {one.choices[0].finish_reason}")
+        if "text" in state:
+            expect(one.choices[0].text == state["text"],
+                   f"one beam {one.choices[0].text!r} != greedy {state['text']!r}")
+        return f"{[c.text for c in r.choices]!r}"
+
+    @check("bad request: stream with use_beam_search (curl, 400 naming stream)")
+    def bad_beam_stream_curl():
+        status, text = curl("POST", "/v1/completions", {
+            "model": model, "prompt": "Hi", "max_tokens": 4, "use_beam_search": True,
+            "stream": True})
+        return check_openai_error(status, text, field="stream")["message"]
+
     @check("bad request: max_tokens -1 (curl, 400 + OpenAI error)")
     def bad_max_tokens_curl():
         status, text = curl("POST", "/v1/completions",
@@ -334,8 +365,8 @@ def main():
         raise AssertionError("no error for max_tokens -1")
 
     for c in (completions, completions_stream, completions_curl, completions_sse_curl, chat,
-              chat_stream, chat_sse_curl, stop_string, bad_max_tokens_curl, bad_json_curl,
-              bad_openai):
+              chat_stream, chat_sse_curl, stop_string, beam_search, bad_max_tokens_curl,
+              bad_json_curl, bad_beam_stream_curl, bad_openai):
         c()
     return summary()
 

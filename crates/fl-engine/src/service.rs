@@ -10,6 +10,7 @@
 //!  Service::abort ───Abort───┤
 //!  drop(RequestStream) Abort─┘
 //!  RequestStream ◄── Token{token, index} … Token, then one Finished{reason, usage} or Error
+//!                    (a beam request: no Tokens; Beams(hypotheses) just before its Finished)
 //! ```
 //!
 //! - [`Service::spawn`] creates the [`Engine`] and its [`Runner`] *on* the worker thread (the
@@ -24,6 +25,10 @@
 //!   [`StreamEvent::Error`]. A step that fails ends the requests that step ran with that error;
 //!   the other requests continue and the service keeps serving.
 //! - Dropping a stream before its terminal event aborts its request.
+//! - [`Service::submit_beam`] (and [`Service::submit_beam_with_sink`]) queues a beam search
+//!   ([`BeamParams`]): its stream has no [`StreamEvent::Token`] (so no time to first token),
+//!   only [`StreamEvent::Beams`] with the hypotheses, best first, just before its
+//!   [`StreamEvent::Finished`]. An aborted beam request gets no hypotheses.
 //! - [`Service::submit_with_sink`] is the variant for async servers: it does not wait, and
 //!   the worker hands each event to a callback (which forwards it to an async channel)
 //!   instead of a [`RequestStream`]; a refusal is the callback's first and only event.
@@ -68,6 +73,7 @@
 //!             match event {
 //!                 StreamEvent::Token { token, index } => println!("data: {index} {token}"),
 //!                 StreamEvent::Finished { reason, usage } => println!("done: {reason:?} {usage:?}"),
+//!                 StreamEvent::Beams(_) => unreachable!("only beam requests get hypotheses"),
 //!                 StreamEvent::Error(e) => eprintln!("500: {e}"),
 //!             }
 //!         }
@@ -90,8 +96,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fl_sampling::SamplingParams;
+use fl_sampling::{SamplingParams, BEAM_MAX_KEEP};
 
+use crate::beam::BeamParams;
 use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
@@ -106,10 +113,29 @@ use crate::scheduler::{
 ///
 /// Contract of [`step`](Backend::step): every request it holds ends with exactly one
 /// [`Event::Finished`], except that a failed step drops the requests it ran (without events)
-/// and returns the error; the requests it did not run stay queued.
+/// and returns the error; the requests it did not run stay queued. A beam request reports no
+/// [`Event::Token`]; once its `Finished` (not an abort) has been returned,
+/// [`take_beams`](Backend::take_beams) gives its hypotheses.
 pub trait Backend {
     /// Queues a request (its id is unique). Errors: [`EngineError::Request`] naming the field.
     fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()>;
+    /// Queues a beam search request ([`Runner::add_beam_request`]). The default refuses it.
+    ///
+    /// Errors: [`EngineError::Invalid`] naming the [`BeamParams`] field at fault, or `beam`
+    /// when the backend has no beam search; as [`add_request`](Backend::add_request).
+    fn add_beam_request(&mut self, req: Request<SamplingParams>, beam: BeamParams) -> Result<()> {
+        let _ = (req, beam);
+        Err(EngineError::invalid(
+            "beam",
+            "beam search is not supported by this backend",
+        ))
+    }
+    /// The hypotheses of finished beam request `id`, best first (generated tokens with the end
+    /// id, score); taking them clears them. `None` for any other id. The default has none.
+    fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
+        let _ = id;
+        None
+    }
     /// Ends a queued or running request now; returns its [`Event::Finished`].
     fn abort(&mut self, id: RequestId) -> Result<Event>;
     /// Runs one step; returns its events in order.
@@ -125,6 +151,14 @@ pub trait Backend {
 impl<T: RunDType> Backend for Runner<'_, T> {
     fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()> {
         Runner::add_request(self, req)
+    }
+
+    fn add_beam_request(&mut self, req: Request<SamplingParams>, beam: BeamParams) -> Result<()> {
+        Runner::add_beam_request(self, req, beam)
+    }
+
+    fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
+        Runner::take_beams(self, id)
     }
 
     fn abort(&mut self, id: RequestId) -> Result<Event> {
@@ -232,6 +266,10 @@ pub enum StreamEvent {
         /// Its index in the output: 0, 1, 2, ...
         index: usize,
     },
+    /// A beam request's hypotheses, best first: generated tokens (the end id included, if
+    /// one ended it) and score (log-probability sum / length ^ `length_penalty`). Sent just
+    /// before its [`Finished`](Self::Finished), unless it was aborted; not terminal.
+    Beams(Vec<(Vec<u32>, f64)>),
     /// The request is done (terminal).
     Finished {
         /// Stop id, length, or abort ([`Service::abort`], a dropped stream, shutdown).
@@ -247,7 +285,7 @@ impl StreamEvent {
     /// Whether this is the stream's last event ([`Finished`](Self::Finished) or
     /// [`Error`](Self::Error)).
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, StreamEvent::Token { .. })
+        matches!(self, StreamEvent::Finished { .. } | StreamEvent::Error(_))
     }
 }
 
@@ -306,6 +344,8 @@ impl Drop for CallbackSink {
 enum Command {
     Submit {
         req: Box<Request<SamplingParams>>,
+        /// `Some`: a beam search request.
+        beam: Option<BeamParams>,
         events: Sink,
         /// `None` for a callback sink: a refusal is its first (terminal) event instead.
         reply: Option<SyncSender<std::result::Result<(), ServiceError>>>,
@@ -363,6 +403,29 @@ fn check_sampling(p: &SamplingParams) -> std::result::Result<(), ServiceError> {
             reason: e.to_string(),
         },
     })
+}
+
+/// [`check_sampling`] and the beam parameters, so that the worker never sees a width whose
+/// candidate count overflows.
+fn check_beam(p: &SamplingParams, beam: &BeamParams) -> std::result::Result<(), ServiceError> {
+    check_sampling(p)?;
+    beam.validate().map_err(refusal)?;
+    if beam.num_beams > BEAM_MAX_KEEP {
+        return Err(ServiceError::Invalid {
+            arg: "num_beams",
+            reason: format!("{} must be at most {BEAM_MAX_KEEP}", beam.num_beams),
+        });
+    }
+    Ok(())
+}
+
+/// A request the backend refused: an [`EngineError::Invalid`] names a request field, so it is
+/// the client's error, not the engine's.
+fn refusal(e: EngineError) -> ServiceError {
+    match e {
+        EngineError::Invalid { arg, reason } => ServiceError::Invalid { arg, reason },
+        e => ServiceError::from(e),
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -482,6 +545,54 @@ impl Service {
         params: RequestParams<SamplingParams>,
     ) -> std::result::Result<RequestStream, ServiceError> {
         check_sampling(&params.sampling)?;
+        self.submit_stream(prompt, params, None)
+    }
+
+    /// Queues a beam search request for `prompt` ([`Runner::add_beam_request`]: `beam` sets
+    /// its width, `max_new_tokens` and end ids; `params.sampling`'s penalties apply, its
+    /// temperature and truncation do not). The stream has no [`StreamEvent::Token`]: it ends
+    /// with [`StreamEvent::Beams`] (the `beam.num_return_sequences` best hypotheses, best
+    /// first) and then [`StreamEvent::Finished`] (its usage as the backend counts it).
+    ///
+    /// Errors: as [`submit`](Self::submit); [`ServiceError::Invalid`] naming the
+    /// [`BeamParams`] field at fault (`num_beams` beyond what the backend keeps, ...), or
+    /// `beam` for a backend without beam search; [`ServiceError::Request`] with
+    /// [`RequestError::BeamWidth`] for more beams than the backend runs in one step.
+    ///
+    /// ```no_run
+    /// # fn demo(service: &fl_engine::service::Service) -> Result<(), fl_engine::service::ServiceError> {
+    /// use fl_engine::beam::BeamParams;
+    /// use fl_engine::scheduler::RequestParams;
+    /// use fl_engine::service::StreamEvent;
+    /// let mut beam = BeamParams::new(4, 32); // 4 beams, at most 32 new tokens
+    /// beam.num_return_sequences = 2;
+    /// beam.eos_token_ids = vec![2];
+    /// let stream = service.submit_beam(vec![1, 15043], RequestParams::new(32), beam)?;
+    /// for event in stream {
+    ///     if let StreamEvent::Beams(hyps) = event {
+    ///         for (tokens, score) in hyps {
+    ///             println!("{score:.3}: {tokens:?}");
+    ///         }
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn submit_beam(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams<SamplingParams>,
+        beam: BeamParams,
+    ) -> std::result::Result<RequestStream, ServiceError> {
+        check_beam(&params.sampling, &beam)?;
+        self.submit_stream(prompt, params, Some(beam))
+    }
+
+    fn submit_stream(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams<SamplingParams>,
+        beam: Option<BeamParams>,
+    ) -> std::result::Result<RequestStream, ServiceError> {
         if let Some(e) = self.shared.stopped() {
             return Err(e);
         }
@@ -492,7 +603,12 @@ impl Service {
         let req = Box::new(Request { id, prompt, params });
         let (events, reply) = (Sink::Channel(events), Some(reply));
         self.cmd
-            .send(Command::Submit { req, events, reply })
+            .send(Command::Submit {
+                req,
+                beam,
+                events,
+                reply,
+            })
             .map_err(|_| self.shared.stop_reason())?;
         match reply_rx.recv() {
             Ok(Ok(())) => Ok(RequestStream {
@@ -550,18 +666,50 @@ impl Service {
         F: FnMut(StreamEvent, Instant) -> bool + Send + 'static,
     {
         check_sampling(&params.sampling)?;
+        self.submit_sink(prompt, params, None, Box::new(sink))
+    }
+
+    /// [`submit_beam`](Self::submit_beam) without waiting, its events going to `sink` as
+    /// in [`submit_with_sink`](Self::submit_with_sink): [`StreamEvent::Beams`] then
+    /// [`StreamEvent::Finished`], or a refusal as the only event.
+    ///
+    /// Errors (the sink is then never called): [`ServiceError::Invalid`] naming a sampling or
+    /// [`BeamParams`] field out of range; [`ServiceError::Shutdown`] or
+    /// [`ServiceError::WorkerPanicked`] once the service is down.
+    pub fn submit_beam_with_sink<F>(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams<SamplingParams>,
+        beam: BeamParams,
+        sink: F,
+    ) -> std::result::Result<RequestId, ServiceError>
+    where
+        F: FnMut(StreamEvent, Instant) -> bool + Send + 'static,
+    {
+        check_beam(&params.sampling, &beam)?;
+        self.submit_sink(prompt, params, Some(beam), Box::new(sink))
+    }
+
+    fn submit_sink(
+        &self,
+        prompt: Vec<u32>,
+        params: RequestParams<SamplingParams>,
+        beam: Option<BeamParams>,
+        sink: SinkFn,
+    ) -> std::result::Result<RequestId, ServiceError> {
         if let Some(e) = self.shared.stopped() {
             return Err(e);
         }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let events = Sink::Callback(CallbackSink {
-            f: Box::new(sink),
+            f: sink,
             shared: Arc::clone(&self.shared),
             ended: false,
         });
         let req = Box::new(Request { id, prompt, params });
         let cmd = Command::Submit {
             req,
+            beam,
             events,
             reply: None,
         };
@@ -768,6 +916,8 @@ struct Active {
     events: Sink,
     prompt_len: usize,
     generated: usize,
+    /// A beam request: its hypotheses go out before its `Finished`.
+    beam: bool,
 }
 
 /// The worker thread's state; the loop is [`Worker::serve`], generic over the backend.
@@ -831,11 +981,15 @@ impl Worker {
         match cmd {
             Command::Submit {
                 req,
+                beam,
                 mut events,
                 reply,
             } => {
-                let (id, prompt_len) = (req.id, req.prompt.len());
-                let answer = b.add_request(*req).map_err(ServiceError::from);
+                let (id, prompt_len, is_beam) = (req.id, req.prompt.len(), beam.is_some());
+                let answer = match beam {
+                    Some(beam) => b.add_beam_request(*req, beam).map_err(refusal),
+                    None => b.add_request(*req).map_err(ServiceError::from),
+                };
                 let Some(reply) = reply else {
                     // A callback sink: a refusal is its only event.
                     match answer {
@@ -847,6 +1001,7 @@ impl Worker {
                                     events,
                                     prompt_len,
                                     generated,
+                                    beam: is_beam,
                                 },
                             );
                             self.stats.submitted += 1;
@@ -864,6 +1019,7 @@ impl Worker {
                             events,
                             prompt_len,
                             generated: 0,
+                            beam: is_beam,
                         },
                     );
                     self.stats.submitted += 1;
@@ -936,6 +1092,25 @@ impl Worker {
                 }
             }
             Event::Finished { id, reason, usage } => {
+                let Some(a) = self.active.get_mut(&id) else {
+                    return;
+                };
+                if a.beam && reason != FinishReason::Abort {
+                    let Some(hyps) = b.take_beams(id) else {
+                        let e = EngineError::invalid(
+                            "backend",
+                            format!("beam request {id} finished without hypotheses"),
+                        );
+                        self.end(
+                            id,
+                            StreamEvent::Error(ServiceError::Engine(Arc::new(e))),
+                            now,
+                        );
+                        return;
+                    };
+                    // A gone receiver is noticed by the Finished that follows.
+                    a.events.send(StreamEvent::Beams(hyps), now);
+                }
                 self.end(id, StreamEvent::Finished { reason, usage }, now);
             }
         }

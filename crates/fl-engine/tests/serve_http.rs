@@ -10,11 +10,14 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fl_engine::beam::{BeamParams, EarlyStopping};
 use fl_engine::chat_template::ChatTemplate;
-use fl_engine::scheduler::{Event, Request, RequestId, Scheduler, SchedulerConfig};
+use fl_engine::scheduler::{
+    Event, FinishReason, Request, RequestError, RequestId, Scheduler, SchedulerConfig, Usage,
+};
 use fl_engine::serve::{ModelInfo, ServeConfig, Server};
 use fl_engine::service::{Backend, BackendStats, Service};
 use fl_engine::tokenizer::Tokenizer;
@@ -94,15 +97,43 @@ struct Ctl {
     hold: AtomicBool,
     /// Sleep per step, in microseconds.
     delay_us: AtomicU64,
+    /// The last beam request's parameters and sampling, as the engine got them.
+    last_beam: Mutex<Option<(BeamParams, SamplingParams)>>,
 }
 
 /// The "model" repeats its prompt after the first token: prompt `<s> a b c` generates
 /// `a b c a b c ...`, so a test writes the output it wants as the prompt. A `?` echoes as
 /// the last decimal digit of the request's seed.
+///
+/// Beam requests run outside the scheduler and end at the next step with fixed hypotheses
+/// ([`hypotheses`]).
 struct Echo {
     sched: Scheduler<SamplingParams>,
     seqs: HashMap<RequestId, (Vec<u32>, usize)>,
+    beams: HashMap<RequestId, (Vec<u32>, BeamParams)>,
+    beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
     ctl: Arc<Ctl>,
+}
+
+/// The mock's beam search of prompt `<s> x y ...`: hypothesis `i` (scored `-i`) is the digit
+/// `i` then the echo of `x y ...`; an even `i` ends with the first end id after at most the
+/// echo once, an odd one runs to `max_new_tokens`.
+fn hypotheses(prompt: &[u32], beam: &BeamParams) -> Vec<(Vec<u32>, f64)> {
+    let echo = &prompt[1.min(prompt.len() - 1)..];
+    (0..beam.num_return_sequences)
+        .map(|i| {
+            let digit = char_id(char::from(b'0' + (i % 10) as u8));
+            let mut t: Vec<u32> = std::iter::once(digit)
+                .chain(echo.iter().copied().cycle())
+                .take(beam.max_new_tokens)
+                .collect();
+            if let (0, Some(&end)) = (i % 2, beam.eos_token_ids.first()) {
+                t.truncate((1 + echo.len()).min(beam.max_new_tokens - 1));
+                t.push(end);
+            }
+            (t, -(i as f64))
+        })
+        .collect()
 }
 
 impl Backend for Echo {
@@ -123,8 +154,40 @@ impl Backend for Echo {
         Ok(())
     }
 
+    fn add_beam_request(
+        &mut self,
+        req: Request<SamplingParams>,
+        beam: BeamParams,
+    ) -> fl_engine::Result<()> {
+        beam.validate()?;
+        let max_num_seqs = self.sched.config().max_num_seqs;
+        if beam.num_beams > max_num_seqs {
+            let width = beam.num_beams;
+            return Err(RequestError::BeamWidth {
+                width,
+                max_num_seqs,
+            }
+            .into());
+        }
+        *self.ctl.last_beam.lock().unwrap() = Some((beam.clone(), req.params.sampling));
+        self.beams.insert(req.id, (req.prompt, beam));
+        Ok(())
+    }
+
+    fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
+        self.beam_results.remove(&id)
+    }
+
     fn abort(&mut self, id: RequestId) -> fl_engine::Result<Event> {
         self.seqs.remove(&id);
+        if let Some((prompt, _)) = self.beams.remove(&id) {
+            let usage = Usage {
+                prompt_tokens: prompt.len(),
+                ..Usage::default()
+            };
+            let reason = FinishReason::Abort;
+            return Ok(Event::Finished { id, reason, usage });
+        }
         Ok(self.sched.abort(id)?)
     }
 
@@ -147,21 +210,35 @@ impl Backend for Echo {
                 (id, t)
             })
             .collect();
-        let events = self.sched.update(&plan, &sampled)?;
+        let mut events = self.sched.update(&plan, &sampled)?;
         for e in &events {
             if let Event::Finished { id, .. } = e {
                 self.seqs.remove(id);
             }
         }
+        for (id, (prompt, beam)) in self.beams.drain() {
+            let hyps = hypotheses(&prompt, &beam);
+            let reason = match hyps[0].0.last() {
+                Some(t) if beam.eos_token_ids.contains(t) => FinishReason::Stop,
+                _ => FinishReason::Length,
+            };
+            let usage = Usage {
+                prompt_tokens: prompt.len(),
+                completion_tokens: beam.num_beams * beam.max_new_tokens,
+                cached_tokens: 0,
+            };
+            self.beam_results.insert(id, hyps);
+            events.push(Event::Finished { id, reason, usage });
+        }
         Ok(events)
     }
 
     fn has_unfinished(&self) -> bool {
-        self.sched.has_unfinished()
+        self.sched.has_unfinished() || !self.beams.is_empty()
     }
 
     fn contains(&self, id: RequestId) -> bool {
-        self.sched.params(id).is_some()
+        self.sched.params(id).is_some() || self.beams.contains_key(&id)
     }
 
     fn stats(&self) -> BackendStats {
@@ -177,6 +254,8 @@ impl Backend for Echo {
 // ---------------------------------------------------------------- the server
 
 struct Opts {
+    /// KV blocks of 16 tokens.
+    kv_blocks: usize,
     api_key: Option<String>,
     max_waiting: usize,
     max_body_bytes: usize,
@@ -187,6 +266,7 @@ struct Opts {
 impl Default for Opts {
     fn default() -> Self {
         Opts {
+            kv_blocks: 1 << 14,
             api_key: None,
             max_waiting: 64,
             max_body_bytes: 1 << 20,
@@ -218,15 +298,18 @@ fn start(opts: Opts) -> TestServer {
     let tokenizer = Arc::new(Tokenizer::from_file(&path).expect("tokenizer"));
     let ctl = Arc::new(Ctl::default());
     let c = Arc::clone(&ctl);
+    let kv_blocks = opts.kv_blocks;
     let service = Arc::new(
         Service::with_backend(move || {
-            let mut cfg = SchedulerConfig::new(1 << 14, CONTEXT);
+            let mut cfg = SchedulerConfig::new(kv_blocks, CONTEXT);
             cfg.max_num_seqs = 8;
             cfg.max_batched_tokens = 256;
             cfg.vocab_size = Some(VOCAB as u32);
             Ok(Echo {
                 sched: Scheduler::new(cfg)?,
                 seqs: HashMap::new(),
+                beams: HashMap::new(),
+                beam_results: HashMap::new(),
                 ctl: c,
             })
         })
@@ -242,7 +325,7 @@ fn start(opts: Opts) -> TestServer {
         max_model_len: CONTEXT,
         vocab_size: VOCAB,
         eos_token_ids: vec![EOS],
-        kv_capacity_tokens: Some(16 << 14),
+        kv_capacity_tokens: Some(16 * opts.kv_blocks),
         tokenizer: Some(tokenizer),
         chat_template,
     };
@@ -1325,4 +1408,205 @@ fn a_client_that_goes_away_aborts_all_its_choices() {
         m.contains("fl_request_failure_total{reason=\"disconnected\"} 2"),
         "{m}"
     );
+}
+
+// ---------------------------------------------------------------- beam search
+
+/// (index, text, finish reason) of each choice of a non-streaming response.
+fn choices_of(j: &Value, chat: bool) -> Vec<(u64, String, String)> {
+    j["choices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no choices: {j}"))
+        .iter()
+        .map(|c| {
+            let text = if chat {
+                &c["message"]["content"]
+            } else {
+                &c["text"]
+            };
+            (
+                c["index"].as_u64().expect("index"),
+                text.as_str().expect("text").to_string(),
+                c["finish_reason"]
+                    .as_str()
+                    .expect("finish_reason")
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn beam_search_returns_n_hypotheses_best_first() {
+    let t = start(Opts::default());
+    // Prompt "<s> ▁ a b": hypothesis i is "i ▁ a b" (+ EOS for even i) or "i ▁ a b ▁ a".
+    let body = json!({"prompt": "ab", "max_tokens": 6, "use_beam_search": true, "n": 3,
+                      "best_of": 4, "length_penalty": 0.5, "early_stopping": "never",
+                      "temperature": 0.7, "top_k": 5, "repetition_penalty": 1.2});
+    let r = t.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    assert_eq!(j["object"], "text_completion");
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        choices_of(&j, false),
+        vec![
+            (0, s("0 ab"), s("stop")),
+            (1, s("1 ab a"), s("length")),
+            (2, s("2 ab"), s("stop")),
+        ]
+    );
+    // Completion tokens: the returned choices' lengths (end ids included), as vLLM counts.
+    assert_eq!(j["usage"]["prompt_tokens"], 4);
+    assert_eq!(j["usage"]["completion_tokens"], 5 + 6 + 5);
+    assert_eq!(j["usage"]["total_tokens"], 4 + 16);
+    // The engine got the beam fields; sampling's penalties go through, temperature is moot.
+    let (beam, sampling) = t
+        .ctl
+        .last_beam
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("a beam request");
+    let want = BeamParams {
+        num_beams: 4,
+        length_penalty: 0.5,
+        early_stopping: EarlyStopping::Never,
+        num_return_sequences: 3,
+        max_new_tokens: 6,
+        eos_token_ids: vec![EOS],
+    };
+    assert_eq!(beam, want);
+    assert_eq!(sampling.repetition_penalty, 1.2);
+    // Defaults: n = 1, best_of = n; stop ids end hypotheses (EOS too unless ignore_eos); a
+    // stop string cuts a hypothesis' text.
+    let b = t.tokens("b")[2];
+    let body = json!({"prompt": "ab", "max_tokens": 5, "use_beam_search": true,
+                      "stop_token_ids": [b, b], "ignore_eos": true});
+    let j = t.post("/v1/completions", &body).json();
+    assert_eq!(choices_of(&j, false), vec![(0, s("0 a"), s("stop"))]);
+    let (beam, _) = t.ctl.last_beam.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        (
+            beam.num_beams,
+            beam.num_return_sequences,
+            beam.eos_token_ids
+        ),
+        (1, 1, vec![b])
+    );
+    assert_eq!(beam.early_stopping, EarlyStopping::False);
+    let body = json!({"prompt": "ab", "max_tokens": 6, "use_beam_search": true, "n": 2,
+                      "stop": "b a"});
+    let j = t.post("/v1/completions", &body).json();
+    assert_eq!(
+        choices_of(&j, false),
+        vec![(0, s("0 ab"), s("stop")), (1, s("1 a"), s("stop"))]
+    );
+    // Chat: n choices with the assistant role.
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4,
+                      "use_beam_search": true, "n": 2, "early_stopping": true});
+    let j = t.post("/v1/chat/completions", &body).json();
+    assert_eq!(j["object"], "chat.completion");
+    let got = choices_of(&j, true);
+    assert_eq!(got.len(), 2, "{j}");
+    assert_eq!((got[0].2.as_str(), got[1].2.as_str()), ("stop", "length"));
+    assert!(
+        got[0].1.starts_with('0') && got[1].1.starts_with('1'),
+        "{got:?}"
+    );
+    for c in j["choices"].as_array().unwrap() {
+        assert_eq!(c["message"]["role"], "assistant");
+    }
+    let (beam, _) = t.ctl.last_beam.lock().unwrap().clone().unwrap();
+    assert_eq!(beam.early_stopping, EarlyStopping::True);
+    // One request each in the counters, and no token latencies.
+    let m = t.get("/metrics").text();
+    assert!(
+        m.contains("fl_request_success_total{finished_reason=\"stop\"} 4"),
+        "{m}"
+    );
+    assert!(m.contains("fl_time_to_first_token_seconds_count 0"), "{m}");
+    assert!(m.contains("fl_inter_token_latency_seconds_count 0"), "{m}");
+    assert!(m.contains("fl_e2e_request_latency_seconds_count 4"), "{m}");
+}
+
+#[test]
+fn beam_search_refusals_name_the_field() {
+    let t = start(Opts::default());
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"prompt": "a", "best_of": 2}), "best_of"),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "stream": true}),
+            "stream",
+        ),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "n": 3, "best_of": 2}),
+            "n",
+        ),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "best_of": 0}),
+            "best_of",
+        ),
+        // Wider than the server's max_num_seqs (8): the engine's refusal.
+        (
+            json!({"prompt": "a", "use_beam_search": true, "best_of": 9}),
+            "best_of",
+        ),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "best_of": 1000}),
+            "best_of",
+        ),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "early_stopping": "soon"}),
+            "early_stopping",
+        ),
+        (
+            json!({"prompt": "a", "use_beam_search": true, "length_penalty": "x"}),
+            "length_penalty",
+        ),
+    ];
+    for (body, field) in cases {
+        let (param, msg) = error_of(&t.post("/v1/completions", &body), 400);
+        assert_eq!(param, field, "{body}: {msg}");
+        assert!(msg.starts_with(field), "{body}: {msg}");
+    }
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "use_beam_search": true,
+                      "stream": true});
+    let (param, _) = error_of(&t.post("/v1/chat/completions", &chat), 400);
+    assert_eq!(param, "stream");
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "best_of": 3});
+    let (param, _) = error_of(&t.post("/v1/chat/completions", &chat), 400);
+    assert_eq!(param, "best_of");
+    assert_eq!(
+        t.service.stats().submitted,
+        0,
+        "a refused request reached the engine"
+    );
+    // After all that the server still serves beams.
+    let body = json!({"prompt": "ab", "max_tokens": 3, "use_beam_search": true});
+    assert_eq!(t.post("/v1/completions", &body).status, 200);
+}
+
+#[test]
+fn beam_search_without_max_tokens_fits_the_kv_cache() {
+    let t = start(Opts {
+        kv_blocks: 64,
+        ..Opts::default()
+    });
+    // "<s> ▁ a b": 4 tokens, one partial 16-token block per beam. 4 beams x 16 blocks of 64:
+    // each beam's 4 + 253 - 1 tokens fill 16 blocks exactly.
+    let body = json!({"prompt": "ab", "use_beam_search": true, "best_of": 4});
+    assert_eq!(t.post("/v1/completions", &body).status, 200);
+    let (beam, _) = t.ctl.last_beam.lock().unwrap().clone().unwrap();
+    assert_eq!(beam.max_new_tokens, 253);
+    // One beam: the single-sequence limit (the pool less the prompt).
+    let body = json!({"prompt": "ab", "use_beam_search": true});
+    assert_eq!(t.post("/v1/completions", &body).status, 200);
+    let (beam, _) = t.ctl.last_beam.lock().unwrap().clone().unwrap();
+    assert_eq!(beam.max_new_tokens, 64 * 16 - 4);
+    // A prompt that leaves no room for the beams.
+    let long = "x".repeat(64 * 16 - 40);
+    let body = json!({"prompt": long, "use_beam_search": true, "best_of": 8});
+    let (param, msg) = error_of(&t.post("/v1/completions", &body), 400);
+    assert_eq!(param, "best_of", "{msg}");
 }

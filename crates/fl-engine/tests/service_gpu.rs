@@ -1,9 +1,11 @@
 //! The service on the GPU (tiny preset, dummy weights, f32): requests submitted from four
 //! threads at once get the greedy tokens each gets alone through `Runner::run_to_completion`;
-//! load / configuration errors come back from `spawn`, bad requests from `submit`.
+//! load / configuration errors come back from `spawn`, bad requests from `submit`; beam
+//! requests get the hypotheses they get alone.
 
 use std::time::Duration;
 
+use fl_engine::beam::BeamParams;
 use fl_engine::engine::Engine;
 use fl_engine::presets::preset;
 use fl_engine::runner::{Runner, RunnerConfig};
@@ -166,5 +168,80 @@ fn service_reports_bad_config_and_bad_requests() {
         .filter(|e| matches!(e, StreamEvent::Token { .. }))
         .count();
     assert_eq!(n, 3);
+    service.shutdown().expect("shutdown");
+}
+
+#[test]
+fn service_beams_match_runner_alone_f32() {
+    if gpu_or_skip("service_beams_match_runner_alone_f32").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let beam = |k: usize, ret: usize, new: usize| {
+        let mut b = BeamParams::new(k, new);
+        b.num_return_sequences = ret;
+        b.eos_token_ids = vec![2];
+        b
+    };
+    let work = [
+        (prompt(19, 4), beam(3, 2, 12)),
+        (prompt(40, 5), beam(2, 2, 9)),
+    ];
+    let want: Vec<Vec<(Vec<u32>, f64)>> = {
+        let mut e = engine().expect("load tiny");
+        work.iter()
+            .map(|(p, b)| {
+                let mut r = Runner::new(&mut e, &config()).expect("runner");
+                let req = Request {
+                    id: 0,
+                    prompt: p.clone(),
+                    params: RequestParams::new(1),
+                };
+                r.add_beam_request(req, b.clone()).expect("add");
+                r.run_to_completion().expect("run");
+                r.take_beams(0).expect("hypotheses")
+            })
+            .collect()
+    };
+
+    let service = Service::spawn(engine, config()).expect("spawn");
+    // Beside a sampled request, from two threads at once.
+    let mut sampled = service.submit(prompt(7, 6), greedy(15)).expect("submit");
+    std::thread::scope(|sc| {
+        for ((p, b), want) in work.iter().zip(&want) {
+            let service = &service;
+            sc.spawn(move || {
+                let s = service
+                    .submit_beam(p.clone(), RequestParams::new(1), b.clone())
+                    .expect("submit_beam");
+                let events: Vec<StreamEvent> = s.collect();
+                let StreamEvent::Beams(got) = &events[0] else {
+                    panic!("{events:?}");
+                };
+                assert!(
+                    matches!(events[1], StreamEvent::Finished { reason, .. } if reason != FinishReason::Abort),
+                    "{events:?}"
+                );
+                assert_eq!(events.len(), 2, "{events:?}");
+                assert_eq!(got.len(), want.len());
+                for ((gt, gs), (wt, ws)) in got.iter().zip(want) {
+                    assert_eq!(gt, wt, "service vs alone");
+                    assert!((gs - ws).abs() < 1e-3, "score {gs} vs {ws}");
+                }
+            });
+        }
+    });
+    let n = std::iter::from_fn(|| sampled.recv_timeout(WAIT).ok())
+        .filter(|e| matches!(e, StreamEvent::Token { .. }))
+        .count();
+    assert_eq!(n, 15);
+    // More beams than the runner's max_num_seqs (4).
+    let e = service
+        .submit_beam(prompt(5, 7), RequestParams::new(1), beam(5, 1, 4))
+        .expect_err("too wide");
+    assert!(
+        matches!(e, ServiceError::Request(RequestError::BeamWidth { .. })),
+        "{e:?}"
+    );
     service.shutdown().expect("shutdown");
 }

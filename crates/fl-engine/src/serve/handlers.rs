@@ -16,9 +16,12 @@ use fl_sampling::SamplingParams;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::openai::{self, ApiError, Endpoint, GenParams, Prompt, ResponseMeta, TokenizeRequest};
+use super::openai::{
+    self, ApiError, BeamSearch, Endpoint, GenParams, Prompt, ResponseMeta, TokenizeRequest,
+};
 use super::text::{Decode, IdText, OutputText};
 use super::{AppState, ModelInfo, Ready};
+use crate::beam::BeamParams;
 use crate::chat_template::ChatTemplateError;
 use crate::scheduler::{FinishReason, RequestError, RequestId, RequestParams, Usage};
 use crate::service::{Service, ServiceError, StreamEvent};
@@ -427,13 +430,25 @@ fn service_error(e: ServiceError, prompt_field: &str, max_field: &str) -> ApiErr
                 RequestError::EmptyPrompt
                 | RequestError::PromptTooLong { .. }
                 | RequestError::TokenOutOfRange { .. } => prompt_field,
+                RequestError::BeamWidth { .. } => "best_of",
                 _ => max_field,
             };
             let msg = r.to_string();
             let reason = msg.split_once(": ").map_or(msg.as_str(), |(_, r)| r);
             ApiError::invalid(field, reason)
         }
-        ServiceError::Invalid { arg, reason } => ApiError::invalid(arg, reason),
+        ServiceError::Invalid { arg, reason } => {
+            // The engine's beam search names as the request's.
+            let field = match arg {
+                "num_beams" | "vocab" => "best_of",
+                "num_return_sequences" => "n",
+                "eos_token_ids" => "stop_token_ids",
+                "max_new_tokens" => max_field,
+                "beam" => "use_beam_search",
+                arg => arg,
+            };
+            ApiError::invalid(field, reason)
+        }
         ServiceError::Shutdown => {
             ApiError::unavailable("the server is shutting down", RETRY_AFTER_S)
         }
@@ -488,7 +503,9 @@ struct Generation {
     queued: VecDeque<Out>,
 }
 
-/// Submits one choice's request; its events come through the returned generation.
+/// Submits one choice's request (a beam search with `beam`); its events come through the
+/// returned generation.
+#[allow(clippy::too_many_arguments)]
 fn submit(
     st: &Arc<AppState>,
     r: &Ready,
@@ -496,19 +513,17 @@ fn submit(
     prompt: Vec<u32>,
     fields: (&'static str, &'static str),
     params: RequestParams<SamplingParams>,
+    beam: Option<BeamParams>,
     stops: Vec<String>,
 ) -> Result<Generation, ApiError> {
-    let mut end_ids = params.stop_token_ids.clone();
-    if !params.ignore_eos {
-        end_ids.extend_from_slice(&params.eos_token_ids);
-    }
-    let text = OutputText::new(decoder(&r.model), &prompt, stops, end_ids);
+    let text = OutputText::new(decoder(&r.model), &prompt, stops, end_ids(&params));
     let (tx, rx) = unbounded_channel();
     let sink = move |e: StreamEvent, at: Instant| tx.send((e, at)).is_ok();
-    let id = r
-        .service
-        .submit_with_sink(prompt, params, sink)
-        .map_err(|e| service_error(e, fields.0, fields.1))?;
+    let id = match beam {
+        None => r.service.submit_with_sink(prompt, params, sink),
+        Some(b) => r.service.submit_beam_with_sink(prompt, params, b, sink),
+    }
+    .map_err(|e| service_error(e, fields.0, fields.1))?;
     st.in_flight.fetch_add(1, Ordering::Relaxed);
     let guard = Guard {
         st: Arc::clone(st),
@@ -529,7 +544,25 @@ fn submit(
     })
 }
 
-/// Submits the request and waits for its first event (so a refusal is a plain 4xx).
+/// The ids that end a request (stop ids, then end-of-sequence ids unless ignored), each once.
+fn end_ids(params: &RequestParams<SamplingParams>) -> Vec<u32> {
+    let mut ids: Vec<u32> = vec![];
+    let eos: &[u32] = if params.ignore_eos {
+        &[]
+    } else {
+        &params.eos_token_ids
+    };
+    for &t in params.stop_token_ids.iter().chain(eos) {
+        if !ids.contains(&t) {
+            ids.push(t);
+        }
+    }
+    ids
+}
+
+/// Submits the request and waits for its first event (so a refusal is a plain 4xx; a beam
+/// request's first event comes at its end).
+#[allow(clippy::too_many_arguments)]
 async fn start(
     st: &Arc<AppState>,
     r: &Ready,
@@ -537,9 +570,10 @@ async fn start(
     prompt: Vec<u32>,
     fields: (&'static str, &'static str),
     params: RequestParams<SamplingParams>,
+    beam: Option<BeamParams>,
     stops: Vec<String>,
 ) -> Result<Generation, ApiError> {
-    let mut gen = submit(st, r, arrival, prompt, fields, params, stops)?;
+    let mut gen = submit(st, r, arrival, prompt, fields, params, beam, stops)?;
     match gen.rx.recv().await {
         Some((StreamEvent::Error(e), _)) => {
             gen.guard.ended = true;
@@ -671,9 +705,47 @@ impl Generation {
                     }
                 }
                 StreamEvent::Finished { reason, usage } => return self.finished(reason, usage),
+                // Only beam requests get hypotheses; they are read by `beams`.
+                StreamEvent::Beams(_) => {}
                 StreamEvent::Error(e) => {
                     self.guard.ended = true;
                     return Out::Failed(ApiError::internal(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// A beam request's hypotheses and usage, once it has ended.
+    async fn beams(&mut self) -> Result<(Vec<(Vec<u32>, f64)>, Usage), ApiError> {
+        let mut hyps = None;
+        loop {
+            let event = match self.first.take() {
+                Some((ev, _)) => ev,
+                None => match self.rx.recv().await {
+                    Some((ev, _)) => ev,
+                    None => {
+                        self.guard.ended = true;
+                        return Err(ApiError::internal("the engine dropped the request"));
+                    }
+                },
+            };
+            match event {
+                StreamEvent::Beams(h) => hyps = Some(h),
+                StreamEvent::Token { .. } => {}
+                StreamEvent::Finished { reason, usage } => {
+                    self.guard.ended = true;
+                    return match (reason, hyps) {
+                        (FinishReason::Abort, _) => Err(ApiError::unavailable(
+                            "the request was aborted: the server is shutting down",
+                            RETRY_AFTER_S,
+                        )),
+                        (_, Some(h)) => Ok((h, usage)),
+                        (_, None) => Err(ApiError::internal("the engine sent no hypotheses")),
+                    };
+                }
+                StreamEvent::Error(e) => {
+                    self.guard.ended = true;
+                    return Err(ApiError::internal(e.to_string()));
                 }
             }
         }
@@ -781,8 +853,12 @@ async fn generate(
     let max_field = p.max_tokens.map_or("max_tokens", |(f, _)| f);
     let prompt_len = prompt.len();
     let fields = (prompt_field, max_field);
+    if let Some(b) = &p.beam {
+        let meta = response_meta(st, endpoint);
+        return beam_search(st, r, arrival, prompt, fields, params, &p, b, meta).await;
+    }
     let siblings = (p.n > 1).then(|| (prompt.clone(), params.clone()));
-    let first = start(st, r, arrival, prompt, fields, params, p.stop.clone()).await?;
+    let first = start(st, r, arrival, prompt, fields, params, None, p.stop.clone()).await?;
     let mut gens = vec![first];
     // Siblings go in once choice 0 has a token: its prompt blocks are then in the prefix
     // cache, so each sibling prefills only the last, uncached block.
@@ -799,6 +875,7 @@ async fn generate(
                 prompt.clone(),
                 fields,
                 params,
+                None,
                 p.stop.clone(),
             );
             match gen {
@@ -816,19 +893,7 @@ async fn generate(
     st.metrics
         .prompt_tokens
         .fetch_add(prompt_len as u64, Ordering::Relaxed);
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completions => "cmpl",
-    };
-    let meta = ResponseMeta {
-        id: format!("{prefix}-{:016x}{:016x}", random_u64(), random_u64()),
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        model: st.cfg.model_name.clone(),
-        endpoint,
-    };
+    let meta = response_meta(st, endpoint);
     if p.stream {
         return Ok(sse(choices, meta, p.include_usage));
     }
@@ -843,6 +908,143 @@ async fn generate(
     }
     let list: Vec<(&str, &str)> = texts.iter().map(String::as_str).zip(finish).collect();
     Ok(json_response(&meta.response(&list, &choices.total_usage())))
+}
+
+/// A new response id and the fields every object of the response repeats.
+fn response_meta(st: &AppState, endpoint: Endpoint) -> ResponseMeta {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completions => "cmpl",
+    };
+    ResponseMeta {
+        id: format!("{prefix}-{:016x}{:016x}", random_u64(), random_u64()),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: st.cfg.model_name.clone(),
+        endpoint,
+    }
+}
+
+/// The most new tokens per beam that `width` beams of a `prompt_len`-token prompt fit in a KV
+/// pool of `kv_tokens` tokens in `kv_blocks` blocks, as the scheduler reserves them: the
+/// prompt's full blocks shared, each beam with its own copy of the partial one and its own
+/// blocks after it. `None`: no KV limit known.
+fn beam_kv_room(
+    kv_tokens: Option<usize>,
+    kv_blocks: usize,
+    prompt_len: usize,
+    width: usize,
+) -> Option<usize> {
+    let block = kv_tokens? / kv_blocks.max(1);
+    if block == 0 || width == 0 {
+        return None;
+    }
+    let per_beam = kv_blocks.saturating_sub(prompt_len / block) / width;
+    // The last token is never written to the KV cache.
+    Some((per_beam * block + 1).saturating_sub(prompt_len % block))
+}
+
+/// A beam search request: one engine request whose `n` best hypotheses are the choices, best
+/// first, each decoded as a sampled choice's text is (stop strings cut it). A choice's finish
+/// reason is `stop` when it ends with an end id or a stop string, else `length`; usage counts
+/// the returned choices' tokens, as vLLM does. In the metrics it is one request, with no
+/// token latencies (no token is streamed). Without `max_tokens`, each beam gets the room the
+/// KV pool has for `best_of` beams.
+#[allow(clippy::too_many_arguments)]
+async fn beam_search(
+    st: &Arc<AppState>,
+    r: &Ready,
+    arrival: Instant,
+    prompt: Vec<u32>,
+    fields: (&'static str, &'static str),
+    params: RequestParams<SamplingParams>,
+    p: &GenParams,
+    b: &BeamSearch,
+    meta: ResponseMeta,
+) -> Result<Response, ApiError> {
+    let mut params = params;
+    if p.max_tokens.is_none() {
+        let blocks = r.service.stats().backend.kv.total_blocks;
+        let room = beam_kv_room(r.model.kv_capacity_tokens, blocks, prompt.len(), b.width);
+        match room {
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    "best_of",
+                    format!(
+                        "{} beams of a {}-token prompt do not fit the KV cache",
+                        b.width,
+                        prompt.len()
+                    ),
+                ))
+            }
+            Some(room) => params.max_new_tokens = params.max_new_tokens.min(room),
+            None => {}
+        }
+        if params.sampling.min_new_tokens as usize > params.max_new_tokens {
+            return Err(ApiError::invalid(
+                "min_tokens",
+                format!(
+                    "{} is more than the {} tokens each of {} beams has room for",
+                    params.sampling.min_new_tokens, params.max_new_tokens, b.width
+                ),
+            ));
+        }
+    }
+    let ends = end_ids(&params);
+    let beam = BeamParams {
+        num_beams: b.width,
+        length_penalty: b.length_penalty,
+        early_stopping: b.early_stopping,
+        num_return_sequences: p.n,
+        max_new_tokens: params.max_new_tokens,
+        eos_token_ids: ends.clone(),
+    };
+    let prompt_len = prompt.len();
+    let left = prompt.clone();
+    let mut gen = start(st, r, arrival, prompt, fields, params, Some(beam), vec![]).await?;
+    let (hyps, engine_usage) = gen.beams().await?;
+    let mut choices: Vec<(String, &str)> = Vec::with_capacity(hyps.len());
+    let mut completion_tokens = 0;
+    for (tokens, _score) in &hyps {
+        let mut text = OutputText::new(decoder(&r.model), &left, p.stop.clone(), ends.clone());
+        let detok = |e: String| ApiError::internal(format!("detokenize: {e}"));
+        let (mut out, mut stopped, mut used) = (String::new(), false, 0);
+        for &t in tokens {
+            used += 1;
+            let piece = text.push(t).map_err(detok)?;
+            out += &piece.text;
+            if piece.stopped {
+                stopped = true;
+                break;
+            }
+        }
+        if !stopped {
+            let piece = text.finish().map_err(detok)?;
+            out += &piece.text;
+            stopped = piece.stopped;
+        }
+        let ended = tokens.last().is_some_and(|t| ends.contains(t));
+        choices.push((out, if stopped || ended { "stop" } else { "length" }));
+        completion_tokens += used;
+    }
+    let usage = Usage {
+        completion_tokens,
+        ..engine_usage
+    };
+    let m = &st.metrics;
+    m.prompt_tokens
+        .fetch_add(prompt_len as u64, Ordering::Relaxed);
+    m.generation_tokens
+        .fetch_add(completion_tokens as u64, Ordering::Relaxed);
+    count(match choices.first().map(|c| c.1) {
+        Some("stop") => &m.success.stop,
+        _ => &m.success.length,
+    });
+    m.e2e.observe(arrival.elapsed());
+    let list: Vec<(&str, &str)> = choices.iter().map(|(t, f)| (t.as_str(), *f)).collect();
+    Ok(json_response(&meta.response(&list, &usage)))
 }
 
 /// One server-sent event.

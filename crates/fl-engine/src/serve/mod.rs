@@ -20,6 +20,9 @@
 //!   (Prometheus text), which stay open for probes and scrapers.
 //! - `n` > 1 runs each choice as its own engine request (seed `s + i` for choice `i`),
 //!   sharing the prompt's KV blocks through the prefix cache; see `handlers::generate`.
+//! - `use_beam_search: true` (vLLM's field; `best_of` the width, `length_penalty`,
+//!   `early_stopping`) runs one beam search request ([`Service::submit_beam_with_sink`]) whose
+//!   `n` best hypotheses are the choices, best first; it is answered whole, never streamed.
 //! - Every request is validated before it is queued; errors are OpenAI's JSON
 //!   (`{"error": {"message", "type", "param", "code"}}`) naming the field.
 //! - A client that goes away aborts its request (the handler's future or the SSE body is

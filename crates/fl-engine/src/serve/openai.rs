@@ -6,6 +6,11 @@
 //! ignored (clients send extras), and fields it knows but cannot honour yet (`logprobs`,
 //! `tools`, ...) are refused with a 400 naming them rather than ignored.
 //!
+//! Beam search takes vLLM's fields ([`BeamSearch`]): `use_beam_search: true`, `best_of` (the
+//! beam width, default `n`), `length_penalty`, `early_stopping`; `n` hypotheses come back as
+//! the choices, best first. It cannot stream, and `best_of` > 1 without it is refused (the
+//! server does not sample best-of).
+//!
 //! ```
 //! use fl_engine::serve::openai::parse_completion;
 //! let r = parse_completion(br#"{"prompt": "Hi", "max_tokens": 8, "stop": "\n", "user": "x"}"#)?;
@@ -20,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use fl_sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
+use crate::beam::EarlyStopping;
 use crate::scheduler::Usage;
 
 /// An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`.
@@ -175,6 +181,8 @@ pub struct GenParams {
     /// the context.
     pub max_tokens: Option<(&'static str, u64)>,
     /// Temperature, top-k/p, min-p, penalties, `min_tokens` (seed and request id unset).
+    /// Under beam search only the penalties and `min_tokens` apply: beams are ranked by
+    /// log-probability, so temperature, top-k/p and min-p are ignored.
     pub sampling: SamplingParams,
     /// `seed`; `None`: a random seed per request.
     pub seed: Option<u64>,
@@ -188,12 +196,35 @@ pub struct GenParams {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
-    /// `n`: choices to generate for the prompt, 1 to [`MAX_N`].
+    /// `n`: choices to generate for the prompt, 1 to [`MAX_N`]; under beam search, the
+    /// hypotheses returned (at most the beam width).
     pub n: usize,
+    /// `use_beam_search: true`: the beam search's fields; `None`: sampling.
+    pub beam: Option<BeamSearch>,
 }
 
 /// The largest `n` (choices per request) served.
 pub const MAX_N: usize = 16;
+
+/// The widest beam search served: the beam kernel keeps at most
+/// [`BEAM_MAX_KEEP`](fl_sampling::BEAM_MAX_KEEP) candidates a step, two per beam at least.
+/// The server's `max_num_seqs` may allow fewer (a wider request is refused naming `best_of`).
+pub const MAX_BEAM_WIDTH: usize = fl_sampling::BEAM_MAX_KEEP / 2;
+
+/// A request's beam search (vLLM's fields, transformers' semantics: see [`crate::beam`]).
+/// The sampling fields `temperature`, `top_p`, `top_k` and `min_p` are ignored; penalties
+/// apply to each beam's own tokens; stop strings cut each hypothesis' text as they cut a
+/// sampled choice's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BeamSearch {
+    /// `best_of`: beams kept, 1 to [`MAX_BEAM_WIDTH`] and at least `n` (default `n`).
+    pub width: usize,
+    /// `length_penalty`: the exponent of the generated length dividing a hypothesis'
+    /// log-probability sum (default 1.0; > 0 favours longer outputs).
+    pub length_penalty: f64,
+    /// `early_stopping`: `true`, `false` (the default) or `"never"`.
+    pub early_stopping: EarlyStopping,
+}
 
 /// A prompt given as text or as token ids.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -500,6 +531,7 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
             ))
         }
     };
+    let beam = beam_search(f, n, stream)?;
     match f.get("logit_bias") {
         None => {}
         Some(Value::Object(o)) if o.is_empty() => {}
@@ -525,14 +557,73 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
         stream,
         include_usage,
         n,
+        beam,
     })
+}
+
+/// vLLM's beam search fields; `None` without `use_beam_search: true`.
+fn beam_search(f: &Fields<'_>, n: usize, stream: bool) -> Result<Option<BeamSearch>, ApiError> {
+    let on = f.bool("use_beam_search")?.unwrap_or(false);
+    let best_of = f.u64("best_of")?;
+    let length_penalty = match f.get("length_penalty") {
+        None => 1.0,
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| expected("length_penalty", "a number", v))?,
+    };
+    let early_stopping = match f.get("early_stopping") {
+        None | Some(Value::Bool(false)) => EarlyStopping::False,
+        Some(Value::Bool(true)) => EarlyStopping::True,
+        Some(Value::String(s)) if s == "never" => EarlyStopping::Never,
+        Some(v) => return Err(expected("early_stopping", "true, false or \"never\"", v)),
+    };
+    if let Some(b) = best_of {
+        if b == 0 {
+            return Err(ApiError::invalid("best_of", "must be at least 1, got 0"));
+        }
+        if (n as u64) > b {
+            return Err(ApiError::invalid(
+                "n",
+                format!("{n} is more than best_of ({b})"),
+            ));
+        }
+    }
+    if !on {
+        if best_of.is_some_and(|b| b > 1) {
+            return Err(ApiError::invalid(
+                "best_of",
+                "best_of > 1 is served only with use_beam_search: true (best-of sampling is \
+                 not supported)",
+            ));
+        }
+        return Ok(None);
+    }
+    if stream {
+        return Err(ApiError::invalid(
+            "stream",
+            "use_beam_search cannot stream: the hypotheses are known only at the end",
+        ));
+    }
+    let width = best_of.unwrap_or(n as u64);
+    if width > MAX_BEAM_WIDTH as u64 {
+        return Err(ApiError::invalid(
+            "best_of",
+            format!("at most {MAX_BEAM_WIDTH} beams, got {width}"),
+        ));
+    }
+    Ok(Some(BeamSearch {
+        width: width as usize,
+        length_penalty,
+        early_stopping,
+    }))
 }
 
 /// Parses a `/v1/completions` body.
 ///
 /// Errors: 400 naming the field: a wrong type, a value out of range, a batch of prompts, or
-/// a field asking for something not served yet (`logprobs`, `echo`, `best_of` > 1,
-/// `suffix`, `logit_bias`).
+/// a field asking for something not served yet (`logprobs`, `echo`, `suffix`,
+/// `logit_bias`, `best_of` > 1 without `use_beam_search`, `stream` with it).
 pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = parse_object(body)?;
     let f = Fields(&m);
@@ -547,9 +638,6 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     }
     if f.bool("echo")? == Some(true) {
         return Err(unsupported("echo", "echo"));
-    }
-    if f.u64("best_of")?.is_some_and(|b| b > 1) {
-        return Err(unsupported("best_of", "best_of > 1"));
     }
     if f.str("suffix")?.is_some() {
         return Err(unsupported("suffix", "suffix"));
@@ -665,8 +753,9 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
 
 /// Parses a `/v1/chat/completions` body.
 ///
-/// Errors: 400 naming the field, as [`parse_completion`]; also `logprobs: true`,
-/// `top_logprobs`, `tools` and non-text content parts are refused as not served yet.
+/// Errors: 400 naming the field, as [`parse_completion`] (beam search included); also
+/// `logprobs: true`, `top_logprobs`, `tools` and non-text content parts are refused as not
+/// served yet.
 pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let m = parse_object(body)?;
     let f = Fields(&m);
@@ -900,6 +989,33 @@ mod tests {
             (r#"{"prompt": [1, "b"]}"#, "prompt[1]"),
             (r#"{"prompt": {}}"#, "prompt"),
             (r#"{"max_tokens": 3}"#, "prompt"),
+            (r#"{"prompt": "a", "best_of": 2}"#, "best_of"),
+            (r#"{"prompt": "a", "best_of": 0}"#, "best_of"),
+            (r#"{"prompt": "a", "n": 2, "best_of": 1}"#, "n"),
+            (
+                r#"{"prompt": "a", "use_beam_search": "yes"}"#,
+                "use_beam_search",
+            ),
+            (
+                r#"{"prompt": "a", "use_beam_search": true, "stream": true}"#,
+                "stream",
+            ),
+            (
+                r#"{"prompt": "a", "use_beam_search": true, "n": 3, "best_of": 2}"#,
+                "n",
+            ),
+            (
+                r#"{"prompt": "a", "use_beam_search": true, "best_of": 65}"#,
+                "best_of",
+            ),
+            (
+                r#"{"prompt": "a", "use_beam_search": true, "early_stopping": "sometimes"}"#,
+                "early_stopping",
+            ),
+            (
+                r#"{"prompt": "a", "length_penalty": "long"}"#,
+                "length_penalty",
+            ),
         ];
         for (body, field) in cases {
             let (param, message) = err_param(parse_completion(body.as_bytes()));
@@ -977,6 +1093,42 @@ mod tests {
         assert_eq!(c.params.max_tokens, None);
         let c = parse_completion(br#"{"prompt": ["one"]}"#).unwrap();
         assert_eq!(c.prompt, Prompt::Text("one".into()));
+    }
+
+    #[test]
+    fn beam_search_fields() {
+        let c = parse_completion(br#"{"prompt": "a", "best_of": 1}"#).unwrap();
+        assert_eq!(c.params.beam, None);
+        let c = parse_completion(br#"{"prompt": "a", "use_beam_search": true}"#).unwrap();
+        let want = BeamSearch {
+            width: 1,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::False,
+        };
+        assert_eq!(c.params.beam, Some(want));
+        let c = parse_completion(
+            br#"{"prompt": "a", "use_beam_search": true, "n": 2, "best_of": 4,
+                 "length_penalty": 0.5, "early_stopping": "never", "temperature": 0.3}"#,
+        )
+        .unwrap();
+        let want = BeamSearch {
+            width: 4,
+            length_penalty: 0.5,
+            early_stopping: EarlyStopping::Never,
+        };
+        assert_eq!((c.params.n, c.params.beam), (2, Some(want)));
+        // The width defaults to n; chat takes the same fields.
+        let r = parse_chat(
+            br#"{"messages": [{"role": "user", "content": "x"}], "use_beam_search": true,
+                 "n": 3, "early_stopping": true}"#,
+        )
+        .unwrap();
+        let want = BeamSearch {
+            width: 3,
+            length_penalty: 1.0,
+            early_stopping: EarlyStopping::True,
+        };
+        assert_eq!(r.params.beam, Some(want));
     }
 
     #[test]

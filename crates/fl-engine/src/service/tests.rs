@@ -48,7 +48,21 @@ struct Ctl {
 struct Mock {
     sched: Scheduler<SamplingParams>,
     seqs: HashMap<RequestId, Vec<u32>>,
+    /// Beam requests, outside the scheduler: each finishes at the next step.
+    beams: HashMap<RequestId, (Vec<u32>, BeamParams)>,
+    beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
     ctl: Arc<Ctl>,
+}
+
+/// The mock's beam search: hypothesis `i` is the greedy continuation one token shorter per
+/// rank, scored `-i`.
+fn hypotheses(prompt: &[u32], beam: &BeamParams) -> Vec<(Vec<u32>, f64)> {
+    (0..beam.num_return_sequences)
+        .map(|i| {
+            let len = beam.max_new_tokens - i.min(beam.max_new_tokens - 1);
+            (expected(prompt, len), -(i as f64))
+        })
+        .collect()
 }
 
 impl Mock {
@@ -60,6 +74,8 @@ impl Mock {
         Ok(Mock {
             sched: Scheduler::new(cfg)?,
             seqs: HashMap::new(),
+            beams: HashMap::new(),
+            beam_results: HashMap::new(),
             ctl,
         })
     }
@@ -73,8 +89,35 @@ impl Backend for Mock {
         Ok(())
     }
 
+    fn add_beam_request(&mut self, req: Request<SamplingParams>, beam: BeamParams) -> Result<()> {
+        beam.validate()?;
+        let max_num_seqs = self.sched.config().max_num_seqs;
+        if beam.num_beams > max_num_seqs {
+            let width = beam.num_beams;
+            return Err(RequestError::BeamWidth {
+                width,
+                max_num_seqs,
+            }
+            .into());
+        }
+        self.beams.insert(req.id, (req.prompt, beam));
+        Ok(())
+    }
+
+    fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
+        self.beam_results.remove(&id)
+    }
+
     fn abort(&mut self, id: RequestId) -> Result<Event> {
         self.seqs.remove(&id);
+        if let Some((prompt, _)) = self.beams.remove(&id) {
+            let usage = Usage {
+                prompt_tokens: prompt.len(),
+                ..Usage::default()
+            };
+            let reason = FinishReason::Abort;
+            return Ok(Event::Finished { id, reason, usage });
+        }
         Ok(self.sched.abort(id)?)
     }
 
@@ -105,7 +148,7 @@ impl Backend for Mock {
             .logits_ids()
             .map(|id| (id, next_token(&self.seqs[&id])))
             .collect();
-        let events = self.sched.update(&plan, &sampled)?;
+        let mut events = self.sched.update(&plan, &sampled)?;
         for e in &events {
             match *e {
                 Event::Token { id, token } => self.seqs.get_mut(&id).expect("live").push(token),
@@ -114,15 +157,26 @@ impl Backend for Mock {
                 }
             }
         }
+        for (id, (prompt, beam)) in self.beams.drain() {
+            let hyps = hypotheses(&prompt, &beam);
+            let usage = Usage {
+                prompt_tokens: prompt.len(),
+                completion_tokens: beam.num_beams * beam.max_new_tokens,
+                cached_tokens: 0,
+            };
+            self.beam_results.insert(id, hyps);
+            let reason = FinishReason::Length;
+            events.push(Event::Finished { id, reason, usage });
+        }
         Ok(events)
     }
 
     fn has_unfinished(&self) -> bool {
-        self.sched.has_unfinished()
+        self.sched.has_unfinished() || !self.beams.is_empty()
     }
 
     fn contains(&self, id: RequestId) -> bool {
-        self.sched.params(id).is_some()
+        self.sched.params(id).is_some() || self.beams.contains_key(&id)
     }
 
     fn stats(&self) -> BackendStats {
@@ -666,4 +720,194 @@ fn sinks_end_at_shutdown_and_are_refused_after() {
         rx.recv_timeout(Duration::from_millis(50)).is_err(),
         "the sink was called"
     );
+}
+
+/// A backend without beam search: the [`Mock`] behind the trait's default beam methods.
+struct NoBeams(Mock);
+
+impl Backend for NoBeams {
+    fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()> {
+        self.0.add_request(req)
+    }
+
+    fn abort(&mut self, id: RequestId) -> Result<Event> {
+        self.0.abort(id)
+    }
+
+    fn step(&mut self) -> Result<Vec<Event>> {
+        self.0.step()
+    }
+
+    fn has_unfinished(&self) -> bool {
+        self.0.has_unfinished()
+    }
+
+    fn contains(&self, id: RequestId) -> bool {
+        self.0.contains(id)
+    }
+
+    fn stats(&self) -> BackendStats {
+        self.0.stats()
+    }
+}
+
+fn beam(num_beams: usize, num_return_sequences: usize, max_new: usize) -> BeamParams {
+    let mut b = BeamParams::new(num_beams, max_new);
+    b.num_return_sequences = num_return_sequences;
+    b.eos_token_ids = vec![2];
+    b
+}
+
+/// Every event of a stream, checking that it ends after the terminal one.
+fn all_events(s: &mut RequestStream) -> Vec<StreamEvent> {
+    let mut out = vec![];
+    loop {
+        let e = s.recv_timeout(WAIT).expect("an event in time");
+        let end = e.is_terminal();
+        out.push(e);
+        if end {
+            assert!(s.is_ended() && s.recv().is_none());
+            return out;
+        }
+    }
+}
+
+#[test]
+fn a_beam_request_gets_its_hypotheses_then_finished_and_no_tokens() {
+    let (service, _ctl) = start(4);
+    let p = prompt(5, 20);
+    // A sampled request beside it runs as usual.
+    let mut sampled = service.submit(prompt(3, 21), params(4)).expect("submit");
+    let mut s = service
+        .submit_beam(p.clone(), params(6), beam(3, 2, 6))
+        .expect("submit_beam");
+    let events = all_events(&mut s);
+    match &events[..] {
+        [StreamEvent::Beams(h), StreamEvent::Finished { reason, usage }] => {
+            assert_eq!(*h, hypotheses(&p, &beam(3, 2, 6)));
+            assert_eq!(h[0].0, expected(&p, 6));
+            assert_eq!(*reason, FinishReason::Length);
+            assert_eq!((usage.prompt_tokens, usage.completion_tokens), (5, 18));
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(
+        s.first_token_at(),
+        None,
+        "a beam request has no first token"
+    );
+    assert!(s.last_event_at().is_some());
+    let (tokens, _) = drain(&mut sampled);
+    assert_eq!(tokens.len(), 4);
+    wait_until("stats", || service.stats().ended == 2);
+    assert_eq!(service.stats().submitted, 2);
+    // The callback variant: the same two events.
+    let (sink, rx) = recording_sink(usize::MAX);
+    service
+        .submit_beam_with_sink(p.clone(), params(6), beam(2, 1, 3), sink)
+        .expect("submit_beam_with_sink");
+    let events = sink_events(&rx);
+    assert!(
+        matches!(
+            &events[..],
+            [StreamEvent::Beams(h), StreamEvent::Finished { .. }] if h.len() == 1
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn beam_refusals_name_the_field() {
+    let (service, _ctl) = start(4);
+    let invalid = |b: BeamParams| match service.submit_beam(vec![1, 2], params(4), b) {
+        Err(ServiceError::Invalid { arg, .. }) => arg,
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(invalid(beam(2, 3, 4)), "num_return_sequences");
+    assert_eq!(invalid(beam(0, 1, 4)), "num_beams");
+    assert_eq!(invalid(beam(BEAM_MAX_KEEP + 1, 1, 4)), "num_beams");
+    assert_eq!(invalid(beam(2, 1, 0)), "max_new_tokens");
+    // More beams than one step runs: the backend's refusal.
+    assert!(matches!(
+        service.submit_beam(vec![1, 2], params(4), beam(5, 1, 4)),
+        Err(ServiceError::Request(RequestError::BeamWidth {
+            width: 5,
+            max_num_seqs: 4
+        }))
+    ));
+    // A bad penalty is refused as for any request.
+    let mut bad = params(4);
+    bad.sampling.repetition_penalty = -1.0;
+    assert!(matches!(
+        service.submit_beam(vec![1, 2], bad, beam(2, 1, 4)),
+        Err(ServiceError::Invalid { .. })
+    ));
+    assert_eq!(service.stats().submitted, 0);
+    // A backend without beam search refuses, through the callback too.
+    let ctl = Arc::new(Ctl::default());
+    let service = Service::with_backend(move || Mock::new(4, ctl).map(NoBeams)).expect("spawn");
+    match service.submit_beam(vec![1, 2], params(4), beam(2, 1, 4)) {
+        Err(ServiceError::Invalid {
+            arg: "beam",
+            reason,
+        }) => {
+            assert!(reason.contains("not supported"), "{reason}")
+        }
+        r => panic!("{r:?}"),
+    }
+    let (sink, rx) = recording_sink(usize::MAX);
+    service
+        .submit_beam_with_sink(vec![1, 2], params(4), beam(2, 1, 4), sink)
+        .expect("queued");
+    let events = sink_events(&rx);
+    assert!(
+        matches!(
+            events[..],
+            [StreamEvent::Error(ServiceError::Invalid {
+                arg: "beam",
+                ..
+            })]
+        ),
+        "{events:?}"
+    );
+    // It still serves sampled requests.
+    let mut s = service.submit(vec![1, 2], params(3)).expect("submit");
+    assert_eq!(drain(&mut s).0, expected(&[1, 2], 3));
+}
+
+#[test]
+fn an_aborted_beam_request_gets_no_hypotheses() {
+    let (service, ctl) = start(4);
+    ctl.hold.store(true, Ordering::Relaxed);
+    let mut s = service
+        .submit_beam(prompt(4, 22), params(5), beam(2, 2, 5))
+        .expect("submit_beam");
+    wait_until("the request to queue", || service.stats().active == 1);
+    s.abort();
+    let events = all_events(&mut s);
+    assert!(
+        matches!(
+            events[..],
+            [StreamEvent::Finished {
+                reason: FinishReason::Abort,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    // Dropping an unfinished beam stream aborts it too.
+    let s = service
+        .submit_beam(prompt(4, 23), params(5), beam(2, 1, 5))
+        .expect("submit_beam");
+    wait_until("the request to queue", || service.stats().active == 1);
+    drop(s);
+    wait_until("the abort", || service.stats().active == 0);
+    ctl.hold.store(false, Ordering::Relaxed);
+    let mut s = service
+        .submit_beam(prompt(4, 24), params(5), beam(2, 1, 5))
+        .expect("submit_beam");
+    assert!(matches!(
+        all_events(&mut s)[..],
+        [StreamEvent::Beams(_), StreamEvent::Finished { .. }]
+    ));
 }
