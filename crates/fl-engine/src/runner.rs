@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use fl_kernels::cudarc::driver::{CudaGraph, CudaStream, PinnedHostSlice};
+use fl_kernels::cudarc::driver::{CudaEvent, CudaGraph, CudaStream, PinnedHostSlice};
 use fl_kernels::{embedding, kv_cache, DeviceTensor};
 use fl_sampling::{
     BeamRequests, BeamTopkWorkspace, DeviceParams, History, PenaltyWorkspace, Processors,
@@ -110,7 +110,29 @@ pub struct Runner<'e, T: RunDType> {
     beams: HashMap<RequestId, BeamState>,
     beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
     beam_ws: Option<BeamBuffers>,
+    /// A lookahead step queued on the GPU behind the one being collected.
+    inflight: Option<Launched>,
+    /// Which of the two sets of host staging buffers the next launch uses.
+    parity: usize,
+    /// Per parity: recorded after the launch's token read-back.
+    done: [CudaEvent; 2],
     last: StepStats,
+}
+
+/// A step queued on the GPU, to be collected.
+struct Launched {
+    plan: StepPlan,
+    heads: Vec<LogitRow>,
+    /// Head row of each of `heads`.
+    slot: Vec<usize>,
+    /// Head rows (bucket) and the pass's key.
+    rows: usize,
+    key: (usize, bool),
+    decode: bool,
+    graph: bool,
+    chained: bool,
+    beam_groups: Vec<(RequestId, usize, usize)>,
+    parity: usize,
 }
 
 /// The beam step's device buffers, sized for a full row bucket.
@@ -132,8 +154,9 @@ struct PassBuffers<T: RunDType> {
     /// the sequence rows are `0..m`, uploaded once).
     table: Vec<i32>,
     /// Decode passes: page-locked staging of the ids, positions and visible lengths (a copy
-    /// from pageable memory costs a staging copy in the driver on every step).
-    staging: Option<[PinnedHostSlice<i32>; 3]>,
+    /// from pageable memory costs a staging copy in the driver on every step), one set per
+    /// parity (a step and its lookahead step may be in flight).
+    staging: Option<[[PinnedHostSlice<i32>; 3]; 2]>,
     /// Eager runs so far (a decode bucket is captured on its second use, after module
     /// loading and cuBLASLt's first plans).
     runs: usize,
@@ -149,9 +172,10 @@ struct Head<T: RunDType> {
     tokens: DeviceTensor<i32>,
     steps: DeviceTensor<i32>,
     params: DeviceParams,
-    /// Page-locked staging of `steps` (up) and `tokens` (down).
-    host_steps: PinnedHostSlice<i32>,
-    host_tokens: PinnedHostSlice<i32>,
+    /// Page-locked staging of `steps` (up) and `tokens` (down), one per parity: a step and
+    /// the lookahead step queued behind it use different ones.
+    host_steps: [PinnedHostSlice<i32>; 2],
+    host_tokens: [PinnedHostSlice<i32>; 2],
 }
 
 /// Page-locked host memory for `n` i32.
@@ -161,14 +185,15 @@ fn pinned(stream: &Arc<CudaStream>, n: usize) -> Result<PinnedHostSlice<i32>> {
     Ok(unsafe { stream.context().alloc_pinned::<i32>(n)? })
 }
 
-/// Queues `data` (`dst.len()` values) to `dst` through the page-locked `host` (as long).
+/// Queues `data` (`dst.len()` values) to `dst` through the page-locked `host` (as long),
+/// which no queued copy still reads: the caller alternates two buffers, and the step that
+/// used this one last was waited for.
 fn stage(
     stream: &Arc<CudaStream>,
     host: &mut PinnedHostSlice<i32>,
     data: &[i32],
     dst: &mut DeviceTensor<i32>,
 ) -> Result<()> {
-    // Waits for the previous copy out of `host` (done: every step reads its tokens back).
     host.as_mut_slice()?.copy_from_slice(data);
     stream.memcpy_htod(host, dst.as_slice_mut())?;
     Ok(())
@@ -177,8 +202,8 @@ fn stage(
 impl<T: RunDType> Head<T> {
     fn new(stream: &Arc<CudaStream>, rows: usize, hidden: usize, vocab: usize) -> Result<Self> {
         Ok(Head {
-            host_steps: pinned(stream, rows)?,
-            host_tokens: pinned(stream, rows)?,
+            host_steps: [pinned(stream, rows)?, pinned(stream, rows)?],
+            host_tokens: [pinned(stream, rows)?, pinned(stream, rows)?],
             rows: DeviceTensor::zeros(stream, &[rows])?,
             x: DeviceTensor::zeros(stream, &[rows, hidden])?,
             logits: DeviceTensor::zeros(stream, &[rows, vocab])?,
@@ -217,6 +242,8 @@ pub struct StepStats {
     pub seqs: usize,
     /// The step replayed a captured CUDA graph.
     pub graph: bool,
+    /// The step was queued on the GPU before the previous one was collected (lookahead).
+    pub ahead: bool,
 }
 
 /// Activation rows of a step of `m` tokens: the next power of two.
@@ -327,6 +354,12 @@ impl<'e, T: RunDType> Runner<'e, T> {
             beams: HashMap::new(),
             beam_results: HashMap::new(),
             beam_ws: None,
+            inflight: None,
+            parity: 0,
+            done: [
+                stream.context().new_event(None)?,
+                stream.context().new_event(None)?,
+            ],
             last: StepStats::default(),
         })
     }
@@ -398,6 +431,17 @@ impl<'e, T: RunDType> Runner<'e, T> {
         beam: BeamParams,
     ) -> Result<()> {
         let vocab = self.engine.model.cfg.vocab_size;
+        // Before anything multiplies num_beams (an absurd width must not overflow).
+        if beam.num_beams > BEAM_MAX_KEEP || beam.eos_token_ids.len() > BEAM_MAX_KEEP {
+            return Err(EngineError::invalid(
+                "num_beams",
+                format!(
+                    "{} beams with {} end ids: at most {BEAM_MAX_KEEP} candidates a step",
+                    beam.num_beams,
+                    beam.eos_token_ids.len()
+                ),
+            ));
+        }
         let state = BeamState::new(beam.clone(), vocab)?;
         if beam.beams_to_keep() > BEAM_MAX_KEEP {
             return Err(EngineError::invalid(
@@ -452,33 +496,63 @@ impl<'e, T: RunDType> Runner<'e, T> {
     }
 
     /// Schedules and runs one step; returns its events (empty when nothing is queued).
-    /// Waits for the GPU once, to read the sampled tokens.
+    /// Waits for the GPU once, to read the sampled tokens. In the steady state (every running
+    /// request decoding, nothing waiting, no beams, penalties, bans, forcing or logits
+    /// read-back) the next step is queued on the GPU before this one is waited for, its token
+    /// ids copied on the device from this step's samples
+    /// ([`Scheduler::schedule_ahead`](crate::scheduler::Scheduler::schedule_ahead)), so the
+    /// GPU never idles while the host updates and schedules.
     pub fn step(&mut self) -> Result<Vec<Event>> {
-        let plan = self.sched.schedule()?;
-        self.last = StepStats {
-            prefill_tokens: plan.num_prefill_tokens,
-            decode_tokens: plan.num_decode_tokens,
-            seqs: plan.seqs.len(),
-            graph: false,
-        };
-        if plan.seqs.is_empty() {
-            return Ok(self.sched.update(&plan, &[])?);
-        }
-        let (sampled, beam_steps) = match self.execute(&plan) {
-            Ok(s) => s,
-            Err(e) => {
-                // Leave the scheduler consistent: abort every request of the failed step and
-                // close the step (its aborted rows are ignored).
-                let ids: Vec<u64> = plan.seqs.iter().map(|s| s.id).collect();
-                for id in ids {
-                    let id = self.sched.beam_of(id).map_or(id, |(g, _)| g);
-                    let _ = self.abort(id);
+        let cur = match self.inflight.take() {
+            Some(l) => l,
+            None => {
+                let plan = self.sched.schedule()?;
+                if plan.seqs.is_empty() {
+                    self.last = StepStats::default();
+                    return Ok(self.sched.update(&plan, &[])?);
                 }
-                let _ = self.sched.update(&plan, &[]);
-                return Err(e);
+                match self.launch(plan.clone(), false) {
+                    Ok(l) => l,
+                    Err(e) => return Err(self.fail(&[&plan], e)),
+                }
             }
         };
-        let events = self.sched.update_with_beams(&plan, &sampled, &beam_steps)?;
+        self.last = StepStats {
+            prefill_tokens: cur.plan.num_prefill_tokens,
+            decode_tokens: cur.plan.num_decode_tokens,
+            seqs: cur.plan.seqs.len(),
+            graph: cur.graph,
+            ahead: cur.chained,
+        };
+        if self.can_chain(&cur) {
+            let ids: Vec<RequestId> = cur.plan.seqs.iter().map(|s| s.id).collect();
+            match self.sched.schedule_ahead(&ids) {
+                Ok(Some(next)) => match self.launch(next.clone(), true) {
+                    Ok(l) => self.inflight = Some(l),
+                    Err(e) => return Err(self.fail(&[&cur.plan, &next], e)),
+                },
+                Ok(None) => {}
+                Err(e) => return Err(self.fail(&[&cur.plan], e.into())),
+            }
+        }
+        let (sampled, beam_steps) = match self.collect(&cur) {
+            Ok(s) => s,
+            Err(e) => {
+                let next = self.inflight.take().map(|l| l.plan);
+                let plans: Vec<&StepPlan> = std::iter::once(&cur.plan).chain(&next).collect();
+                return Err(self.fail(&plans, e));
+            }
+        };
+        let mut events = self
+            .sched
+            .update_with_beams(&cur.plan, &sampled, &beam_steps)?;
+        if !self.sched.has_unfinished() {
+            // Every request ended: the lookahead step's rows are all wasted; close it.
+            if let Some(l) = self.inflight.take() {
+                self.collect(&l)?;
+                events.extend(self.sched.update(&l.plan, &[])?);
+            }
+        }
         for e in &events {
             if let Event::Finished { id, reason, .. } = e {
                 if let Some(state) = self.beams.remove(id) {
@@ -493,6 +567,37 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
         }
         Ok(events)
+    }
+
+    /// Leaves the scheduler consistent after a failed step: aborts every request of `plans`
+    /// and closes them in order (their aborted rows are ignored). Returns `e`.
+    fn fail(&mut self, plans: &[&StepPlan], e: EngineError) -> EngineError {
+        for plan in plans {
+            for s in &plan.seqs {
+                let id = self.sched.beam_of(s.id).map_or(s.id, |(g, _)| g);
+                if self.sched.contains(id) {
+                    let _ = self.abort(id);
+                }
+            }
+        }
+        for plan in plans {
+            let _ = self.sched.update(plan, &[]);
+        }
+        e
+    }
+
+    /// Whether the step after `l` may be queued before `l` is collected: `l` decodes every
+    /// row through the decode graph and no row needs host work between steps.
+    fn can_chain(&self, l: &Launched) -> bool {
+        l.decode
+            && l.beam_groups.is_empty()
+            && l.heads.len() == l.plan.seqs.len()
+            && l.heads.iter().all(|h| {
+                !h.params.has_penalties()
+                    && h.generated as u32 + 1 >= h.params.min_new_tokens
+                    && !self.extras.contains_key(&h.id)
+                    && self.sched.beam_of(h.id).is_none()
+            })
     }
 
     /// Executes the plan's copy-on-write block copies on every layer.
@@ -513,10 +618,16 @@ impl<'e, T: RunDType> Runner<'e, T> {
         Ok(())
     }
 
-    /// Runs `plan` on the GPU: one paged forward pass, the LM head on the rows that need
-    /// logits, sampling. Returns `(request, token)` per such row.
-    fn execute(&mut self, plan: &StepPlan) -> Result<Executed> {
-        self.copy_blocks(plan)?;
+    /// Queues `plan` on the GPU: one paged forward pass, the LM head on the rows that need
+    /// logits, sampling, the tokens' read-back. `chained`: the plan is a lookahead plan whose
+    /// rows decode the sequences of the step queued just before, in the same order: their
+    /// token ids are that step's samples, copied on the device.
+    fn launch(&mut self, plan: StepPlan, chained: bool) -> Result<Launched> {
+        // Host staging alternates between two sets: the set of the step before the previous
+        // one is free (that step was waited for).
+        let parity = self.parity;
+        self.parity ^= 1;
+        self.copy_blocks(&plan)?;
         let stream = self.engine.gpu.stream().clone();
         let cfg = &self.engine.model.cfg;
         let (hidden, vocab) = (cfg.hidden_size, cfg.vocab_size);
@@ -599,11 +710,14 @@ impl<'e, T: RunDType> Runner<'e, T> {
                     graph: None,
                     table: vec![],
                     staging: if decode {
-                        Some([
-                            pinned(&stream, padded)?,
-                            pinned(&stream, padded)?,
-                            pinned(&stream, padded)?,
-                        ])
+                        let set = || -> Result<[PinnedHostSlice<i32>; 3]> {
+                            Ok([
+                                pinned(&stream, padded)?,
+                                pinned(&stream, padded)?,
+                                pinned(&stream, padded)?,
+                            ])
+                        };
+                        Some([set()?, set()?])
                     } else {
                         None
                     },
@@ -620,9 +734,15 @@ impl<'e, T: RunDType> Runner<'e, T> {
         if decode {
             // Token b is sequence b: the rows never change, the table rarely (a new block
             // every block_size steps); padding rows keep block 0 and write nothing.
-            let [hi, hp, hv] = pass.staging.as_mut().expect("decode passes stage");
+            let [hi, hp, hv] = &mut pass.staging.as_mut().expect("decode passes stage")[parity];
             let vis: Vec<i32> = pos.iter().map(|p| p + 1).collect();
-            stage(&stream, hi, &ids, &mut buf.ids)?;
+            if chained {
+                // The previous step's samples, in this head (same rows); padding rows get a
+                // sampled id too: still at position -1, they write nothing.
+                stream.memcpy_dtod(head.tokens.as_slice(), buf.ids.as_slice_mut())?;
+            } else {
+                stage(&stream, hi, &ids, &mut buf.ids)?;
+            }
             stage(&stream, hp, &pos, &mut buf.positions)?;
             stage(&stream, hv, &vis, &mut buf.visible)?;
             table.resize(padded * width, 0);
@@ -649,10 +769,16 @@ impl<'e, T: RunDType> Runner<'e, T> {
         if head.params.host() != params.as_slice() {
             head.params.update(&stream, &params)?;
         }
-        stage(&stream, &mut head.host_steps, &steps, &mut head.steps)?;
+        stage(
+            &stream,
+            &mut head.host_steps[parity],
+            &steps,
+            &mut head.steps,
+        )?;
 
         let engine = &mut *self.engine;
         let model = &engine.model;
+        let mut graph = false;
         if decode {
             if pass.graph.is_none() && engine.use_graph && pass.runs >= 1 {
                 let g = capture_graph(&stream, |s| {
@@ -664,7 +790,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             match &pass.graph {
                 Some(g) => {
                     g.launch()?;
-                    self.last.graph = true;
+                    graph = true;
                 }
                 None => {
                     model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
@@ -676,7 +802,18 @@ impl<'e, T: RunDType> Runner<'e, T> {
             if heads.is_empty() {
                 pass.runs += 1;
                 buf.status.check(&stream)?;
-                return Ok((vec![], vec![]));
+                return Ok(Launched {
+                    plan,
+                    heads,
+                    slot,
+                    rows,
+                    key,
+                    decode,
+                    graph,
+                    chained,
+                    beam_groups: vec![],
+                    parity,
+                });
             }
             let mut gather: Vec<i32> = heads.iter().map(|h| h.row).collect();
             gather.resize(rows, 0);
@@ -687,7 +824,18 @@ impl<'e, T: RunDType> Runner<'e, T> {
         pass.runs += 1;
         if heads.is_empty() {
             buf.status.check(&stream)?;
-            return Ok((vec![], vec![]));
+            return Ok(Launched {
+                plan,
+                heads,
+                slot,
+                rows,
+                key,
+                decode,
+                graph,
+                chained,
+                beam_groups: vec![],
+                parity: self.parity,
+            });
         }
         self.process_logits(&stream, &heads, &slot, rows)?;
         let beam_groups = self.launch_beams(&stream, &heads, &slot, rows)?;
@@ -704,20 +852,45 @@ impl<'e, T: RunDType> Runner<'e, T> {
             &mut head.tokens,
             &mut self.workspace,
         )?;
-        let want_logits = heads
+        stream.memcpy_dtoh(head.tokens.as_slice(), &mut head.host_tokens[parity])?;
+        self.done[parity].record(&stream)?;
+        Ok(Launched {
+            plan,
+            heads,
+            slot,
+            rows,
+            key,
+            decode,
+            graph,
+            chained,
+            beam_groups,
+            parity,
+        })
+    }
+
+    /// Waits for launched step `l` and returns its `(request, token)`s and beam steps.
+    fn collect(&mut self, l: &Launched) -> Result<Executed> {
+        if l.heads.is_empty() {
+            return Ok((vec![], vec![]));
+        }
+        let stream = self.engine.gpu.stream().clone();
+        let vocab = self.engine.model.cfg.vocab_size;
+        let head = self.heads.get(&l.rows).expect("launched");
+        let want_logits = l
+            .heads
             .iter()
             .any(|h| self.extras.get(&h.id).is_some_and(|x| x.logits.is_some()));
+        // (No lookahead step runs behind a step whose logits are read.)
         let host_logits = if want_logits {
             Some(head.logits.to_host(&stream)?)
         } else {
             None
         };
-        stream.memcpy_dtoh(head.tokens.as_slice(), &mut head.host_tokens)?;
-        let host = head.host_tokens.as_slice()?; // waits for the step
-        let buf = &mut self.passes.get_mut(&key).expect("inserted above").buf;
-        buf.status.check(&stream)?;
-        let mut out = Vec::with_capacity(heads.len());
-        for (h, &r) in heads.iter().zip(&slot) {
+        // The engine's context does not track events (one stream), so wait explicitly.
+        self.done[l.parity].synchronize()?;
+        let host = head.host_tokens[l.parity].as_slice()?;
+        let mut out = Vec::with_capacity(l.heads.len());
+        for (h, &r) in l.heads.iter().zip(&l.slot) {
             if self.sched.beam_of(h.id).is_some() {
                 continue;
             }
@@ -737,7 +910,13 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
             out.push((h.id, token));
         }
-        let beam_steps = self.finish_beams(&stream, &beam_groups)?;
+        // The embedding's out-of-vocabulary flag: read when nothing is queued behind (a read
+        // waits for the whole stream); ids of a lookahead step are sampled, so in range.
+        if self.inflight.is_none() {
+            let buf = &mut self.passes.get_mut(&l.key).expect("launched").buf;
+            buf.status.check(&stream)?;
+        }
+        let beam_steps = self.finish_beams(&stream, &l.beam_groups)?;
         Ok((out, beam_steps))
     }
 

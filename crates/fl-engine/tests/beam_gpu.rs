@@ -87,10 +87,7 @@ fn cases<T: RunDType>(e: &mut Engine<T>) -> Vec<Case> {
 
 /// Runs every case together through a runner (plus one sampled request) and returns each
 /// case's hypotheses and the sampled request's tokens.
-fn run_batch<T: RunDType>(
-    e: &mut Engine<T>,
-    cases: &[Case],
-) -> (Vec<Hypotheses>, Vec<u32>) {
+fn run_batch<T: RunDType>(e: &mut Engine<T>, cases: &[Case]) -> (Vec<Hypotheses>, Vec<u32>) {
     let cfg = RunnerConfig {
         max_batched_tokens: 24,
         max_num_seqs: 32,

@@ -477,3 +477,77 @@ fn decode_buckets_at_7b_attention_shape() {
         assert!(got.values().all(|t| t.len() == 24));
     }
 }
+
+/// Lookahead (the next decode step queued before this one is read back, its ids copied on the
+/// device): greedy requests give the static engine's tokens, and a seeded sampled request the
+/// same tokens as when its logits are read back (which keeps the runner synchronous), so the
+/// lookahead rows carry the right positions, ids and sampler step indices.
+#[test]
+fn lookahead_decode_matches_synchronous_runs() {
+    if gpu_or_skip("lookahead_decode_matches_synchronous_runs").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let mut e = engine();
+    let prompts: Vec<Vec<u32>> = [5usize, 23, 1]
+        .iter()
+        .map(|&n| prompt(n, n as u32))
+        .collect();
+    let news = [30usize, 17, 41];
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(news)
+        .map(|(p, n)| static_greedy(&mut e, p, n))
+        .collect();
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        ..Default::default()
+    };
+    let mut sampled = vec![];
+    for sync in [true, false] {
+        let cfg = RunnerConfig {
+            max_num_seqs: 8,
+            num_blocks: Some(64),
+            ..Default::default()
+        };
+        let mut r = Runner::new(&mut e, &cfg).expect("runner");
+        for (i, (p, &n)) in prompts.iter().zip(&news).enumerate() {
+            r.add_request(request(i as u64, p.clone(), n, SamplingParams::greedy(), 0))
+                .expect("add");
+        }
+        let opts = RequestOptions {
+            logits: sync,
+            ..Default::default()
+        };
+        r.add_request_with(request(9, prompt(12, 9), 45, sampling, 77), opts)
+            .expect("add sampled");
+        let mut got: HashMap<u64, Vec<u32>> = HashMap::new();
+        let mut ahead = 0;
+        while r.has_unfinished() {
+            for ev in r.step().expect("step") {
+                if let Event::Token { id, token } = ev {
+                    got.entry(id).or_default().push(token);
+                }
+            }
+            ahead += r.last_step().ahead as usize;
+        }
+        if sync {
+            assert_eq!(
+                ahead, 0,
+                "a request reading its logits keeps every step synchronous"
+            );
+        } else {
+            assert!(ahead >= 20, "only {ahead} lookahead steps");
+        }
+        for (i, w) in want.iter().enumerate() {
+            assert_eq!(got.get(&(i as u64)), Some(w), "request {i} (sync {sync})");
+        }
+        sampled.push(got.remove(&9).expect("sampled tokens"));
+        assert_eq!(r.scheduler().kv_stats().used_blocks, 0);
+    }
+    assert_eq!(
+        sampled[0], sampled[1],
+        "the sampled request with and without lookahead"
+    );
+}

@@ -78,6 +78,8 @@
 
 #[cfg(test)]
 mod beam_tests;
+#[cfg(test)]
+mod lookahead_tests;
 mod plan;
 mod policy;
 mod request;
@@ -85,5 +87,7 @@ mod request;
 mod tests;
 
 pub use plan::{ScheduledSeq, StepPlan};
-pub use policy::{BeamStep, Scheduler, SchedulerConfig, SchedulerError, BEAM_ID_BASE};
+pub use policy::{
+    BeamStep, Scheduler, SchedulerConfig, SchedulerError, BEAM_ID_BASE, PENDING_TOKEN,
+};
 pub use request::{Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage};

@@ -105,6 +105,10 @@ struct Seq<S> {
     group: Option<RequestId>,
 }
 
+/// The token id of a [`Scheduler::schedule_ahead`] row: the one its request samples in the
+/// outstanding step (not known to the host yet).
+pub const PENDING_TOKEN: u32 = u32::MAX;
+
 /// Sequence ids from here up are beams of beam requests (request ids stay below).
 pub const BEAM_ID_BASE: RequestId = 1 << 63;
 
@@ -180,6 +184,8 @@ pub struct Scheduler<S = ()> {
     running: Vec<RequestId>,
     step: u64,
     outstanding: Option<u64>,
+    /// A lookahead plan scheduled while `outstanding` runs; it is outstanding next.
+    ahead: Option<u64>,
     pending_freed: Vec<u32>,
     pending_finished: Vec<RequestId>,
     num_preemptions: u64,
@@ -224,6 +230,7 @@ impl<S: Clone> Scheduler<S> {
             running: Vec::new(),
             step: 0,
             outstanding: None,
+            ahead: None,
             pending_freed: Vec::new(),
             pending_finished: Vec::new(),
             num_preemptions: 0,
@@ -601,6 +608,74 @@ impl<S: Clone> Scheduler<S> {
         Ok(plan)
     }
 
+    /// Plans the step after the outstanding one before its tokens are known (asynchronous
+    /// scheduling, so that the runner can queue step N+1 on the GPU while step N runs): only
+    /// in the steady state where the outstanding plan decodes exactly `expected` (every
+    /// running request, in order), nothing waits, no beam request runs, and the next token of
+    /// each fits the pool and the budget without preempting. Then every running request gets
+    /// one decode row whose token is [`PENDING_TOKEN`]: the token the outstanding step
+    /// samples for it, which the runner copies on the device. `None` when the state is not
+    /// that one (then update the outstanding plan and [`schedule`](Self::schedule)).
+    ///
+    /// A request that finishes when the outstanding plan is updated wastes its lookahead row
+    /// (its KV write lands in its own freed block, and the row is ignored by `update`). Plans
+    /// are updated in order: the outstanding one, then this one.
+    ///
+    /// Errors: [`SchedulerError::PlanOutstanding`] when no plan is outstanding or a lookahead
+    /// plan already is.
+    pub fn schedule_ahead(
+        &mut self,
+        expected: &[RequestId],
+    ) -> Result<Option<StepPlan>, SchedulerError> {
+        let (Some(_), None) = (self.outstanding, self.ahead) else {
+            return Err(SchedulerError::PlanOutstanding(
+                self.ahead.or(self.outstanding).unwrap_or(self.step),
+            ));
+        };
+        if !self.waiting.is_empty()
+            || !self.groups.is_empty()
+            || self.running != expected
+            || self.running.len() > self.cfg.max_batched_tokens
+        {
+            return Ok(None);
+        }
+        let mut need = 0;
+        for id in &self.running {
+            let s = &self.seqs[id];
+            if !s.prefilled || s.num_computed + 1 != s.len() || s.len() >= self.cfg.max_model_len {
+                return Ok(None);
+            }
+            need += self.kv.append_need(*id, 1)?;
+        }
+        if need > self.kv.num_free_blocks() {
+            return Ok(None);
+        }
+        self.step += 1;
+        let mut plan = StepPlan {
+            step: self.step,
+            ..StepPlan::default()
+        };
+        for id in self.running.clone() {
+            plan.copies.extend(self.kv.append_slots(id, 1)?);
+            let s = &self.seqs[&id];
+            plan.seqs.push(ScheduledSeq {
+                id,
+                token_ids: vec![PENDING_TOKEN],
+                num_computed_tokens: s.len(),
+                block_table: self.kv.block_table(id)?.to_vec(),
+                needs_logits: true,
+                is_prefill: false,
+                num_generated: s.output.len() + 1,
+            });
+        }
+        plan.num_decode_tokens = plan.seqs.len();
+        plan.num_scheduled_tokens = plan.seqs.len();
+        plan.freed_blocks = std::mem::take(&mut self.pending_freed);
+        plan.finished_ids = std::mem::take(&mut self.pending_finished);
+        self.ahead = Some(self.step);
+        Ok(Some(plan))
+    }
+
     /// Applies a step's results: `sampled` holds one `(request id, token)` per sequence of
     /// `plan` with `needs_logits` (rows of requests aborted since are ignored). Advances the
     /// computed tokens, registers newly full blocks in the prefix cache, appends the tokens, and
@@ -700,7 +775,7 @@ impl<S: Clone> Scheduler<S> {
         {
             return Err(SchedulerError::MissingToken(g));
         }
-        self.outstanding = None;
+        self.outstanding = self.ahead.take();
 
         let mut events = Vec::new();
         for row in &plan.seqs {

@@ -154,7 +154,7 @@ pub fn runner<T: RunDType>(
     // decode bucket), prompts unlike the measured ones so nothing is served from the prefix
     // cache.
     for b in 0..batch {
-        let id = u64::MAX - b as u64;
+        let id = (1 << 62) + b as u64; // above the measured ids, below the beams' range
         r.add_request(greedy_request(
             id,
             dummy_prompt(usize::MAX - b, 8, vocab),
@@ -168,7 +168,7 @@ pub fn runner<T: RunDType>(
     let t0 = Instant::now();
     let (mut tokens, mut steps) = (0usize, 0usize);
     let (mut decode_s, mut decode_tokens, mut decode_steps) = (0f64, 0usize, 0usize);
-    let (mut floor_s, mut graphs) = (0f64, 0usize);
+    let (mut floor_s, mut graphs, mut aheads) = (0f64, 0usize, 0usize);
     // Decode-only steps with every request in: (seconds, floor seconds, steps).
     let mut full = (0f64, 0f64, 0usize);
     let mut ctx = vec![prompt_len; batch];
@@ -184,6 +184,7 @@ pub fn runner<T: RunDType>(
             decode_tokens += st.decode_tokens;
             decode_steps += 1;
             graphs += st.graph as usize;
+            aheads += st.ahead as usize;
             let kv: usize = ctx.iter().take(st.decode_tokens).sum();
             let floor = (weight_bytes + kv as f64 * kv_token) / bw;
             floor_s += floor;
@@ -219,13 +220,13 @@ pub fn runner<T: RunDType>(
     let preempt = r.scheduler().num_preemptions();
     if json {
         println!(
-            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
             full.2,
             ttft_all * 1e3
         );
     } else {
         println!(
-            "runner: every first token after {:.1} ms; {out_tps:.1} output tokens/s overall; decode-only steps {ms_per_step:.3} ms/step, {decode_tps:.1} tokens/s = {pct:.1}% of the bandwidth floor ({decode_steps} of {steps} steps, {graphs} from CUDA graphs); those with all {batch} requests {full_ms:.3} ms/step = {full_pct:.1}% of the floor ({} steps); {preempt} preemptions",
+            "runner: every first token after {:.1} ms; {out_tps:.1} output tokens/s overall; decode-only steps {ms_per_step:.3} ms/step, {decode_tps:.1} tokens/s = {pct:.1}% of the bandwidth floor ({decode_steps} of {steps} steps, {graphs} from CUDA graphs, {aheads} queued ahead); those with all {batch} requests {full_ms:.3} ms/step = {full_pct:.1}% of the floor ({} steps); {preempt} preemptions",
             ttft_all * 1e3,
             full.2
         );

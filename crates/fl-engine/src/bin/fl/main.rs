@@ -69,7 +69,9 @@ enum Cmd {
         /// Prompt text (needs tokenizer.json in the model directory).
         #[arg(long, conflicts_with = "prompt_ids")]
         prompt: Option<String>,
-        /// Prompt as comma-separated token ids (for models without a tokenizer).
+        /// Prompt as comma-separated token ids (for models without a tokenizer). With
+        /// --num-beams, several prompts separated by `;` run as one ragged batch, and each
+        /// hypothesis line starts with its prompt's index.
         #[arg(long)]
         prompt_ids: Option<String>,
         /// Tokens to generate at most.
@@ -500,7 +502,24 @@ fn generate<T: RunDType>(
     rcfg: &RunnerConfig,
 ) -> Result<()> {
     let tok = m.tokenizer.as_ref();
+    if let (Some(ids), Some(b)) = (&g.prompt_ids, &g.beam) {
+        if ids.contains(';') {
+            let prompts = ids
+                .split(';')
+                .map(|p| parse_ids("--prompt-ids", p))
+                .collect::<Result<Vec<_>>>()?;
+            let mut b = b.clone();
+            b.eos_token_ids = e.model.cfg.eos_token_ids.clone();
+            return generate_beams(e, tok, prompts, b, g, rcfg);
+        }
+    }
     let prompt = match (&g.prompt, &g.prompt_ids) {
+        (_, Some(ids)) if ids.contains(';') => {
+            return Err(EngineError::invalid(
+                "--prompt-ids",
+                "several prompts (`;`) need --num-beams",
+            ))
+        }
         (_, Some(ids)) => parse_ids("--prompt-ids", ids)?,
         (Some(text), None) => match tok {
             Some(t) => t.encode(text, true)?,
@@ -523,7 +542,7 @@ fn generate<T: RunDType>(
     if let Some(b) = &g.beam {
         let mut b = b.clone();
         b.eos_token_ids = eos;
-        return generate_beams(e, tok, prompt, b, g, rcfg);
+        return generate_beams(e, tok, vec![prompt], b, g, rcfg);
     }
     // One request: a pool just large enough for it (prompt + new tokens).
     let cfg = RunnerConfig {
@@ -578,32 +597,39 @@ fn generate<T: RunDType>(
     Ok(())
 }
 
-/// `fl generate --num-beams N`: one beam request; the hypotheses printed after the search.
+/// `fl generate --num-beams N`: one beam request per prompt, run together; the hypotheses
+/// printed after the search (prefixed by the prompt's index when there are several).
 fn generate_beams<T: RunDType>(
     e: &mut Engine<T>,
     tok: Option<&fl_engine::tokenizer::Tokenizer>,
-    prompt: Vec<u32>,
+    prompts: Vec<Vec<u32>>,
     beam: BeamParams,
     g: &GenArgs,
     rcfg: &RunnerConfig,
 ) -> Result<()> {
     beam.validate()?;
-    let (n_prompt, k, bs) = (prompt.len(), beam.num_beams, rcfg.block_size.max(1));
-    // A pool for the prompt's shared blocks and each beam's own.
+    let (k, bs) = (beam.num_beams, rcfg.block_size.max(1));
+    // A pool for each prompt's shared blocks and its beams' own.
+    let blocks: usize = prompts
+        .iter()
+        .map(|p| p.len() / bs + k * (p.len() % bs + beam.max_new_tokens).div_ceil(bs))
+        .sum();
     let cfg = RunnerConfig {
-        max_num_seqs: k,
-        num_blocks: Some(n_prompt / bs + k * (n_prompt % bs + beam.max_new_tokens).div_ceil(bs)),
+        max_num_seqs: k * prompts.len(),
+        num_blocks: Some(blocks),
         ..rcfg.clone()
     };
     let mut r = Runner::new(e, &cfg)?;
-    let mut params = RequestParams::<SamplingParams>::new(beam.max_new_tokens);
-    params.sampling = g.sampling;
-    let req = Request {
-        id: 0,
-        prompt: prompt.clone(),
-        params,
-    };
-    r.add_beam_request(req, beam)?;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let mut params = RequestParams::<SamplingParams>::new(beam.max_new_tokens);
+        params.sampling = g.sampling;
+        let req = Request {
+            id: i as u64,
+            prompt: prompt.clone(),
+            params,
+        };
+        r.add_beam_request(req, beam.clone())?;
+    }
     let t0 = std::time::Instant::now();
     let mut steps = 0usize;
     while r.has_unfinished() {
@@ -611,18 +637,26 @@ fn generate_beams<T: RunDType>(
         steps += 1;
     }
     let total = t0.elapsed().as_secs_f64();
-    let hyps = r.take_beams(0).unwrap_or_default();
-    for (ids, score) in &hyps {
-        let text = match (tok, g.print_ids) {
-            (Some(t), false) => t.decode(ids)?,
-            _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
-        };
-        println!("{score:.6}\t{text}");
+    let mut n = 0;
+    for i in 0..prompts.len() {
+        let hyps = r.take_beams(i as u64).unwrap_or_default();
+        n += hyps.len();
+        for (ids, score) in &hyps {
+            let text = match (tok, g.print_ids) {
+                (Some(t), false) => t.decode(ids)?,
+                _ => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            };
+            if prompts.len() > 1 {
+                print!("{i}\t");
+            }
+            println!("{score:.6}\t{text}");
+        }
     }
+    let n_prompt: usize = prompts.iter().map(Vec::len).sum();
     eprintln!(
-        "fl: {n_prompt} prompt tokens, {k} beams, {steps} steps in {:.1} ms, {} hypotheses",
+        "fl: {} prompt(s), {n_prompt} prompt tokens, {k} beams, {steps} steps in {:.1} ms, {n} hypotheses",
+        prompts.len(),
         total * 1e3,
-        hyps.len()
     );
     Ok(())
 }
