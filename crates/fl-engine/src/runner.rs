@@ -799,22 +799,8 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
         } else {
             model.forward(&stream, &mut engine.blas, buf, &mut self.cache, mode)?;
-            if heads.is_empty() {
-                pass.runs += 1;
-                buf.status.check(&stream)?;
-                return Ok(Launched {
-                    plan,
-                    heads,
-                    slot,
-                    rows,
-                    key,
-                    decode,
-                    graph,
-                    chained,
-                    beam_groups: vec![],
-                    parity,
-                });
-            }
+        }
+        if !decode && !heads.is_empty() {
             let mut gather: Vec<i32> = heads.iter().map(|h| h.row).collect();
             gather.resize(rows, 0);
             head.rows.copy_from_host(&stream, &gather)?;
@@ -822,23 +808,25 @@ impl<'e, T: RunDType> Runner<'e, T> {
             model.lm_head(&stream, &mut engine.blas, &head.x, &mut head.logits)?;
         }
         pass.runs += 1;
+        let mut launched = Launched {
+            plan,
+            heads: vec![],
+            slot: vec![],
+            rows,
+            key,
+            decode,
+            graph,
+            chained,
+            beam_groups: vec![],
+            parity,
+        };
         if heads.is_empty() {
+            // Nothing to read back: the step is over once the stream is (the status read).
             buf.status.check(&stream)?;
-            return Ok(Launched {
-                plan,
-                heads,
-                slot,
-                rows,
-                key,
-                decode,
-                graph,
-                chained,
-                beam_groups: vec![],
-                parity: self.parity,
-            });
+            return Ok(launched);
         }
         self.process_logits(&stream, &heads, &slot, rows)?;
-        let beam_groups = self.launch_beams(&stream, &heads, &slot, rows)?;
+        launched.beam_groups = self.launch_beams(&stream, &heads, &slot, rows)?;
         let head = self.heads.get_mut(&rows).expect("inserted above");
         let opts = SampleOptions {
             steps: Some(&head.steps),
@@ -854,18 +842,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
         )?;
         stream.memcpy_dtoh(head.tokens.as_slice(), &mut head.host_tokens[parity])?;
         self.done[parity].record(&stream)?;
-        Ok(Launched {
-            plan,
-            heads,
-            slot,
-            rows,
-            key,
-            decode,
-            graph,
-            chained,
-            beam_groups,
-            parity,
-        })
+        launched.heads = heads;
+        launched.slot = slot;
+        Ok(launched)
     }
 
     /// Waits for launched step `l` and returns its `(request, token)`s and beam steps.

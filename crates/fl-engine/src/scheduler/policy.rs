@@ -319,10 +319,12 @@ impl<S: Clone> Scheduler<S> {
             return Err(RequestError::DuplicateId(req.id));
         }
         if let Some(width) = req.params.beam_width {
-            if width == 0 || width > self.cfg.max_num_seqs {
+            // Every beam decodes in the same step: the width must fit one.
+            let most = self.cfg.max_num_seqs.min(self.cfg.max_batched_tokens);
+            if width == 0 || width > most {
                 return Err(RequestError::BeamWidth {
                     width,
-                    max_num_seqs: self.cfg.max_num_seqs,
+                    max_num_seqs: most,
                 });
             }
         }

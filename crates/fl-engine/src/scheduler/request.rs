@@ -110,12 +110,13 @@ pub enum RequestError {
     /// Ids from [`BEAM_ID_BASE`](super::BEAM_ID_BASE) up name beam sequences.
     #[error("id: {0} is reserved for beam sequences (ids must be below 2^63)")]
     ReservedId(RequestId),
-    /// `beam_width` is 0 or above `max_num_seqs`.
-    #[error("beam_width: {width} must be in 1..={max_num_seqs} (max_num_seqs)")]
+    /// `beam_width` is 0 or more beams than one step runs (every beam decodes in the same
+    /// step).
+    #[error("beam_width: {width} must be in 1..={max_num_seqs} (the beams one step runs: max_num_seqs and max_batched_tokens)")]
     BeamWidth {
         /// The width asked for.
         width: usize,
-        /// Sequences one step runs at most.
+        /// Beams one step runs at most: `max_num_seqs`, or `max_batched_tokens` if smaller.
         max_num_seqs: usize,
     },
 }
