@@ -12,7 +12,11 @@
 //!   replayed from a CUDA graph), [`tokenizer`]: tokenizer.json, [`load`]: `--model`
 //!   resolution; [`gguf`]: llama.cpp's GGUF model files (reader, writer, config from
 //!   metadata);
+//! - [`kv`], [`scheduler`], [`runner`]: the paged KV block manager, continuous batching
+//!   (chunked prefill, preemption, beam groups, lookahead plans) and the model runner;
 //! - [`beam`]: beam search hypotheses as transformers keeps them (per-request state machine);
+//! - [`encoder`]: BERT / RoBERTa / XLM-RoBERTa encoders (config, weights, the CPU reference;
+//!   the GPU path is to come);
 //! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
 //!   stream each one's tokens and finish reason, abort, metrics);
 //! - [`chat_template`] (feature `serve`): a model's Jinja chat template rendered as
@@ -49,6 +53,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod demo;
 pub mod dtype;
+pub mod encoder;
 pub mod engine;
 mod error;
 pub mod gguf;

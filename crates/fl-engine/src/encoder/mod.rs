@@ -1,0 +1,33 @@
+//! Encoder models (BERT, RoBERTa, XLM-RoBERTa) for embeddings and rerankers (issue 35).
+//!
+//! - [`config`]: [`EncoderConfig`] from a Hugging Face `config.json`;
+//! - [`weights`]: [`EncoderWeights`] from safetensors (base-model or
+//!   `*ForSequenceClassification` files), f32 on the host;
+//! - [`PackedBatch`]: a ragged batch packed without padding (ids, token types, position ids,
+//!   `cu_seqlens`), [`Pooling`]: CLS, mean or last token;
+//! - [`reference`](mod@reference): the forward on the CPU in f32, the pooling, L2 normalisation and the
+//!   classification heads; the GPU path is checked against it.
+//!
+//! ```no_run
+//! use fl_engine::checkpoint::Checkpoint;
+//! use fl_engine::encoder::{reference, EncoderConfig, EncoderWeights, PackedBatch, Pooling};
+//! let dir = "models/bge-reranker-base";
+//! let cfg = EncoderConfig::from_model_dir(dir)?;
+//! let w = EncoderWeights::load(&Checkpoint::open(dir)?, &cfg)?;
+//! // Two query/passage pairs, already tokenised.
+//! let batch = PackedBatch::new(&cfg, &[vec![0, 581, 2, 2, 9906, 2], vec![0, 581, 2, 2, 4, 2]], None)?;
+//! let states = reference::forward(&cfg, &w, &batch)?; // [12, hidden]
+//! let scores = reference::classify(&cfg, &w, &states, &batch)?; // [2, num_labels]
+//! let mut emb = reference::pool(&states, &batch, cfg.hidden_size, Pooling::Mean)?;
+//! reference::l2_normalize(&mut emb, cfg.hidden_size)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod batch;
+pub mod config;
+pub mod reference;
+pub mod weights;
+
+pub use batch::{PackedBatch, Pooling};
+pub use config::{EncoderArch, EncoderConfig};
+pub use weights::{ClassifierHead, EncoderWeights};
