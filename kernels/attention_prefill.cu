@@ -1,4 +1,5 @@
-// Causal prefill attention over packed, padding-free sequences (FlashAttention-2 style).
+// Prefill attention over packed, padding-free sequences (FlashAttention-2 style): causal,
+// or non-causal (every key of the query's own sequence: encoders, issue 35).
 //
 // One CTA owns Br = 16 * NW query rows of one (sequence, q head); each of its NW warps owns
 // 16 of those rows. The CTA walks the key tiles of Bc keys that the causal (and window)
@@ -16,7 +17,11 @@
 // Both kernels are templated on PAGED: new query tokens at positions ctx - q_len .. ctx - 1
 // over K/V read from a paged cache through a block table (fl_attention_prefill_paged), the
 // same loop with key tiles gathered row by row (cp.async per 16-byte chunk, one table lookup
-// per key) and the causal / window masks shifted by the query's position.
+// per key) and the causal / window masks shifted by the query's position; and on CAUSAL (a
+// compile-time flag, so the causal instantiations are the code they were before the
+// non-causal ones were added): false walks every key tile of the sequence and masks only the
+// last one's keys past the sequence end. Non-causal is instantiated for the packed path only,
+// at head sizes 32, 64 and 128, without a window.
 #include "common/common.cuh"
 
 namespace fl {
@@ -100,6 +105,7 @@ template <> struct Mma<__nv_bfloat16> {
 // ldmatrix at every key tile (lighter on registers, which lets a warp own 32 rows and so
 // halve the K/V shared-memory reads per FLOP). MINB: CTAs per SM asked of the compiler.
 template <int D> struct Cfg;
+template <> struct Cfg<32> { static constexpr int NW = 4, MT = 2, BC = 64, MINB = 1; static constexpr bool QREG = false; };
 template <> struct Cfg<64> { static constexpr int NW = 4, MT = 2, BC = 64, MINB = 1; static constexpr bool QREG = false; };
 template <> struct Cfg<80> { static constexpr int NW = 4, MT = 1, BC = 64, MINB = 1; static constexpr bool QREG = true; };
 template <> struct Cfg<96> { static constexpr int NW = 4, MT = 1, BC = 64, MINB = 1; static constexpr bool QREG = true; };
@@ -191,8 +197,9 @@ __device__ __forceinline__ void load_kv_paged(uint32_t sk, uint32_t sv, const Pa
     }
 }
 
-template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED>
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED, bool CAUSAL>
 __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
+    static_assert(CAUSAL || !PAGED, "the paged prefill is causal");
     using TL = Tile<D, NW, MT, BC, QREG>;
     constexpr int BR = TL::BR, LD = TL::LD, THREADS = TL::THREADS;
     constexpr int NT = BC / 8;   // 8-key column tiles of S
@@ -225,11 +232,13 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
     const T *vg = static_cast<const T *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
 
     // Key tiles [n_lo, n_hi): keys 0..q_off + q_last (causal), >= q_off + q_start - window + 1
-    // (window). Paged: no tile when every row is before position 0 (bad ctx_len).
+    // (window). Paged: no tile when every row is before position 0 (bad ctx_len). Non-causal:
+    // every key of the sequence.
     const int last_pos = q_off + q_last;
-    const int n_hi = PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
+    const int n_hi = !CAUSAL ? (kv_len + BC - 1) / BC
+                     : PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
     int n_lo = 0;
-    if (p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
+    if (CAUSAL && p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
 
     const uint32_t s_base = smem_addr(smem_raw);
     auto k_stage = [&](int s) { return s_base + (uint32_t)(2 * s * TL::KV_ELEMS * 2); };
@@ -329,9 +338,11 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
             }
         }
 
-        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
-        const bool masked = kv0 + BC - 1 > q_off + q_start ||
-                            (p.window > 0 && kv0 <= q_off + q_last - p.window);
+        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge
+        // (non-causal: the end of the sequence).
+        const bool masked = CAUSAL ? kv0 + BC - 1 > q_off + q_start ||
+                                         (p.window > 0 && kv0 <= q_off + q_last - p.window)
+                                   : kv0 + BC > kv_len;
         if (masked) {
 #pragma unroll
             for (int i = 0; i < MT; ++i)
@@ -341,8 +352,9 @@ __global__ void __launch_bounds__(32 * NW, MINB) prefill_kernel(Params p) {
                     for (int e = 0; e < 4; ++e) {
                         const int key = kv0 + j * 8 + 2 * t + (e & 1);
                         const int pos = q_off + row_base + i * 16 + (e >> 1) * 8;
-                        const bool ok = key <= pos && key < kv_len &&
-                                        (p.window <= 0 || key > pos - p.window);
+                        const bool ok = CAUSAL ? key <= pos && key < kv_len &&
+                                                     (p.window <= 0 || key > pos - p.window)
+                                               : key < kv_len;
                         if (!ok) s[i][j][e] = -INFINITY;
                     }
         }
@@ -493,8 +505,9 @@ __device__ __forceinline__ void fma4(float4 &o, float p, const float4 &v) {
     o.w = fmaf(p, v.w, o.w);
 }
 
-template <int D, int BC, bool PAGED>
+template <int D, int BC, bool PAGED, bool CAUSAL>
 __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
+    static_assert(CAUSAL || !PAGED, "the paged prefill is causal");
     using TL = TileF32<D, BC>;
     constexpr int BR = TL::BR, LD = TL::LD, RM = TL::RM, KN = TL::KN, C4 = TL::C4,
                   DC = TL::DC;
@@ -529,11 +542,13 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
         static_cast<const float *>(p.v) + (int64_t)start * kv_stride + (int64_t)kvh * D;
 
     // Key tiles [n_lo, n_hi): keys 0..q_off + q_last (causal), >= q_off + q_start - window + 1
-    // (window). Paged: no tile when every row is before position 0 (bad ctx_len).
+    // (window). Paged: no tile when every row is before position 0 (bad ctx_len). Non-causal:
+    // every key of the sequence.
     const int last_pos = q_off + q_last;
-    const int n_hi = PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
+    const int n_hi = !CAUSAL ? (kv_len + BC - 1) / BC
+                     : PAGED ? (last_pos < 0 ? 0 : last_pos / BC + 1) : (q_last + BC) / BC;
     int n_lo = 0;
-    if (p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
+    if (CAUSAL && p.window > 0) n_lo = max(0, q_off + q_start - p.window + 1) / BC;
 
     const uint32_t s_base = smem_addr(smem_raw);
     auto k_off = [&](int s) { return TL::KV_OFF + 2 * s * BC * LD; };  // floats
@@ -610,9 +625,11 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
                 }
         }
 
-        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge.
-        const bool masked = kv0 + BC - 1 > q_off + q_start ||
-                            (p.window > 0 && kv0 <= q_off + q_last - p.window);
+        // Mask the tiles that cross the diagonal, the end of the sequence or the window edge
+        // (non-causal: the end of the sequence).
+        const bool masked = CAUSAL ? kv0 + BC - 1 > q_off + q_start ||
+                                         (p.window > 0 && kv0 <= q_off + q_last - p.window)
+                                   : kv0 + BC > kv_len;
         if (masked) {
 #pragma unroll
             for (int i = 0; i < RM; ++i)
@@ -620,8 +637,9 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
                 for (int j = 0; j < KN; ++j) {
                     const int key = kv0 + tx + 8 * j;
                     const int pos = q_off + q_start + ty + 16 * i;
-                    const bool ok =
-                        key <= pos && key < kv_len && (p.window <= 0 || key > pos - p.window);
+                    const bool ok = CAUSAL ? key <= pos && key < kv_len &&
+                                                 (p.window <= 0 || key > pos - p.window)
+                                           : key < kv_len;
                     if (!ok) s[i][j] = -INFINITY;
                 }
         }
@@ -704,13 +722,16 @@ __global__ void __launch_bounds__(kF32Threads) prefill_f32_kernel(Params p) {
 
 // ---------------------------------------------------------------- host side
 inline bool head_dim_ok(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+// Non-causal (encoder) head sizes: BERT-small / MiniLM, BERT-base / large, and 128.
+inline bool bidir_head_dim_ok(int d) { return d == 32 || d == 64 || d == 128; }
 
-inline bool valid(const fl_prefill_attention_args *a) {
+inline bool valid(const fl_prefill_attention_args *a, bool causal) {
     if (!a || a->batch < 0 || a->batch > 65535) return false;
     if (a->q_heads < 1 || a->kv_heads < 1 || a->q_heads % a->kv_heads) return false;
     if (a->dtype != FL_DTYPE_F32 && a->dtype != FL_DTYPE_F16 && a->dtype != FL_DTYPE_BF16)
         return false;
-    if (!head_dim_ok(a->head_dim)) return false;
+    if (!(causal ? head_dim_ok(a->head_dim) : bidir_head_dim_ok(a->head_dim))) return false;
+    if (!causal && a->window != 0) return false;  // a window is a causal notion here
     if (a->total_tokens < 1 || a->max_seq_len < 1 || a->max_seq_len > a->total_tokens)
         return false;
     if (a->window < 0) return false;
@@ -724,12 +745,12 @@ struct Grid {
 };
 
 // One tile configuration (Cfg<D>'s, from launch_d).
-template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED>
+template <typename T, int D, int NW, int MT, int BC, bool QREG, int MINB, bool PAGED, bool CAUSAL>
 fl_status launch_cfg(const Grid &a, const Params &p, cudaStream_t st) {
     using TL = Tile<D, NW, MT, BC, QREG>;
     const int64_t m_blocks = ceil_div(a.max_len, TL::BR);
     if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
-    auto kern = prefill_kernel<T, D, NW, MT, BC, QREG, MINB, PAGED>;
+    auto kern = prefill_kernel<T, D, NW, MT, BC, QREG, MINB, PAGED, CAUSAL>;
     if (TL::SMEM_BYTES > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)TL::SMEM_BYTES);
@@ -740,19 +761,19 @@ fl_status launch_cfg(const Grid &a, const Params &p, cudaStream_t st) {
     return launch_status();
 }
 
-template <typename T, int D, bool PAGED>
+template <typename T, int D, bool PAGED, bool CAUSAL>
 fl_status launch_d(const Grid &a, const Params &p, cudaStream_t st) {
     using C = Cfg<D>;
-    return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB, PAGED>(a, p, st);
+    return launch_cfg<T, D, C::NW, C::MT, C::BC, C::QREG, C::MINB, PAGED, CAUSAL>(a, p, st);
 }
 
-template <int D, bool PAGED>
+template <int D, bool PAGED, bool CAUSAL>
 fl_status launch_f32_d(const Grid &a, const Params &p, cudaStream_t st) {
     constexpr int BC = CfgF32<D>::BC;
     using TL = TileF32<D, BC>;
     const int64_t m_blocks = ceil_div(a.max_len, TL::BR);
     if (m_blocks > 65535) return FL_ERR_INVALID_ARGUMENT;
-    auto kern = prefill_f32_kernel<D, BC, PAGED>;
+    auto kern = prefill_f32_kernel<D, BC, PAGED, CAUSAL>;
     if (TL::SMEM_BYTES > 48 * 1024) {
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)TL::SMEM_BYTES);
@@ -763,36 +784,54 @@ fl_status launch_f32_d(const Grid &a, const Params &p, cudaStream_t st) {
     return launch_status();
 }
 
-template <bool PAGED>
+template <bool PAGED, bool CAUSAL>
 fl_status launch_f32(const Grid &a, const Params &p, cudaStream_t st) {
-    switch (a.head_dim) {
-    case 64: return launch_f32_d<64, PAGED>(a, p, st);
-    case 80: return launch_f32_d<80, PAGED>(a, p, st);
-    case 96: return launch_f32_d<96, PAGED>(a, p, st);
-    case 128: return launch_f32_d<128, PAGED>(a, p, st);
-    case 256: return launch_f32_d<256, PAGED>(a, p, st);
-    default: return FL_ERR_INVALID_ARGUMENT;
+    if constexpr (!CAUSAL) {  // only the head sizes bidir_head_dim_ok lets through
+        switch (a.head_dim) {
+        case 32: return launch_f32_d<32, PAGED, CAUSAL>(a, p, st);
+        case 64: return launch_f32_d<64, PAGED, CAUSAL>(a, p, st);
+        case 128: return launch_f32_d<128, PAGED, CAUSAL>(a, p, st);
+        default: return FL_ERR_INVALID_ARGUMENT;
+        }
+    } else {
+        switch (a.head_dim) {
+        case 64: return launch_f32_d<64, PAGED, CAUSAL>(a, p, st);
+        case 80: return launch_f32_d<80, PAGED, CAUSAL>(a, p, st);
+        case 96: return launch_f32_d<96, PAGED, CAUSAL>(a, p, st);
+        case 128: return launch_f32_d<128, PAGED, CAUSAL>(a, p, st);
+        case 256: return launch_f32_d<256, PAGED, CAUSAL>(a, p, st);
+        default: return FL_ERR_INVALID_ARGUMENT;
+        }
     }
 }
 
-template <typename T, bool PAGED>
+template <typename T, bool PAGED, bool CAUSAL>
 fl_status launch_t(const Grid &a, const Params &p, cudaStream_t st) {
-    switch (a.head_dim) {
-    case 64: return launch_d<T, 64, PAGED>(a, p, st);
-    case 80: return launch_d<T, 80, PAGED>(a, p, st);
-    case 96: return launch_d<T, 96, PAGED>(a, p, st);
-    case 128: return launch_d<T, 128, PAGED>(a, p, st);
-    case 256: return launch_d<T, 256, PAGED>(a, p, st);
-    default: return FL_ERR_INVALID_ARGUMENT;
+    if constexpr (!CAUSAL) {
+        switch (a.head_dim) {
+        case 32: return launch_d<T, 32, PAGED, CAUSAL>(a, p, st);
+        case 64: return launch_d<T, 64, PAGED, CAUSAL>(a, p, st);
+        case 128: return launch_d<T, 128, PAGED, CAUSAL>(a, p, st);
+        default: return FL_ERR_INVALID_ARGUMENT;
+        }
+    } else {
+        switch (a.head_dim) {
+        case 64: return launch_d<T, 64, PAGED, CAUSAL>(a, p, st);
+        case 80: return launch_d<T, 80, PAGED, CAUSAL>(a, p, st);
+        case 96: return launch_d<T, 96, PAGED, CAUSAL>(a, p, st);
+        case 128: return launch_d<T, 128, PAGED, CAUSAL>(a, p, st);
+        case 256: return launch_d<T, 256, PAGED, CAUSAL>(a, p, st);
+        default: return FL_ERR_INVALID_ARGUMENT;
+        }
     }
 }
 
 // One launch over Params `p` (dtype and head size from the caller's args).
-template <bool PAGED>
+template <bool PAGED, bool CAUSAL>
 fl_status launch_any(fl_dtype dtype, const Grid &g, const Params &p, cudaStream_t st) {
-    if (dtype == FL_DTYPE_F32) return launch_f32<PAGED>(g, p, st);
-    if (dtype == FL_DTYPE_F16) return launch_t<__half, PAGED>(g, p, st);
-    return launch_t<__nv_bfloat16, PAGED>(g, p, st);
+    if (dtype == FL_DTYPE_F32) return launch_f32<PAGED, CAUSAL>(g, p, st);
+    if (dtype == FL_DTYPE_F16) return launch_t<__half, PAGED, CAUSAL>(g, p, st);
+    return launch_t<__nv_bfloat16, PAGED, CAUSAL>(g, p, st);
 }
 
 inline Params make_params(const fl_prefill_attention_args *a) {
@@ -830,16 +869,16 @@ inline bool valid_paged(const fl_prefill_paged_attention_args *a) {
 }  // namespace prefill
 
 namespace prefill_wgmma {
-fl_status launch(const fl_prefill_attention_args *a, cudaStream_t st);  // attention_prefill_wgmma.cu
+fl_status launch(const fl_prefill_attention_args *a, bool causal, cudaStream_t st);  // attention_prefill_wgmma.cu
 }
-}  // namespace fl
 
-extern "C" fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *a,
-                                                int32_t kernel, fl_stream stream) {
-    using namespace fl::prefill;
+namespace prefill {
+// fl_attention_prefill_kernel and its non-causal twin.
+template <bool CAUSAL>
+fl_status run_packed(const fl_prefill_attention_args *a, int32_t kernel, fl_stream stream) {
     if (kernel != FL_PREFILL_KERNEL_AUTO && kernel != FL_PREFILL_KERNEL_MMA_SYNC)
         return FL_ERR_INVALID_ARGUMENT;
-    if (!valid(a)) return FL_ERR_INVALID_ARGUMENT;
+    if (!valid(a, CAUSAL)) return FL_ERR_INVALID_ARGUMENT;
     if (a->batch == 0) return FL_OK;
     if (!a->q || !a->k || !a->v || !a->out || !a->cu_seqlens) return FL_ERR_INVALID_ARGUMENT;
     if (!fl::aligned16(a->q) || !fl::aligned16(a->k) || !fl::aligned16(a->v) ||
@@ -848,11 +887,28 @@ extern "C" fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args
     const Params p = make_params(a);
     cudaStream_t st = fl::as_stream(stream);
     if (kernel == FL_PREFILL_KERNEL_AUTO) {
-        const fl_status s = fl::prefill_wgmma::launch(a, st);
+        const fl_status s = fl::prefill_wgmma::launch(a, CAUSAL, st);
         if (s != FL_ERR_UNSUPPORTED_DTYPE) return s;  // else: a call that path does not run
     }
     const Grid g{a->q_heads, a->batch, a->head_dim, a->max_seq_len};
-    return launch_any<false>(a->dtype, g, p, st);
+    return launch_any<false, CAUSAL>(a->dtype, g, p, st);
+}
+}  // namespace prefill
+}  // namespace fl
+
+extern "C" fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *a,
+                                                int32_t kernel, fl_stream stream) {
+    return fl::prefill::run_packed<true>(a, kernel, stream);
+}
+
+extern "C" fl_status fl_attention_prefill_bidirectional_kernel(const fl_prefill_attention_args *a,
+                                                              int32_t kernel, fl_stream stream) {
+    return fl::prefill::run_packed<false>(a, kernel, stream);
+}
+
+extern "C" fl_status fl_attention_prefill_bidirectional(const fl_prefill_attention_args *a,
+                                                       fl_stream stream) {
+    return fl::prefill::run_packed<false>(a, FL_PREFILL_KERNEL_AUTO, stream);
 }
 
 extern "C" fl_status fl_attention_prefill_paged(const fl_prefill_paged_attention_args *a,
@@ -880,7 +936,7 @@ extern "C" fl_status fl_attention_prefill_paged(const fl_prefill_paged_attention
     p.max_blocks = paged ? a->max_blocks_per_seq : 1;
     p.num_blocks = a->num_blocks;
     const Grid g{a->q_heads, a->batch, a->head_dim, a->max_q_len};
-    return launch_any<true>(a->dtype, g, p, fl::as_stream(stream));
+    return launch_any<true, true>(a->dtype, g, p, fl::as_stream(stream));
 }
 
 extern "C" fl_status fl_attention_prefill(const fl_prefill_attention_args *a, fl_stream stream) {

@@ -1,7 +1,9 @@
 // Causal prefill attention on Hopper tensor cores (wgmma + TMA), head_dim 128, f16 / bf16: what
 // fl_attention_prefill runs on sm_90 for those calls (the mma.sync kernel of
 // attention_prefill.cu runs every other call, and every call that FL_PREFILL_KERNEL_MMA_SYNC
-// forces onto it).
+// forces onto it). CAUSAL = false (a compile-time flag: the causal instantiations are the code
+// they were before it) is fl_attention_prefill_bidirectional's: every key tile of the sequence,
+// only the last one masked (its keys past the sequence end).
 //
 // One CTA owns BM = 128 query rows of one (sequence, q head): two consumer warpgroups of 64
 // rows each and one producer warpgroup. Key tiles of BN = 128 keys, from the diagonal tile down:
@@ -55,6 +57,7 @@ struct Params {
 struct Work {
     int h, kvh, start, len, q_start, n_lo, n_hi;
 };
+template <bool CAUSAL>
 __device__ __forceinline__ bool work_item(const Params &p, int w, Work &it) {
     if (w >= p.n_work) return false;
     const int hb = p.q_heads * p.batch;
@@ -64,10 +67,15 @@ __device__ __forceinline__ bool work_item(const Params &p, int w, Work &it) {
     packed_seq(p.cu_seqlens, (w % hb) / p.q_heads, p.total_tokens, it.start, it.len);
     it.q_start = m_block * BM;
     if (it.q_start >= it.len) return false;
-    const int q_last = min(it.q_start + BM, it.len) - 1;
-    // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
-    it.n_hi = (q_last + BN) / BN;
-    it.n_lo = p.window > 0 ? max(0, it.q_start - p.window + 1) / BN : 0;
+    if constexpr (CAUSAL) {
+        const int q_last = min(it.q_start + BM, it.len) - 1;
+        // Key tiles [n_lo, n_hi): keys 0..q_last (causal), >= q_start - window + 1 (window).
+        it.n_hi = (q_last + BN) / BN;
+        it.n_lo = p.window > 0 ? max(0, it.q_start - p.window + 1) / BN : 0;
+    } else {  // every key of the sequence
+        it.n_hi = (it.len + BN - 1) / BN;
+        it.n_lo = 0;
+    }
     return true;
 }
 
@@ -84,7 +92,7 @@ __device__ __forceinline__ int item_of(const Params &p, int r) {
 // (item_of). The producer runs ahead across items, so the next item's Q and first K/V tiles
 // load while the consumers finish the current one and write its output (what short
 // sequences need most).
-template <typename T>
+template <typename T, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_constant__ Params p) {
 #ifdef FL_HAVE_WGMMA
     using namespace fl::wg;
@@ -125,7 +133,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
             int kv = 0, qn = 0;
             for (int r = 0; r * (int)gridDim.x < p.n_work; ++r) {
                 Work it;
-                if (!work_item(p, item_of(p, r), it)) continue;
+                if (!work_item<CAUSAL>(p, item_of(p, r), it)) continue;
                 mbar_wait(empty_q, (qn & 1) ^ 1);
                 ++qn;
                 mbar_expect_tx(full_q, TILE_BYTES);
@@ -177,20 +185,36 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
             Wg<T>::rs_m64n128k16_tb(o, pa[kk], mdesc(s_v(sl) + (uint32_t)kk * 2048u, TILE_BYTES / 2, 1024));
         wgmma_commit();
     };
-    // Online softmax of S_j in place (s becomes P), returning the factors O must be rescaled by.
-    auto softmax = [&](int j, float &a0, float &a1, float &sum0, float &sum1) {
+    // Online softmax of S_j in place (s becomes P), returning the factors O must be rescaled by;
+    // seq_len: the sequence's length (non-causal: its keys end there).
+    auto softmax = [&](int j, int seq_len, float &a0, float &a1, float &sum0, float &sum1) {
         // s[4c + e] = (row r0, key 8c + 2t + e), s[4c + 2 + e] = (row r1, same key). Masks only
-        // where a key of the tile lies beyond a row (the diagonal) or before its window.
-        const bool masked = (j + 1) * BN - 1 > wg_first || (p.window > 0 && j * BN <= wg_last - p.window);
-        if (masked) {
+        // where a key of the tile lies beyond a row (the diagonal) or before its window;
+        // non-causal: where it lies past the sequence end (the last tile only).
+        if constexpr (CAUSAL) {
+            const bool masked = (j + 1) * BN - 1 > wg_first || (p.window > 0 && j * BN <= wg_last - p.window);
+            if (masked) {
 #pragma unroll
-            for (int c = 0; c < 16; ++c)
+                for (int c = 0; c < 16; ++c)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int key = j * BN + 8 * c + 2 * t + e;
-                    if (key > r0 || (p.window > 0 && key <= r0 - p.window)) s[4 * c + e] = -INFINITY;
-                    if (key > r1 || (p.window > 0 && key <= r1 - p.window)) s[4 * c + 2 + e] = -INFINITY;
-                }
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = j * BN + 8 * c + 2 * t + e;
+                        if (key > r0 || (p.window > 0 && key <= r0 - p.window)) s[4 * c + e] = -INFINITY;
+                        if (key > r1 || (p.window > 0 && key <= r1 - p.window)) s[4 * c + 2 + e] = -INFINITY;
+                    }
+            }
+        } else {
+            if ((j + 1) * BN > seq_len) {
+#pragma unroll
+                for (int c = 0; c < 16; ++c)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (j * BN + 8 * c + 2 * t + e >= seq_len) {
+                            s[4 * c + e] = -INFINITY;
+                            s[4 * c + 2 + e] = -INFINITY;
+                        }
+                    }
+            }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -243,7 +267,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
     int kv = 0, qn = 0;
     for (int r = 0; r * (int)gridDim.x < p.n_work; ++r) {
         Work it;
-        if (!work_item(p, item_of(p, r), it)) continue;
+        if (!work_item<CAUSAL>(p, item_of(p, r), it)) continue;
         const int ntiles = it.n_hi - it.n_lo;
         wg_first = it.q_start + 64 * wg;           // this warpgroup's first query row
         wg_last = min(wg_first + 63, it.len - 1);  // < wg_first: no rows here
@@ -268,7 +292,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
                 mbar_arrive(empty_k(sl));
                 if (ntiles == 1) mbar_arrive(empty_q);
             }
-            softmax(it.n_hi - 1, a0, a1, sum0, sum1);
+            softmax(it.n_hi - 1, it.len, a0, a1, sum0, sum1);
             rescale_and_pack(a0, a1, sum0, sum1);
         }
         for (int i = 1; i < ntiles; ++i) {
@@ -285,7 +309,7 @@ __global__ void __launch_bounds__(THREADS, 1) prefill_wgmma_kernel(const __grid_
                 mbar_arrive(empty_k(sl));
                 if (i == ntiles - 1) mbar_arrive(empty_q);  // the item's last use of Q
             }
-            softmax(it.n_hi - 1 - i, a0, a1, sum0, sum1);
+            softmax(it.n_hi - 1 - i, it.len, a0, a1, sum0, sum1);
             wgmma_wait<0>();  // O and pa may be touched again
             fence_regs(o);
             if (lane == 0) mbar_arrive(empty_v(pl));
@@ -362,7 +386,7 @@ inline bool make_map(CUtensorMap *m, CUtensorMapDataType dt, const void *ptr, in
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <typename T>
+template <typename T, bool CAUSAL>
 fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     Params p;
     const CUtensorMapDataType dt =
@@ -385,7 +409,7 @@ fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     p.m_blocks = (int32_t)m_blocks;
     p.n_work = (int32_t)n_work;
     if (!kHaveSm90Code) return FL_ERR_UNSUPPORTED_DTYPE;
-    auto kern = prefill_wgmma_kernel<T>;
+    auto kern = prefill_wgmma_kernel<T, CAUSAL>;
     const cudaError_t e =
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
     if (e != cudaSuccess) {
@@ -398,14 +422,16 @@ fl_status launch_t(const fl_prefill_attention_args *a, cudaStream_t st) {
     return launch_status();
 }
 
-// Arguments already checked by fl_attention_prefill. FL_ERR_UNSUPPORTED_DTYPE when this path
-// cannot run the call (head_dim != 128, f32, a device other than sm_90): the caller then uses
-// the mma.sync kernel.
-fl_status launch(const fl_prefill_attention_args *a, cudaStream_t st) {
+// Arguments already checked by fl_attention_prefill (causal) or
+// fl_attention_prefill_bidirectional (not). FL_ERR_UNSUPPORTED_DTYPE when this path cannot run
+// the call (head_dim != 128, f32, a device other than sm_90): the caller then uses the mma.sync
+// kernel.
+fl_status launch(const fl_prefill_attention_args *a, bool causal, cudaStream_t st) {
     if (a->head_dim != D || a->dtype == FL_DTYPE_F32 || !device_ok())
         return FL_ERR_UNSUPPORTED_DTYPE;
-    if (a->dtype == FL_DTYPE_F16) return launch_t<__half>(a, st);
-    return launch_t<__nv_bfloat16>(a, st);
+    if (a->dtype == FL_DTYPE_F16)
+        return causal ? launch_t<__half, true>(a, st) : launch_t<__half, false>(a, st);
+    return causal ? launch_t<__nv_bfloat16, true>(a, st) : launch_t<__nv_bfloat16, false>(a, st);
 }
 
 }  // namespace prefill_wgmma

@@ -67,6 +67,27 @@ fl_status fl_attention_prefill(const fl_prefill_attention_args *args, fl_stream 
 fl_status fl_attention_prefill_kernel(const fl_prefill_attention_args *args, int32_t kernel,
                                       fl_stream stream);
 
+/* Non-causal (bidirectional) prefill attention over packed, padding-free sequences: encoders
+ * (BERT, RoBERTa; FasterTransformer's Effective Transformer layout, no padded token computed).
+ * fl_attention_prefill with every query attending to every key of its own sequence:
+ *
+ *   out[s + i, h, :] = sum_j softmax_j(scale * q[s + i, h, :] . k[s + j, h / group, :]) v[s + j, h / group, :]
+ *
+ * over all j in [0, len_b). Same args, kernels (AUTO: the wgmma kernel on sm_90 at head_dim 128
+ * in f16 / bf16, else mma.sync; f32 on CUDA cores), numerics, bounds and errors as
+ * fl_attention_prefill, except:
+ *   head_dim    32, 64 or 128
+ *   window      must be 0 (FL_ERR_INVALID_ARGUMENT otherwise)
+ * As there, the wgmma kernel reads K/V in 128-token boxes that may take the next sequence's
+ * rows: masked out, but a NaN or Inf in its V rows would reach this sequence (0 * Inf). */
+fl_status fl_attention_prefill_bidirectional(const fl_prefill_attention_args *args,
+                                             fl_stream stream);
+
+/* fl_attention_prefill_bidirectional with the kernel chosen by the caller (FL_PREFILL_KERNEL_*,
+ * as fl_attention_prefill_kernel). For tests. */
+fl_status fl_attention_prefill_bidirectional_kernel(const fl_prefill_attention_args *args,
+                                                    int32_t kernel, fl_stream stream);
+
 /* Causal prefill attention of new query tokens over a KV cache that already holds them:
  * chunked prefill and mixed prefill + decode steps (FlashInfer's BatchPrefillWithPagedKVCache).
  *

@@ -1,5 +1,6 @@
-//! Causal prefill attention over packed, padding-free sequences: [`prefill`]; new tokens
-//! over a (paged) KV cache that already holds their prefix: [`prefill_paged`].
+//! Causal prefill attention over packed, padding-free sequences: [`prefill`]; its non-causal
+//! twin for encoders: [`prefill_bidirectional`]; new tokens over a (paged) KV cache that
+//! already holds their prefix: [`prefill_paged`].
 //!
 //! CPU reference: [`crate::reference::attention_prefill`](mod@crate::reference::attention_prefill).
 
@@ -15,6 +16,10 @@ use crate::{DeviceTensor, Error, Result};
 
 /// Head sizes the prefill kernel is instantiated for.
 pub const PREFILL_HEAD_DIMS: [usize; 5] = [64, 80, 96, 128, 256];
+
+/// Head sizes the non-causal prefill ([`prefill_bidirectional`]) is instantiated for: the
+/// encoders' (MiniLM 32; BERT-base / large, RoBERTa, XLM-R 64; 128).
+pub const PREFILL_BIDIRECTIONAL_HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Knobs of [`prefill`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,7 +59,8 @@ pub fn prefill_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64
 }
 
 /// Causal prefill attention over a packed, padding-free batch (flash attention: on tensor
-/// cores for `f16`/`bf16`, on CUDA cores in f32 for `f32`).
+/// cores for `f16`/`bf16`, on CUDA cores in f32 for `f32`). Encoders (no causal mask):
+/// [`prefill_bidirectional`].
 ///
 /// Kernels: on Hopper (sm_90) with `head_dim` 128 in `f16`/`bf16`, a FlashAttention-3-style
 /// kernel (TMA copies issued by a producer warpgroup, wgmma, the P·V product of one key tile
@@ -167,6 +173,44 @@ pub fn prefill_with_kernel<T: FloatDType>(
     params: &PrefillParams,
     kernel: PrefillKernel,
 ) -> Result<()> {
+    let mode = Mode::Causal {
+        window: params.window,
+    };
+    let (scale, max_seq_len) = (params.scale, params.max_seq_len);
+    launch_packed(
+        stream,
+        [q, k, v],
+        cu_seqlens,
+        out,
+        (scale, max_seq_len),
+        mode,
+        kernel,
+    )
+}
+
+/// The mask of a packed prefill launch.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Keys `j ≤ i` (and `j > i − w` with a window `w`).
+    Causal { window: Option<usize> },
+    /// Every key of the sequence.
+    Bidirectional,
+}
+
+/// Checks and launches one packed prefill ([`prefill`] or [`prefill_bidirectional`]).
+fn launch_packed<T: FloatDType>(
+    stream: &Arc<CudaStream>,
+    [q, k, v]: [&DeviceTensor<T>; 3],
+    cu_seqlens: &DeviceTensor<i32>,
+    out: &mut DeviceTensor<T>,
+    (scale, max_seq_len): (f32, usize),
+    mode: Mode,
+    kernel: PrefillKernel,
+) -> Result<()> {
+    let head_dims: &[usize] = match mode {
+        Mode::Causal { .. } => &PREFILL_HEAD_DIMS,
+        Mode::Bidirectional => &PREFILL_BIDIRECTIONAL_HEAD_DIMS,
+    };
     let qs = q.shape();
     if qs.len() != 3 {
         return Err(Error::Shape {
@@ -176,10 +220,10 @@ pub fn prefill_with_kernel<T: FloatDType>(
         });
     }
     let (total, q_heads, head_dim) = (qs[0], qs[1], qs[2]);
-    if !PREFILL_HEAD_DIMS.contains(&head_dim) {
+    if !head_dims.contains(&head_dim) {
         return Err(Error::invalid(
             "q",
-            format!("head_dim {head_dim} is not one of {PREFILL_HEAD_DIMS:?}"),
+            format!("head_dim {head_dim} is not one of {head_dims:?}"),
         ));
     }
     let ks = k.shape();
@@ -215,27 +259,28 @@ pub fn prefill_with_kernel<T: FloatDType>(
             limit: 65535,
         });
     }
-    if params.max_seq_len == 0 || params.max_seq_len > total {
+    if max_seq_len == 0 || max_seq_len > total {
         return Err(Error::invalid(
             "params.max_seq_len",
-            format!(
-                "{} is not in 1..={total} (total_tokens)",
-                params.max_seq_len
-            ),
+            format!("{max_seq_len} is not in 1..={total} (total_tokens)"),
         ));
     }
-    if !(params.scale.is_finite() && params.scale > 0.0) {
+    if !(scale.is_finite() && scale > 0.0) {
         return Err(Error::invalid(
             "params.scale",
-            format!("{} is not finite and positive", params.scale),
+            format!("{scale} is not finite and positive"),
         ));
     }
-    if params.window == Some(0) {
-        return Err(Error::invalid(
-            "params.window",
-            "must be at least 1 (or None)",
-        ));
-    }
+    let window = match mode {
+        Mode::Causal { window: Some(0) } => {
+            return Err(Error::invalid(
+                "params.window",
+                "must be at least 1 (or None)",
+            ));
+        }
+        Mode::Causal { window } => window.unwrap_or(0),
+        Mode::Bidirectional => 0,
+    };
     let mut args = fl_prefill_attention_args {
         dtype: T::ID,
         batch: batch as i32,
@@ -248,9 +293,9 @@ pub fn prefill_with_kernel<T: FloatDType>(
         v: std::ptr::null(),
         out: std::ptr::null_mut(),
         cu_seqlens: std::ptr::null(),
-        max_seq_len: as_i32("params.max_seq_len", params.max_seq_len)?,
-        scale: params.scale,
-        window: as_i32("params.window", params.window.unwrap_or(0))?,
+        max_seq_len: as_i32("params.max_seq_len", max_seq_len)?,
+        scale,
+        window: as_i32("params.window", window)?,
     };
     let (pq, _g1) = q.ptr(stream);
     let (pk, _g2) = k.ptr(stream);
@@ -265,9 +310,146 @@ pub fn prefill_with_kernel<T: FloatDType>(
     // SAFETY: every pointer refers to a live buffer whose shape was checked against the
     // args above; the guards keep them alive until the launch has been queued.
     let status = unsafe {
-        fl_kernels_sys::fl_attention_prefill_kernel(&args, kernel.to_ffi(), raw_stream(stream))
+        match mode {
+            Mode::Causal { .. } => fl_kernels_sys::fl_attention_prefill_kernel(
+                &args,
+                kernel.to_ffi(),
+                raw_stream(stream),
+            ),
+            Mode::Bidirectional => fl_kernels_sys::fl_attention_prefill_bidirectional_kernel(
+                &args,
+                kernel.to_ffi(),
+                raw_stream(stream),
+            ),
+        }
     };
-    check("attention_prefill::prefill", status)
+    match mode {
+        Mode::Causal { .. } => check("attention_prefill::prefill", status),
+        Mode::Bidirectional => check("attention_prefill::prefill_bidirectional", status),
+    }
+}
+
+/// Knobs of [`prefill_bidirectional`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BidirectionalPrefillParams {
+    /// Softmax scale, finite and `> 0`; usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+    /// Host-known upper bound on every sequence length in `cu_seqlens`, in
+    /// `1..=total_tokens`; it sizes the grid. **Precondition** as
+    /// [`PrefillParams::max_seq_len`]: no sequence is longer (its rows past `max_seq_len`
+    /// would be left unwritten).
+    pub max_seq_len: usize,
+}
+
+impl BidirectionalPrefillParams {
+    /// `scale = 1/sqrt(head_dim)`.
+    pub fn new(head_dim: usize, max_seq_len: usize) -> Self {
+        BidirectionalPrefillParams {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            max_seq_len,
+        }
+    }
+}
+
+/// FLOPs of one [`prefill_bidirectional`] call as the benches count them: `4 · head_dim ·
+/// q_heads · Σ_b L_b²` (the QKᵀ and PV products over every (query, key) pair of each
+/// sequence, each multiply-add counted as 2).
+pub fn prefill_bidirectional_flops(seq_lens: &[usize], q_heads: usize, head_dim: usize) -> u64 {
+    let pairs: u64 = seq_lens.iter().map(|&l| (l as u64) * (l as u64)).sum();
+    4 * head_dim as u64 * q_heads as u64 * pairs
+}
+
+/// Non-causal (bidirectional) prefill attention over a packed, padding-free batch: the
+/// encoder attention of BERT, RoBERTa and their embedding / reranker models, with the
+/// padding removed (FasterTransformer's Effective Transformer: `cu_seqlens` in, no padded
+/// token computed). [`prefill`]'s kernels and numerics, with every query attending to every
+/// key of its own sequence.
+///
+/// Sequence `b` owns tokens `s = cu_seqlens[b] .. cu_seqlens[b + 1]` (length `L_b`) of the
+/// packed tensors. For its query at position `i` and q head `h`:
+///
+/// `out[s + i, h] = Σ_j softmax_j(scale · q[s + i, h] · k[s + j, h / g]) · v[s + j, h / g]`
+///
+/// over all `j` in `0..L_b`; `g = q_heads / kv_heads` (GQA; MHA `g = 1`). No window. f32
+/// softmax and accumulation; `f16`/`bf16` on tensor cores with the softmax weights rounded to
+/// the dtype for `P·V`, `f32` on CUDA cores in f32. Kernels as [`prefill`]: on Hopper at
+/// `head_dim` 128 in `f16`/`bf16` the wgmma + TMA kernel (which reads K/V in 128-token boxes
+/// that may take rows of the next sequence: masked out, but a NaN or infinity there would
+/// reach this sequence's output), else the mma.sync kernel.
+///
+/// Shapes and dtypes as [`prefill`]: `q`, `out`: `[total_tokens, q_heads, head_dim]`; `k`,
+/// `v`: `[total_tokens, kv_heads, head_dim]`; `cu_seqlens`: `[batch + 1]` i32 prefix offsets on
+/// the device; `head_dim` in [`PREFILL_BIDIRECTIONAL_HEAD_DIMS`]; `f32`, `f16` or `bf16`.
+/// Whatever `cu_seqlens` holds, nothing outside the tensors is read or written; tokens no
+/// sequence covers are not written.
+///
+/// Errors, before any launch: as [`prefill`] (`q` also for a head_dim outside
+/// [`PREFILL_BIDIRECTIONAL_HEAD_DIMS`], `params.max_seq_len`, `params.scale`).
+///
+/// ```no_run
+/// use fl_kernels::attention_prefill::{self, BidirectionalPrefillParams};
+/// use fl_kernels::{DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// // BERT-base: 12 heads of 64; three sentences of 128, 37 and 5 tokens, no padding.
+/// let (h, d) = (12, 64);
+/// let lens = [128usize, 37, 5];
+/// let total: usize = lens.iter().sum();
+/// let cu: Vec<i32> = std::iter::once(0)
+///     .chain(lens.iter().scan(0, |acc, &l| { *acc += l as i32; Some(*acc) }))
+///     .collect();
+/// let q = DeviceTensor::<f16>::zeros(s, &[total, h, d])?;
+/// let k = DeviceTensor::<f16>::zeros(s, &[total, h, d])?;
+/// let v = DeviceTensor::<f16>::zeros(s, &[total, h, d])?;
+/// let cu_seqlens = DeviceTensor::from_host(s, &cu, &[lens.len() + 1])?;
+/// let mut out = DeviceTensor::<f16>::zeros(s, &[total, h, d])?;
+/// let params = BidirectionalPrefillParams::new(d, 128);
+/// attention_prefill::prefill_bidirectional(s, &q, &k, &v, &cu_seqlens, &mut out, &params)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn prefill_bidirectional<T: FloatDType>(
+    stream: &Arc<CudaStream>,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    cu_seqlens: &DeviceTensor<i32>,
+    out: &mut DeviceTensor<T>,
+    params: &BidirectionalPrefillParams,
+) -> Result<()> {
+    prefill_bidirectional_with_kernel(
+        stream,
+        q,
+        k,
+        v,
+        cu_seqlens,
+        out,
+        params,
+        PrefillKernel::Auto,
+    )
+}
+
+/// [`prefill_bidirectional`] with the kernel forced. For tests.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_bidirectional_with_kernel<T: FloatDType>(
+    stream: &Arc<CudaStream>,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    cu_seqlens: &DeviceTensor<i32>,
+    out: &mut DeviceTensor<T>,
+    params: &BidirectionalPrefillParams,
+    kernel: PrefillKernel,
+) -> Result<()> {
+    launch_packed(
+        stream,
+        [q, k, v],
+        cu_seqlens,
+        out,
+        (params.scale, params.max_seq_len),
+        Mode::Bidirectional,
+        kernel,
+    )
 }
 
 /// Knobs of [`prefill_paged`].

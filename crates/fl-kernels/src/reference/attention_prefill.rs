@@ -19,6 +19,65 @@ pub fn prefill(
     scale: f64,
     window: usize,
 ) -> Vec<f64> {
+    packed(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        [q_heads, kv_heads, d],
+        scale,
+        Mask::Causal { window },
+    )
+}
+
+/// Non-causal (bidirectional) prefill attention over a packed batch, in f64: the reference of
+/// [`attention_prefill::prefill_bidirectional`](crate::attention_prefill::prefill_bidirectional).
+///
+/// Shapes as [`prefill`]. For the query at position `i` of sequence `b` (token `s = cu[b] + i`)
+/// and head `h`, the softmax over every key `j` of the same sequence (`0 ≤ j < L_b`) of
+/// `scale · q·k`, applied to `v`, with kv head `h / (q_heads / kv_heads)`. Tokens outside every
+/// sequence stay 0.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_bidirectional(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    cu_seqlens: &[usize],
+    q_heads: usize,
+    kv_heads: usize,
+    d: usize,
+    scale: f64,
+) -> Vec<f64> {
+    packed(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        [q_heads, kv_heads, d],
+        scale,
+        Mask::Bidirectional,
+    )
+}
+
+/// Which keys a query at position `p` sees.
+#[derive(Clone, Copy)]
+enum Mask {
+    /// `max(0, p + 1 − window) ≤ j ≤ p` (window 0 = all earlier keys).
+    Causal { window: usize },
+    /// Every key.
+    Bidirectional,
+}
+
+/// [`prefill`] / [`prefill_bidirectional`] with the mask given.
+fn packed(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    cu_seqlens: &[usize],
+    [q_heads, kv_heads, d]: [usize; 3],
+    scale: f64,
+    mask: Mask,
+) -> Vec<f64> {
     let total = q.len() / (q_heads * d).max(1);
     let mut out = vec![0f64; total * q_heads * d];
     for w in cu_seqlens.windows(2) {
@@ -34,7 +93,7 @@ pub fn prefill(
             0,
             [q_heads, kv_heads, d],
             scale,
-            window,
+            mask,
             o,
         );
     }
@@ -42,7 +101,7 @@ pub fn prefill(
 }
 
 /// Attention of `q_rows [n, q_heads, d]` at positions `pos0 .. pos0 + n` over the keys
-/// `k_seq`, `v_seq [L, kv_heads, d]` of one sequence (causal, window 0 = all), into
+/// `k_seq`, `v_seq [L, kv_heads, d]` of one sequence (masked per `mask`), into
 /// `out [n, q_heads, d]` (overwritten; a row without keys gets 0).
 #[allow(clippy::too_many_arguments)]
 fn attend_chunk(
@@ -52,7 +111,7 @@ fn attend_chunk(
     pos0: usize,
     [q_heads, kv_heads, d]: [usize; 3],
     scale: f64,
-    window: usize,
+    mask: Mask,
     out: &mut [f64],
 ) {
     let g = q_heads / kv_heads;
@@ -60,11 +119,12 @@ fn attend_chunk(
     let n = q_rows.len() / (q_heads * d).max(1);
     for i in 0..n {
         let p = pos0 + i;
-        let hi = (p + 1).min(n_keys);
-        let lo = if window > 0 {
-            (p + 1).saturating_sub(window)
-        } else {
-            0
+        let (lo, hi) = match mask {
+            Mask::Causal { window } if window > 0 => {
+                ((p + 1).saturating_sub(window), (p + 1).min(n_keys))
+            }
+            Mask::Causal { .. } => (0, (p + 1).min(n_keys)),
+            Mask::Bidirectional => (0, n_keys),
         };
         for h in 0..q_heads {
             let kvh = h / g;
@@ -176,7 +236,7 @@ pub fn prefill_paged(
             ctx - n,
             [q_heads, kv_heads, d],
             scale,
-            window,
+            Mask::Causal { window },
             o,
         );
     }
