@@ -15,8 +15,8 @@
 //! - [`kv`], [`scheduler`], [`runner`]: the paged KV block manager, continuous batching
 //!   (chunked prefill, preemption, beam groups, lookahead plans) and the model runner;
 //! - [`beam`]: beam search hypotheses as transformers keeps them (per-request state machine);
-//! - [`encoder`]: BERT / RoBERTa / XLM-RoBERTa encoders (config, weights, the CPU reference;
-//!   the GPU path is to come);
+//! - [`encoder`]: BERT / RoBERTa / XLM-RoBERTa encoders (config, weights, the CPU reference,
+//!   a first GPU forward from unfused ops);
 //! - [`service`]: the model on a worker thread, driven from any thread (submit requests,
 //!   stream each one's tokens and finish reason, abort, metrics);
 //! - [`chat_template`] (feature `serve`): a model's Jinja chat template rendered as

@@ -25,9 +25,11 @@
 
 mod batch;
 pub mod config;
+pub mod gpu;
 pub mod reference;
 pub mod weights;
 
 pub use batch::{PackedBatch, Pooling};
 pub use config::{EncoderArch, EncoderConfig};
+pub use gpu::{DeviceBatch, EncoderModel};
 pub use weights::{ClassifierHead, EncoderWeights};

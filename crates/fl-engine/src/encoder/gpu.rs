@@ -1,0 +1,504 @@
+//! The encoder on the GPU: [`EncoderModel`] (the weights on the device in a run dtype) and
+//! [`DeviceBatch`] (a [`PackedBatch`] uploaded), checked against
+//! [`reference::forward`](crate::encoder::reference::forward).
+//!
+//! The forward over a packed ragged batch, every step an existing op (no padded token is
+//! computed; rows are tokens, sequences back to back):
+//! ```text
+//! x   = LayerNorm(word[id] + position[pos] + token_type[type])   3 gathers, 2 adds, LayerNorm
+//! per layer:
+//!   q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv                 3 cuBLASLt GEMMs, bias epilogue
+//!   a   = attention(q, k, v) per sequence, non-causal             prefill_bidirectional
+//!   x   = LayerNorm(a Woᵀ + bo + x)                               GEMM + bias, add, LayerNorm
+//!   x   = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x)              GEMM + bias, GELU, GEMM + bias, add, LayerNorm
+//! ```
+//! The fusions FasterTransformer does (add-bias + residual + LayerNorm in one kernel, a
+//! stacked QKV GEMM split in its epilogue) are not done yet: each line above is separate
+//! launches. Pooling and the heads run on the host from the states read back
+//! ([`EncoderModel::run`] then [`reference::pool`](crate::encoder::reference::pool),
+//! [`reference::classify`](crate::encoder::reference::classify)).
+//!
+//! The attention kernel runs head dims 32, 64 and 128
+//! ([`PREFILL_BIDIRECTIONAL_HEAD_DIMS`]): every BERT-base / large, RoBERTa, XLM-R, MiniLM,
+//! BGE, E5 and GTE shape; another `hidden_size / num_attention_heads` is an error naming both
+//! fields ([`EncoderModel::supports`]).
+//!
+//! ```no_run
+//! use fl_blas::Blas;
+//! use fl_engine::checkpoint::Checkpoint;
+//! use fl_engine::encoder::{reference, EncoderConfig, EncoderModel, EncoderWeights};
+//! use fl_engine::encoder::{PackedBatch, Pooling};
+//! use fl_kernels::{f16, Gpu};
+//! let dir = "models/bge-small-en-v1.5";
+//! let cfg = EncoderConfig::from_model_dir(dir)?;
+//! let w = EncoderWeights::load(&Checkpoint::open(dir)?, &cfg)?;
+//! let gpu = Gpu::new(0)?;
+//! let mut blas = Blas::new(&gpu)?;
+//! let model = EncoderModel::<f16>::new(gpu.stream(), &cfg, &w)?;
+//! let batch = PackedBatch::new(&cfg, &[vec![101, 7592, 102], vec![101, 2088, 2003, 102]], None)?;
+//! let states = model.run(gpu.stream(), &mut blas, &batch)?; // [7, hidden], f32 on the host
+//! let mut emb = reference::pool(&states, &batch, cfg.hidden_size, Pooling::Cls)?; // [2, hidden]
+//! reference::l2_normalize(&mut emb, cfg.hidden_size)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::Arc;
+
+use fl_blas::Blas;
+use fl_kernels::activation::{self, GeluKind};
+use fl_kernels::attention_prefill::{
+    self, BidirectionalPrefillParams, PREFILL_BIDIRECTIONAL_HEAD_DIMS,
+};
+use fl_kernels::cudarc::driver::CudaStream;
+use fl_kernels::embedding::{self, DeviceStatus};
+use fl_kernels::{elementwise, norm, DeviceTensor};
+
+use crate::dtype::RunDType;
+use crate::encoder::batch::PackedBatch;
+use crate::encoder::config::EncoderConfig;
+use crate::encoder::weights::{Dense, EncoderWeights, LayerNorm};
+use crate::error::{EngineError, Result};
+
+/// A linear layer on the device: `weight` `[out, in]`, `bias` `[out]`.
+struct DeviceDense<T: RunDType> {
+    weight: DeviceTensor<T>,
+    bias: DeviceTensor<T>,
+}
+
+/// LayerNorm's affine parameters on the device, each `[hidden]`.
+struct DeviceNorm<T: RunDType> {
+    weight: DeviceTensor<T>,
+    bias: DeviceTensor<T>,
+}
+
+/// One encoder layer's weights on the device.
+struct DeviceLayer<T: RunDType> {
+    query: DeviceDense<T>,
+    key: DeviceDense<T>,
+    value: DeviceDense<T>,
+    attn_out: DeviceDense<T>,
+    attn_norm: DeviceNorm<T>,
+    intermediate: DeviceDense<T>,
+    output: DeviceDense<T>,
+    output_norm: DeviceNorm<T>,
+}
+
+fn upload<T: RunDType>(
+    stream: &Arc<CudaStream>,
+    v: &[f32],
+    shape: &[usize],
+) -> Result<DeviceTensor<T>> {
+    let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+    Ok(DeviceTensor::from_host(stream, &host, shape)?)
+}
+
+impl<T: RunDType> DeviceDense<T> {
+    fn upload(stream: &Arc<CudaStream>, d: &Dense) -> Result<Self> {
+        Ok(DeviceDense {
+            weight: upload(stream, &d.weight, &[d.out_features, d.in_features])?,
+            bias: upload(stream, &d.bias, &[d.out_features])?,
+        })
+    }
+}
+
+impl<T: RunDType> DeviceNorm<T> {
+    fn upload(stream: &Arc<CudaStream>, n: &LayerNorm, hidden: usize) -> Result<Self> {
+        Ok(DeviceNorm {
+            weight: upload(stream, &n.weight, &[hidden])?,
+            bias: upload(stream, &n.bias, &[hidden])?,
+        })
+    }
+}
+
+/// A [`PackedBatch`] on the device: `ids`, `token_types`, `positions` (`[tokens]` i32) and
+/// `cu_seqlens` (`[seqs + 1]` i32), with the host-known sizes the launches need, and the
+/// status where the embedding gathers record an out-of-range index.
+///
+/// Built by [`DeviceBatch::upload`], which checks the batch against the model's config on
+/// the host first, so every index the forward reads is in range.
+pub struct DeviceBatch {
+    ids: DeviceTensor<i32>,
+    token_types: DeviceTensor<i32>,
+    positions: DeviceTensor<i32>,
+    cu_seqlens: DeviceTensor<i32>,
+    tokens: usize,
+    seqs: usize,
+    max_seqlen: usize,
+    status: DeviceStatus,
+}
+
+impl std::fmt::Debug for DeviceBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBatch")
+            .field("tokens", &self.tokens)
+            .field("seqs", &self.seqs)
+            .field("max_seqlen", &self.max_seqlen)
+            .finish_non_exhaustive()
+    }
+}
+
+fn to_i32(v: &[u32]) -> Vec<i32> {
+    // In range: upload checked every value against a config limit that fits in i32.
+    v.iter().map(|&x| x as i32).collect()
+}
+
+impl DeviceBatch {
+    /// Checks `batch` against `cfg` (what [`PackedBatch::new`] establishes; the fields are
+    /// public, so they are checked again) and copies it to the device on `stream`.
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] naming `batch` (no sequence), `batch.cu_seqlens` (not `0`,
+    /// strictly increasing, ending at the token count), `batch.ids` / `batch.token_types` /
+    /// `batch.positions` (another length than the ids, a value `>=` its table's rows:
+    /// `vocab_size`, `type_vocab_size`, `max_position_embeddings`), or `cfg` (a table too
+    /// large for i32 indices); copy errors.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # use fl_engine::encoder::{DeviceBatch, EncoderConfig, PackedBatch};
+    /// # use fl_kernels::Gpu;
+    /// # let cfg = EncoderConfig::from_model_dir("models/bge-small-en-v1.5")?;
+    /// let gpu = Gpu::new(0)?;
+    /// let batch = PackedBatch::new(&cfg, &[vec![101, 7592, 102]], None)?;
+    /// let dev = DeviceBatch::upload(gpu.stream(), &cfg, &batch)?;
+    /// assert_eq!((dev.num_tokens(), dev.num_seqs(), dev.max_seqlen()), (3, 1, 3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn upload(
+        stream: &Arc<CudaStream>,
+        cfg: &EncoderConfig,
+        batch: &PackedBatch,
+    ) -> Result<Self> {
+        let tokens = batch.ids.len();
+        let cu = &batch.cu_seqlens;
+        if cu.len() < 2 {
+            return Err(EngineError::invalid("batch", "holds no sequence"));
+        }
+        let ok = cu[0] == 0
+            && cu.windows(2).all(|p| p[0] < p[1])
+            && cu.last().map(|&n| n as usize) == Some(tokens);
+        if !ok || i32::try_from(tokens).is_err() {
+            return Err(EngineError::invalid(
+                "batch.cu_seqlens",
+                format!(
+                    "must start at 0, increase strictly and end at the token count {tokens} (<= i32::MAX)"
+                ),
+            ));
+        }
+        for (arg, v, limit, limit_name) in [
+            ("batch.ids", &batch.ids, cfg.vocab_size, "vocab_size"),
+            (
+                "batch.token_types",
+                &batch.token_types,
+                cfg.type_vocab_size,
+                "type_vocab_size",
+            ),
+            (
+                "batch.positions",
+                &batch.positions,
+                cfg.max_position_embeddings,
+                "max_position_embeddings",
+            ),
+        ] {
+            if i32::try_from(limit).is_err() {
+                return Err(EngineError::invalid(
+                    "cfg",
+                    format!("{limit_name} {limit} is past i32 indices"),
+                ));
+            }
+            if v.len() != tokens {
+                return Err(EngineError::invalid(
+                    arg,
+                    format!("has {} values for {tokens} tokens", v.len()),
+                ));
+            }
+            if let Some((i, x)) = v.iter().enumerate().find(|(_, &x)| x as usize >= limit) {
+                return Err(EngineError::invalid(
+                    arg,
+                    format!("token {i}: {x} >= {limit_name} {limit}"),
+                ));
+            }
+        }
+        let seqs = cu.len() - 1;
+        let max_seqlen = cu.windows(2).map(|p| (p[1] - p[0]) as usize).max();
+        Ok(DeviceBatch {
+            ids: DeviceTensor::from_host(stream, &to_i32(&batch.ids), &[tokens])?,
+            token_types: DeviceTensor::from_host(stream, &to_i32(&batch.token_types), &[tokens])?,
+            positions: DeviceTensor::from_host(stream, &to_i32(&batch.positions), &[tokens])?,
+            cu_seqlens: DeviceTensor::from_host(stream, &to_i32(cu), &[seqs + 1])?,
+            tokens,
+            seqs,
+            max_seqlen: max_seqlen.unwrap_or(0),
+            status: DeviceStatus::new(stream)?,
+        })
+    }
+
+    /// Tokens in all sequences.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Sequences.
+    pub fn num_seqs(&self) -> usize {
+        self.seqs
+    }
+
+    /// The longest sequence's length.
+    pub fn max_seqlen(&self) -> usize {
+        self.max_seqlen
+    }
+
+    /// Waits for `stream` and reports an index the embedding gathers found out of range
+    /// since the last check ([`DeviceStatus::check`]); [`DeviceBatch::upload`]'s checks
+    /// make that impossible, so this is a guard, not a validation step.
+    ///
+    /// # Errors
+    /// [`EngineError::Kernels`] naming the gather, the token and the index.
+    pub fn check(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        Ok(self.status.check(stream)?)
+    }
+}
+
+/// An encoder (BERT, RoBERTa, XLM-RoBERTa) on one device in the run dtype `T` (`f32`, `f16`,
+/// `bf16`): [`EncoderModel::new`] uploads [`EncoderWeights`] (f32 on the host, rounded to
+/// `T`), [`EncoderModel::forward`] runs the stack over a [`DeviceBatch`] (see the
+/// [module docs](self) for the steps). The pooler and classification heads are not uploaded:
+/// they run on the host from the read-back states.
+pub struct EncoderModel<T: RunDType> {
+    cfg: EncoderConfig,
+    word_embeddings: DeviceTensor<T>,
+    position_embeddings: DeviceTensor<T>,
+    token_type_embeddings: DeviceTensor<T>,
+    embeddings_norm: DeviceNorm<T>,
+    layers: Vec<DeviceLayer<T>>,
+    eps: f32,
+}
+
+impl<T: RunDType> std::fmt::Debug for EncoderModel<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EncoderModel")
+            .field("dtype", &T::NAME)
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: RunDType> EncoderModel<T> {
+    /// Whether the GPU path runs `cfg`: it passes [`EncoderConfig::validate`] and its head
+    /// dim (`hidden_size / num_attention_heads`) is one the attention kernel runs
+    /// ([`PREFILL_BIDIRECTIONAL_HEAD_DIMS`]). No device needed.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] from `validate`; [`EngineError::Invalid`] naming
+    /// `hidden_size / num_attention_heads` for another head dim.
+    ///
+    /// # Example
+    /// ```
+    /// use fl_engine::encoder::{EncoderConfig, EncoderModel};
+    /// let cfg = EncoderConfig::from_json_str(r#"{"model_type": "bert", "vocab_size": 100,
+    ///     "hidden_size": 36, "num_hidden_layers": 1, "num_attention_heads": 3,
+    ///     "intermediate_size": 16, "max_position_embeddings": 16}"#)?;
+    /// let err = EncoderModel::<f32>::supports(&cfg).unwrap_err().to_string();
+    /// assert!(err.contains("hidden_size") && err.contains("num_attention_heads"), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn supports(cfg: &EncoderConfig) -> Result<()> {
+        cfg.validate()?;
+        let d = cfg.head_dim();
+        if !PREFILL_BIDIRECTIONAL_HEAD_DIMS.contains(&d) {
+            return Err(EngineError::invalid(
+                "hidden_size / num_attention_heads",
+                format!(
+                    "{} / {} is a head dim of {d}; the encoder attention kernel runs head dims {:?}",
+                    cfg.hidden_size, cfg.num_attention_heads, PREFILL_BIDIRECTIONAL_HEAD_DIMS
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Uploads `w` (checked against `cfg`) to the device on `stream`, each value rounded
+    /// from f32 to `T`. The pooler and classification head stay on the host (in `w`).
+    ///
+    /// # Errors
+    /// Those of [`EncoderModel::supports`]; [`EngineError::Invalid`] naming the `weights`
+    /// field that does not match `cfg` ([`EncoderWeights::check`]); allocation and copy
+    /// errors.
+    pub fn new(stream: &Arc<CudaStream>, cfg: &EncoderConfig, w: &EncoderWeights) -> Result<Self> {
+        Self::supports(cfg)?;
+        w.check(cfg)?;
+        let h = cfg.hidden_size;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for lw in &w.layers {
+            layers.push(DeviceLayer {
+                query: DeviceDense::upload(stream, &lw.query)?,
+                key: DeviceDense::upload(stream, &lw.key)?,
+                value: DeviceDense::upload(stream, &lw.value)?,
+                attn_out: DeviceDense::upload(stream, &lw.attn_out)?,
+                attn_norm: DeviceNorm::upload(stream, &lw.attn_norm, h)?,
+                intermediate: DeviceDense::upload(stream, &lw.intermediate)?,
+                output: DeviceDense::upload(stream, &lw.output)?,
+                output_norm: DeviceNorm::upload(stream, &lw.output_norm, h)?,
+            });
+        }
+        Ok(EncoderModel {
+            cfg: cfg.clone(),
+            word_embeddings: upload(stream, &w.word_embeddings, &[cfg.vocab_size, h])?,
+            position_embeddings: upload(
+                stream,
+                &w.position_embeddings,
+                &[cfg.max_position_embeddings, h],
+            )?,
+            token_type_embeddings: upload(
+                stream,
+                &w.token_type_embeddings,
+                &[cfg.type_vocab_size, h],
+            )?,
+            embeddings_norm: DeviceNorm::upload(stream, &w.embeddings_norm, h)?,
+            layers,
+            eps: cfg.layer_norm_eps as f32,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EncoderConfig {
+        &self.cfg
+    }
+
+    /// The last hidden state of every token of `batch` into `out` (`[batch.num_tokens(),
+    /// hidden_size]`, sequences in batch order), queued on `stream`. `blas` must queue on
+    /// the same stream. Scratch (`[tokens, hidden]` x5 and `[tokens, intermediate_size]`) is
+    /// allocated stream-ordered for the batch; nothing waits for the device. Out-of-range
+    /// indices (impossible after [`DeviceBatch::upload`]) land in the batch's status,
+    /// read by [`DeviceBatch::check`].
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] naming `out` (another shape) or `blas` (another stream), before
+    /// any launch; the kernels' and cuBLASLt's.
+    pub fn forward(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batch: &mut DeviceBatch,
+        out: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (t, h) = (batch.tokens, cfg.hidden_size);
+        if out.shape() != [t, h] {
+            return Err(EngineError::invalid(
+                "out",
+                format!(
+                    "is {:?}, expected [{t}, {h}] (tokens, hidden_size)",
+                    out.shape()
+                ),
+            ));
+        }
+        if blas.stream().cu_stream() != stream.cu_stream() {
+            return Err(EngineError::invalid(
+                "blas",
+                "queues on another stream than `stream`; the forward's launches would race",
+            ));
+        }
+        let (heads, d) = (cfg.num_attention_heads, cfg.head_dim());
+        let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
+        // `x` lives in `out`: the running hidden states, replaced by each LayerNorm.
+        let x = out;
+        let mut tmp = z(&[t, h])?;
+        let mut q = z(&[t, h])?;
+        let mut k = z(&[t, h])?;
+        let mut v = z(&[t, h])?;
+        let mut ctx = z(&[t, h])?;
+        let mut inter = z(&[t, cfg.intermediate_size])?;
+
+        // Embeddings: three gathers summed, then LayerNorm into x.
+        let s = &mut batch.status;
+        embedding::lookup(stream, &batch.ids, &self.word_embeddings, &mut tmp, s)?;
+        embedding::lookup(
+            stream,
+            &batch.positions,
+            &self.position_embeddings,
+            &mut q,
+            s,
+        )?;
+        elementwise::add_assign(stream, &mut tmp, &q)?;
+        embedding::lookup(
+            stream,
+            &batch.token_types,
+            &self.token_type_embeddings,
+            &mut q,
+            s,
+        )?;
+        elementwise::add_assign(stream, &mut tmp, &q)?;
+        let en = &self.embeddings_norm;
+        norm::layer_norm(stream, &tmp, &en.weight, Some(&en.bias), self.eps, x)?;
+
+        let params = BidirectionalPrefillParams {
+            scale: cfg.attention_scale() as f32,
+            max_seq_len: batch.max_seqlen,
+        };
+        let act: GeluKind = cfg.hidden_act;
+        let head_shape = [t, heads, d];
+        for lw in &self.layers {
+            // Separate Q, K, V GEMMs (bias in cuBLASLt's epilogue): the attention reads three
+            // packed tensors, which one stacked GEMM would only give after a split.
+            blas.linear(x, &lw.query.weight, Some(&lw.query.bias), &mut q)?;
+            blas.linear(x, &lw.key.weight, Some(&lw.key.bias), &mut k)?;
+            blas.linear(x, &lw.value.weight, Some(&lw.value.bias), &mut v)?;
+            for b in [&mut q, &mut k, &mut v, &mut ctx] {
+                b.set_shape(&head_shape)?;
+            }
+            attention_prefill::prefill_bidirectional(
+                stream,
+                &q,
+                &k,
+                &v,
+                &batch.cu_seqlens,
+                &mut ctx,
+                &params,
+            )?;
+            for b in [&mut q, &mut k, &mut v, &mut ctx] {
+                b.set_shape(&[t, h])?;
+            }
+            // x = LayerNorm(ctx Woᵀ + bo + x)
+            blas.linear(&ctx, &lw.attn_out.weight, Some(&lw.attn_out.bias), &mut tmp)?;
+            elementwise::add_assign(stream, &mut tmp, x)?;
+            let n = &lw.attn_norm;
+            norm::layer_norm(stream, &tmp, &n.weight, Some(&n.bias), self.eps, x)?;
+            // x = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x)
+            let (wi, wo) = (&lw.intermediate, &lw.output);
+            blas.linear(x, &wi.weight, Some(&wi.bias), &mut inter)?;
+            activation::gelu_inplace(stream, &mut inter, None, act)?;
+            blas.linear(&inter, &wo.weight, Some(&wo.bias), &mut tmp)?;
+            elementwise::add_assign(stream, &mut tmp, x)?;
+            let n = &lw.output_norm;
+            norm::layer_norm(stream, &tmp, &n.weight, Some(&n.bias), self.eps, x)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads `batch`, runs [`EncoderModel::forward`], checks the batch's status and reads
+    /// the states back as f32: `[batch.num_tokens(), hidden_size]` on the host, what
+    /// [`reference::pool`](crate::encoder::reference::pool) and
+    /// [`reference::classify`](crate::encoder::reference::classify) take. Waits for the
+    /// device (the read-back).
+    ///
+    /// # Errors
+    /// Those of [`DeviceBatch::upload`], [`EncoderModel::forward`] and
+    /// [`DeviceBatch::check`].
+    pub fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batch: &PackedBatch,
+    ) -> Result<Vec<f32>> {
+        let mut dev = DeviceBatch::upload(stream, &self.cfg, batch)?;
+        let mut out = DeviceTensor::<T>::zeros(stream, &[dev.tokens, self.cfg.hidden_size])?;
+        self.forward(stream, blas, &mut dev, &mut out)?;
+        dev.check(stream)?;
+        Ok(out
+            .to_host(stream)?
+            .into_iter()
+            .map(|v| v.to_f32())
+            .collect())
+    }
+}
