@@ -6,7 +6,8 @@
 Needs PyTorch (CPU is enough) and transformers 5. For each case it builds a tiny random model
 with transformers (BertModel, BertForSequenceClassification, XLMRobertaModel,
 XLMRobertaForSequenceClassification; odd hidden sizes, both GELU forms, token types in the
-BERT pairs), every parameter drawn at random (LayerNorm weights and biases too, so that no
+BERT pairs; two cases at head dims 32 and 64, which the GPU attention kernel runs, with a
+sequence longer than its 64-token tile), every parameter drawn at random (LayerNorm weights and biases too, so that no
 term of the forward is an identity), and writes under OUT/<name>/:
 
   config.json, model.safetensors   as `save_pretrained` writes them (weights in the case's
@@ -84,6 +85,30 @@ CASES = [
                  max_position_embeddings=36, type_vocab_size=1, pad_token_id=1,
                  bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, num_labels=1),
         lens=[14, 6, 25],
+        pairs=False,
+    ),
+    # Head dims the GPU attention kernel runs (32, 64), one sequence past its 64-token tile;
+    # one layer each to keep the files small (stacking is covered by the others on the CPU and
+    # by encoder_gpu.rs's random models on the GPU).
+    dict(
+        name="bert_hd32_erf",
+        cls="BertModel",
+        dtype=torch.float16,
+        cfg=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=1,
+                 intermediate_size=100, hidden_act="gelu", vocab_size=100,
+                 max_position_embeddings=72, type_vocab_size=2, pad_token_id=0),
+        lens=[13, 65, 6],
+        pairs=True,
+    ),
+    dict(
+        name="xlmr_cls_hd64_tanh",
+        cls="XLMRobertaForSequenceClassification",
+        dtype=torch.float16,
+        cfg=dict(hidden_size=64, num_attention_heads=1, num_hidden_layers=1,
+                 intermediate_size=100, hidden_act="gelu_new", vocab_size=100,
+                 max_position_embeddings=72, type_vocab_size=1, pad_token_id=1,
+                 bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5, num_labels=2),
+        lens=[67, 4, 19],
         pairs=False,
     ),
 ]

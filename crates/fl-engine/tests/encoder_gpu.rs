@@ -8,9 +8,12 @@
 //!   of the f32 reference; CLS / mean / last-token pooling of the read-back states, cosine >=
 //!   0.9999 in f16 (0.999 in bf16);
 //! - every output buffer is poisoned with NaN before the forward;
-//! - the fixtures of `tests/data/encoder/` (head dims 12 and 7, which the attention kernel does
-//!   not run): the error names `hidden_size` and `num_attention_heads` (without a GPU too);
-//!   a fixture whose head dim the kernel runs is compared in f32 within 1e-5;
+//! - the fixtures of `tests/data/encoder/` (transformers' outputs on tiny random models): at
+//!   head dims 12 and 7, which the attention kernel does not run, the error names
+//!   `hidden_size` and `num_attention_heads` (without a GPU too); at head dims 32 and 64
+//!   (`bert_hd32_erf`, `xlmr_cls_hd64_tanh`, a sequence of 65 / 67 tokens each) the last
+//!   hidden state, its poolings, BERT's pooler and the logits (host heads on the read-back
+//!   states) against transformers within rel L2 1e-5 in f32 and 5e-3 in f16;
 //! - bad arguments are errors naming them, before any launch.
 //!
 //! GPU tests print SKIP without a GPU; `FL_REQUIRE_GPU=1` makes that a failure.
@@ -358,6 +361,65 @@ fn seqs(v: &Value) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Nested JSON arrays of numbers, flattened in order.
+fn flat(v: &Value) -> Vec<f64> {
+    match v {
+        Value::Array(items) => items.iter().flat_map(flat).collect(),
+        Value::Number(n) => vec![n.as_f64().expect("number")],
+        other => panic!("not a number array: {other}"),
+    }
+}
+
+/// `T`'s forward of a fixture against transformers' outputs in `expected`: the last hidden
+/// state, CLS / mean / last-token pooling, the normalised mean, and where the fixture has
+/// them BERT's pooler and the logits (the host heads on the read-back states), each within
+/// rel L2 `tol`.
+#[allow(clippy::too_many_arguments)]
+fn check_fixture<T: RunDType>(
+    gpu: &Gpu,
+    blas: &mut Blas,
+    cfg: &EncoderConfig,
+    w: &EncoderWeights,
+    b: &PackedBatch,
+    expected: &Value,
+    tol: f64,
+    name: &str,
+) {
+    let h = cfg.hidden_size;
+    let model = EncoderModel::<T>::new(gpu.stream(), cfg, w).expect("upload model");
+    let states = gpu_states(gpu, blas, &model, b);
+    let mut outputs = vec![("last_hidden_state", states.clone())];
+    for (key, p) in [
+        ("cls", Pooling::Cls),
+        ("mean", Pooling::Mean),
+        ("last", Pooling::LastToken),
+    ] {
+        outputs.push((key, reference::pool(&states, b, h, p).unwrap()));
+    }
+    let mut mean = reference::pool(&states, b, h, Pooling::Mean).unwrap();
+    reference::l2_normalize(&mut mean, h).unwrap();
+    outputs.push(("mean_normalized", mean));
+    if expected.get("pooler").is_some() {
+        let p = reference::pooler_output(cfg, w, &states, b).expect("pooler");
+        outputs.push(("pooler", p));
+    }
+    if expected.get("logits").is_some() {
+        let l = reference::classify(cfg, w, &states, b).expect("logits");
+        outputs.push(("logits", l));
+    }
+    for (key, got) in outputs {
+        let want = flat(&expected[key]);
+        assert_eq!(got.len(), want.len(), "{name} {key}: lengths differ");
+        let e = rel_l2(&got, &want);
+        println!("{name} {:>4}: {key:<18} rel L2 {e:.2e}", T::NAME);
+        assert!(
+            e <= tol,
+            "{name} {} {key}: rel L2 {e:.3e} > {tol:e}",
+            T::NAME
+        );
+    }
+}
+
 fn names_head_fields(e: &EngineError) {
     let msg = e.to_string();
     assert!(
@@ -369,18 +431,22 @@ fn names_head_fields(e: &EngineError) {
 }
 
 /// Every fixture: refused with an error naming both fields when its head dim is one the
-/// attention kernel does not run (all of today's: 12 and 7), else run in f32 against the
-/// reference within 1e-5. The refusal needs no GPU.
+/// attention kernel does not run (12 and 7), else run in f32 (within rel L2 1e-5) and f16
+/// (5e-3) against transformers' outputs. The refusal, and that two fixtures run, need no GPU.
 #[test]
 fn fixtures() {
     let gpu = gpu_or_skip("fixtures");
     let mut blas = gpu.as_ref().map(|g| Blas::new(g).expect("cuBLASLt"));
+    let mut running = Vec::new();
     for dir in fixture_dirs() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let cfg = EncoderConfig::from_model_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         let runs = PREFILL_BIDIRECTIONAL_HEAD_DIMS.contains(&cfg.head_dim());
         match EncoderModel::<f32>::supports(&cfg) {
-            Ok(()) => assert!(runs, "{name}: head dim {} accepted", cfg.head_dim()),
+            Ok(()) => {
+                assert!(runs, "{name}: head dim {} accepted", cfg.head_dim());
+                running.push(name.clone());
+            }
             Err(e) => {
                 assert!(!runs, "{name}: {e}");
                 names_head_fields(&e);
@@ -402,9 +468,14 @@ fn fixtures() {
         let ids = seqs(&expected["ids"]);
         let types = (!expected["token_types"].is_null()).then(|| seqs(&expected["token_types"]));
         let b = PackedBatch::new(&cfg, &ids, types.as_deref()).expect("fixture batch");
-        let want = reference::forward(&cfg, &w, &b).expect("reference");
-        check_dtype::<f32>(gpu, blas, &cfg, &w, &b, &want, 1e-5, 0.99999, &name);
+        check_fixture::<f32>(gpu, blas, &cfg, &w, &b, &expected, 1e-5, &name);
+        check_fixture::<f16>(gpu, blas, &cfg, &w, &b, &expected, 5e-3, &name);
     }
+    assert_eq!(
+        running,
+        ["bert_hd32_erf", "xlmr_cls_hd64_tanh"],
+        "the fixtures the GPU path runs"
+    );
 }
 
 /// `run` (upload, forward, read back) gives what `forward` gives; bad arguments are errors

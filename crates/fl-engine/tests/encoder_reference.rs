@@ -1,7 +1,8 @@
 //! The encoder's CPU reference against transformers, on the frozen fixtures of
 //! `tests/data/encoder/` (written by `bench/scripts/make_encoder_fixtures.py`: tiny random
 //! BERT / XLM-RoBERTa models, base and sequence-classification, both GELU forms, f32 / f16 /
-//! bf16 storage, ragged batches of 3 with token types in the BERT pairs). Every output is
+//! bf16 storage, ragged batches of 3 with token types in the BERT pairs, head dims 12 and 7
+//! and, with a sequence past 64 tokens, 32 and 64). Every output is
 //! held to relative L2 <= 1e-5; the loader's and the batch's errors name the tensor / field.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,18 @@ use serde_json::Value;
 
 const TOL: f64 = 1e-5;
 
+/// The fixtures the generator writes (any further directory with an `expected.json` is
+/// checked too); the last two have head dims 32 and 64, which the GPU path runs.
+const FIXTURES: [&str; 7] = [
+    "bert_cls_tanh",
+    "bert_erf",
+    "bert_small_f32",
+    "xlmr_cls_erf",
+    "xlmr_tanh",
+    "bert_hd32_erf",
+    "xlmr_cls_hd64_tanh",
+];
+
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/encoder")
 }
@@ -27,7 +40,10 @@ fn cases() -> Vec<PathBuf> {
         .filter(|p| p.join("expected.json").is_file())
         .collect();
     v.sort();
-    assert!(v.len() >= 4, "fixtures missing: {v:?}");
+    let names: Vec<_> = v.iter().filter_map(|p| p.file_name()?.to_str()).collect();
+    for want in FIXTURES {
+        assert!(names.contains(&want), "fixture {want} missing: {names:?}");
+    }
     v
 }
 
@@ -86,7 +102,7 @@ fn check(case: &str, what: &str, got: &[f32], want: &Value) -> f64 {
     let want = flat(want);
     assert_eq!(got.len(), want.len(), "{case} {what}: lengths differ");
     let e = rel_l2(got, &want);
-    println!("{case:>16} {what:<18} rel L2 {e:.2e}");
+    println!("{case:>18} {what:<18} rel L2 {e:.2e}");
     assert!(e <= TOL, "{case} {what}: rel L2 {e:.3e} > {TOL:e}");
     e
 }
@@ -182,6 +198,16 @@ fn configs_of_the_fixtures() {
     assert!(b.w.pooler.is_some());
     assert_eq!(&b.batch.positions[..3], [0, 1, 2]);
     assert!(b.batch.token_types.contains(&1));
+    // The two the GPU path runs: head dims 32 and 64, a sequence past the 64-token tile.
+    for (name, head_dim) in [("bert_hd32_erf", 32), ("xlmr_cls_hd64_tanh", 64)] {
+        let g = load(&data_dir().join(name));
+        assert_eq!(g.cfg.head_dim(), head_dim, "{name}");
+        assert!(g.batch.max_seqlen() > 64, "{name}");
+        assert_eq!(g.batch.num_seqs(), 3, "{name}");
+    }
+    let x = load(&data_dir().join("xlmr_cls_hd64_tanh"));
+    assert_eq!(x.cfg.num_labels, 2);
+    assert!(x.w.pooler.is_none());
 }
 
 fn copy_case(name: &str, edit: impl FnOnce(&mut Value)) -> tempfile::TempDir {
