@@ -39,26 +39,11 @@ pub struct BeamTopkWorkspace {
 }
 
 fn workspace_size(rows: usize, vocab: usize, max_keep: usize) -> Result<usize> {
-    if max_keep == 0 || max_keep > BEAM_MAX_KEEP {
-        return Err(Error::invalid(
-            "max_keep",
-            format!("{max_keep} is outside 1..={BEAM_MAX_KEEP}"),
-        ));
-    }
-    if vocab == 0
-        || rows
-            .checked_mul(vocab)
-            .is_none_or(|n| n > i32::MAX as usize)
-    {
-        return Err(Error::invalid(
-            "vocab",
-            format!(
-                "{rows} rows x {vocab} tokens: need vocab >= 1 and rows * vocab <= i32::MAX \
-                 (ids are i32)"
-            ),
-        ));
-    }
-    Ok(k::beam_topk_workspace_size(rows, vocab, max_keep)?)
+    // fl-kernels checks the sizes; its refusals stay argument errors of this crate.
+    k::beam_topk_workspace_size(rows, vocab, max_keep).map_err(|e| match e {
+        fl_kernels::Error::InvalidArgument { arg, reason } => Error::invalid(arg, reason),
+        e => e.into(),
+    })
 }
 
 impl BeamTopkWorkspace {
