@@ -44,6 +44,16 @@ impl Tokenizer {
         }
     }
 
+    /// The `tokenizers` tokenizer inside (e.g. to clone it with other truncation settings).
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The file it was loaded from (or the origin given to [`Tokenizer::from_tokenizers`]).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     fn err(&self, e: impl std::fmt::Display) -> EngineError {
         EngineError::Tokenizer {
             path: self.path.clone(),

@@ -6,7 +6,9 @@
 //! - [`PackedBatch`]: a ragged batch packed without padding (ids, token types, position ids,
 //!   `cu_seqlens`), [`Pooling`]: CLS, mean or last token;
 //! - [`reference`](mod@reference): the forward on the CPU in f32, the pooling, L2 normalisation and the
-//!   classification heads; the GPU path is checked against it.
+//!   classification heads; the GPU path is checked against it;
+//! - [`tokenize`]: [`EncoderTokenizer`], texts and (query, passage) pairs to ids and token
+//!   types, truncated to the model's length.
 //!
 //! ```no_run
 //! use fl_engine::checkpoint::Checkpoint;
@@ -27,9 +29,11 @@ mod batch;
 pub mod config;
 pub mod gpu;
 pub mod reference;
+pub mod tokenize;
 pub mod weights;
 
 pub use batch::{PackedBatch, Pooling};
 pub use config::{EncoderArch, EncoderConfig};
 pub use gpu::{DeviceBatch, EncoderModel};
+pub use tokenize::{Encoded, EncoderTokenizer};
 pub use weights::{ClassifierHead, EncoderWeights};

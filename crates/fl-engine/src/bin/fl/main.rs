@@ -13,6 +13,7 @@ use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 
 mod bench;
+mod embed;
 
 use fl_engine::serve::text::Detokenizer;
 
@@ -198,6 +199,12 @@ enum Cmd {
         #[command(flatten)]
         runner: RunnerArgs,
     },
+    /// Embed texts with an encoder model (BERT, RoBERTa, XLM-RoBERTa): one JSON line
+    /// `{"index", "embedding"}` per input line.
+    Embed(embed::EmbedArgs),
+    /// Score passages against a query with a cross-encoder reranker: JSON lines
+    /// `{"index", "score"}`, best first.
+    Rerank(embed::RerankArgs),
     /// Run the kernel demo: elementwise kernels checked against the CPU and timed.
     Demo {
         /// Elements per call.
@@ -281,6 +288,8 @@ fn main() {
         Cmd::Info { path: None } => with_gpu(info),
         Cmd::Info { path: Some(p) } => gguf_info(&p),
         Cmd::Demo { n } => with_gpu(|g| demo(g, n)),
+        Cmd::Embed(a) => embed::embed(&a),
+        Cmd::Rerank(a) => embed::rerank(&a),
         Cmd::Generate {
             model,
             prompt,
