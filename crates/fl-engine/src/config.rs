@@ -243,7 +243,11 @@ fn json_str(v: &Value) -> String {
     v.to_string()
 }
 
-fn invalid(field: &str, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(
+    field: &str,
+    value: impl fmt::Display,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError::Invalid {
         field: field.to_string(),
         value: value.to_string(),
@@ -251,13 +255,28 @@ fn invalid(field: &str, value: impl fmt::Display, reason: impl Into<String>) -> 
     }
 }
 
-/// Typed access to one JSON object, naming fields as `prefix.key` in errors.
-struct Fields<'a> {
+/// `field` holds `v`, not what was expected.
+pub(crate) fn wrong_type(field: String, expected: &'static str, v: &Value) -> ConfigError {
+    ConfigError::WrongType {
+        field,
+        expected,
+        found: json_str(v),
+    }
+}
+
+/// Typed access to one JSON object, naming fields as `prefix.key` in errors (also the
+/// encoder's config).
+pub(crate) struct Fields<'a> {
     map: &'a Map<String, Value>,
     prefix: &'a str,
 }
 
 impl<'a> Fields<'a> {
+    /// The top-level object: fields named by their key alone.
+    pub(crate) fn top(map: &'a Map<String, Value>) -> Self {
+        Fields { map, prefix: "" }
+    }
+
     fn name(&self, key: &str) -> String {
         if self.prefix.is_empty() {
             key.to_string()
@@ -267,16 +286,12 @@ impl<'a> Fields<'a> {
     }
 
     /// The value, or `None` when absent or null.
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a Value> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn wrong(&self, key: &str, expected: &'static str, v: &Value) -> ConfigError {
-        ConfigError::WrongType {
-            field: self.name(key),
-            expected,
-            found: json_str(v),
-        }
+    pub(crate) fn wrong(&self, key: &str, expected: &'static str, v: &Value) -> ConfigError {
+        wrong_type(self.name(key), expected, v)
     }
 
     fn missing(&self, key: &str) -> ConfigError {
@@ -285,7 +300,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -296,11 +311,11 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn usize(&self, key: &str) -> Result<usize> {
+    pub(crate) fn usize(&self, key: &str) -> Result<usize> {
         self.opt_usize(key)?.ok_or_else(|| self.missing(key))
     }
 
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+    pub(crate) fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -314,7 +329,7 @@ impl<'a> Fields<'a> {
         self.opt_f64(key)?.ok_or_else(|| self.missing(key))
     }
 
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+    pub(crate) fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -324,7 +339,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+    pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -518,7 +533,7 @@ impl ModelConfig {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
             detail: format!("top level is {}, not an object", json_str(value)),
         })?;
-        let top = Fields { map, prefix: "" };
+        let top = Fields::top(map);
         let architecture = architecture(&top)?;
 
         if let Some(act) = top.opt_str("hidden_act")? {

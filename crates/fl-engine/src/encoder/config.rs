@@ -12,9 +12,9 @@ use std::fmt;
 use std::path::Path;
 
 use fl_kernels::activation::GeluKind;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::config::ConfigError;
+use crate::config::{invalid, wrong_type, ConfigError, Fields};
 
 /// Shorthand for results in this module.
 pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
@@ -113,68 +113,6 @@ pub struct EncoderConfig {
     pub id2label: Vec<String>,
 }
 
-fn invalid(field: &str, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field: field.to_string(),
-        value: value.to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Typed access to the top-level object, naming the field in errors.
-struct Fields<'a>(&'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    /// The value, or `None` when absent or null.
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.0.get(key).filter(|v| !v.is_null())
-    }
-
-    fn wrong(key: &str, expected: &'static str, v: &Value) -> ConfigError {
-        ConfigError::WrongType {
-            field: key.to_string(),
-            expected,
-            found: v.to_string(),
-        }
-    }
-
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
-        self.get(key)
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|x| usize::try_from(x).ok())
-                    .ok_or_else(|| Self::wrong(key, "a non-negative integer", v))
-            })
-            .transpose()
-    }
-
-    fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| ConfigError::MissingField { field: key.into() })
-    }
-
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
-        self.get(key)
-            .map(|v| v.as_f64().ok_or_else(|| Self::wrong(key, "a number", v)))
-            .transpose()
-    }
-
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
-        self.get(key)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| Self::wrong(key, "true or false", v))
-            })
-            .transpose()
-    }
-
-    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
-        self.get(key)
-            .map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "a string", v)))
-            .transpose()
-    }
-}
-
 fn unsupported(field: &str, value: &str, reason: &'static str) -> ConfigError {
     ConfigError::UnsupportedOption {
         field: field.to_string(),
@@ -199,7 +137,7 @@ fn parse_act(s: &str) -> Result<GeluKind> {
 fn parse_labels(v: &Value) -> Result<Vec<String>> {
     let map = v
         .as_object()
-        .ok_or_else(|| Fields::wrong("id2label", "an object from label index to name", v))?;
+        .ok_or_else(|| wrong_type("id2label".into(), "an object from label index to name", v))?;
     let mut labels = vec![None; map.len()];
     for (k, name) in map {
         let i = k
@@ -213,9 +151,9 @@ fn parse_labels(v: &Value) -> Result<Vec<String>> {
                     format!("key \"{k}\" is not an index in 0..{}", map.len()),
                 )
             })?;
-        let name = name
-            .as_str()
-            .ok_or_else(|| Fields::wrong("id2label", "an object from label index to name", v))?;
+        let name = name.as_str().ok_or_else(|| {
+            wrong_type("id2label".into(), "an object from label index to name", v)
+        })?;
         labels[i] = Some(name.to_string());
     }
     // Keys are distinct and all below len, so every slot is filled.
@@ -286,7 +224,7 @@ impl EncoderConfig {
         let map = value.as_object().ok_or_else(|| ConfigError::Json {
             detail: format!("top level is {value}, not an object"),
         })?;
-        let f = Fields(map);
+        let f = Fields::top(map);
         let model_type = f
             .opt_str("model_type")?
             .ok_or_else(|| ConfigError::MissingField {
@@ -323,19 +261,19 @@ impl EncoderConfig {
             Some(v) => Some(
                 v.as_u64()
                     .and_then(|x| u32::try_from(x).ok())
-                    .ok_or_else(|| Fields::wrong("pad_token_id", "a token id", v))?,
+                    .ok_or_else(|| wrong_type("pad_token_id".into(), "a token id", v))?,
             ),
         };
         let sequence_classification = match f.get("architectures") {
             None => false,
             Some(v) => {
-                let items = v
-                    .as_array()
-                    .ok_or_else(|| Fields::wrong("architectures", "a list of class names", v))?;
+                let items = v.as_array().ok_or_else(|| {
+                    wrong_type("architectures".into(), "a list of class names", v)
+                })?;
                 let mut any = false;
                 for item in items {
                     let name = item.as_str().ok_or_else(|| {
-                        Fields::wrong("architectures", "a list of class names", v)
+                        wrong_type("architectures".into(), "a list of class names", v)
                     })?;
                     any |= name.ends_with("ForSequenceClassification");
                 }
