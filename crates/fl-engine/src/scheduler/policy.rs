@@ -421,21 +421,21 @@ impl<S: Clone> Scheduler<S> {
         Ok(self.finish(id, FinishReason::Abort))
     }
 
-    /// Blocks the running beam requests may still take: each group's worst case less what
-    /// its beams hold (shared blocks counted once).
-    fn beam_reserve(&self) -> usize {
+    /// Blocks each running beam request may still take: its worst case less what its beams
+    /// hold (shared blocks counted once).
+    fn beam_reserves(&self) -> HashMap<RequestId, usize> {
         self.groups
-            .values()
-            .filter(|g| self.seqs.get(&g.members[0]).is_some_and(|s| s.running))
-            .map(|g| {
+            .iter()
+            .filter(|(_, g)| self.seqs.get(&g.members[0]).is_some_and(|s| s.running))
+            .map(|(&id, g)| {
                 let held: HashSet<u32> = g
                     .members
                     .iter()
                     .flat_map(|&m| self.kv.block_table(m).unwrap_or(&[]).iter().copied())
                     .collect();
-                g.worst_blocks.saturating_sub(held.len())
+                (id, g.worst_blocks.saturating_sub(held.len()))
             })
-            .sum()
+            .collect()
     }
 
     /// Plans the next step: decodes of running requests (oldest first), then prefill chunks of
@@ -460,7 +460,8 @@ impl<S: Clone> Scheduler<S> {
 
         // Running requests: decodes first, then partial prefills, each pass oldest first. A
         // sampled request's blocks may not dip into what the beam requests reserved.
-        let mut reserve = self.beam_reserve();
+        let mut reserves = self.beam_reserves();
+        let mut reserve: usize = reserves.values().sum();
         for decode_pass in [true, false] {
             for id in self.running.clone() {
                 if budget == 0 {
@@ -498,7 +499,11 @@ impl<S: Clone> Scheduler<S> {
                         self.plan_rows(&mut plan, m, k);
                         budget -= k;
                     }
-                    reserve = self.beam_reserve();
+                    // Its beams now hold exactly the `need` blocks they took.
+                    if let Some(r) = reserves.get_mut(&group) {
+                        *r = r.saturating_sub(need);
+                    }
+                    reserve = reserves.values().sum();
                     continue;
                 }
                 let n = remaining.min(budget);
@@ -547,7 +552,8 @@ impl<S: Clone> Scheduler<S> {
                 }
             })
             .sum::<usize>()
-            + self.beam_reserve();
+            + reserve;
+        debug_assert_eq!(reserve, self.beam_reserves().values().sum::<usize>());
         // Sequence slots: a beam request takes its width from admission on.
         let mut slots: usize = self
             .running
