@@ -1,4 +1,6 @@
-// Row norms: RMSNorm, fused residual-add + RMSNorm, LayerNorm (weight, optional bias).
+// Row norms: RMSNorm, fused residual-add + RMSNorm, LayerNorm (weight, optional bias), and
+// fused add-bias + residual + LayerNorm (BERT's post-LN sublayer end, FasterTransformer's
+// addBiasInputLayernorm).
 //
 // One kernel template serves the three ops (NormKind). Statistics and the normalisation are
 // computed in f32; each output is rounded to T once: y = T((v - mean) * rstd * w [+ b]).
@@ -23,13 +25,17 @@
 
 namespace fl {
 
-enum class NormKind { Rms, AddRms, Layer };
+enum class NormKind { Rms, AddRms, Layer, AddLayer };
+
+// LayerNorm statistics and the affine part are shared by Layer and AddLayer.
+template <NormKind K> constexpr bool is_layer() { return K == NormKind::Layer || K == NormKind::AddLayer; }
 
 template <typename T> struct NormArgs {
     const T *x;
-    T *residual;  // AddRms: read, then overwritten with T(residual + x)
+    T *residual;  // AddRms: read, then overwritten with T(residual + x); AddLayer: read
     const T *w;
-    const T *b;  // Layer: may be null
+    const T *b;   // Layer, AddLayer: may be null
+    const T *pb;  // AddLayer: bias added to x before the residual; may be null
     T *y;
     int64_t rows;
     int64_t hidden;
@@ -65,6 +71,7 @@ __global__ void __launch_bounds__(1024) norm_reg_kernel(NormArgs<T> a) {
     };
     const V *wv = reinterpret_cast<const V *>(a.w);
     const V *bv = reinterpret_cast<const V *>(a.b);
+    const V *pbv = reinterpret_cast<const V *>(a.pb);
 
     for (; row < a.rows; row += row_step) {
         const int64_t off = row * a.hidden;
@@ -83,18 +90,28 @@ __global__ void __launch_bounds__(1024) norm_reg_kernel(NormArgs<T> a) {
                     for (int j = 0; j < N; ++j)
                         r[k].v[j] = from_f32<T>(to_f32(rk.v[j]) + to_f32(xk.v[j]));
                     rv[i] = r[k];
+                } else if constexpr (K == NormKind::AddLayer) {
+                    const V rk = reinterpret_cast<const V *>(a.residual + off)[i];
+                    V pk;
+                    if (pbv) pk = pbv[i];
+#pragma unroll
+                    for (int j = 0; j < N; ++j) {
+                        float v = to_f32(xk.v[j]);
+                        if (pbv) v += to_f32(pk.v[j]);
+                        r[k].v[j] = from_f32<T>(v + to_f32(rk.v[j]));
+                    }
                 } else {
                     r[k] = xk;
                 }
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     const float v = to_f32(r[k].v[j]);
-                    acc += (K == NormKind::Layer) ? v : v * v;
+                    acc += is_layer<K>() ? v : v * v;
                 }
             }
         }
         float mean = 0.f, rstd;
-        if constexpr (K == NormKind::Layer) {
+        if constexpr (is_layer<K>()) {
             mean = reduce(acc) * inv_h;
             float acc2 = 0.f;
 #pragma unroll
@@ -118,14 +135,14 @@ __global__ void __launch_bounds__(1024) norm_reg_kernel(NormArgs<T> a) {
             if (i < nvec) {
                 const V wk = wv[i];
                 V bk;
-                if constexpr (K == NormKind::Layer) {
+                if constexpr (is_layer<K>()) {
                     if (bv) bk = bv[i];
                 }
                 V o;
 #pragma unroll
                 for (int j = 0; j < N; ++j) {
                     float v = (to_f32(r[k].v[j]) - mean) * rstd * to_f32(wk.v[j]);
-                    if constexpr (K == NormKind::Layer) {
+                    if constexpr (is_layer<K>()) {
                         if (bv) v += to_f32(bk.v[j]);
                     }
                     o.v[j] = from_f32<T>(v);
@@ -146,8 +163,19 @@ template <NormKind K, typename T> __global__ void norm_generic_kernel(NormArgs<T
         const int64_t off = row * h;
         const T *x = a.x + off;
         T *res = a.residual ? a.residual + off : nullptr;
-        // After the first pass the row's values live in `src` (x, or the updated residual).
+        // After the first pass the row's values are `val(i)`: x, the updated residual, or
+        // (AddLayer) T(x + pb + residual) recomputed from the inputs, which y may alias: each
+        // element is read by the thread that writes it, before the write.
         const T *src = (K == NormKind::AddRms) ? res : x;
+        auto val = [&](int64_t i) -> float {
+            if constexpr (K == NormKind::AddLayer) {
+                float v = to_f32(x[i]);
+                if (a.pb) v += to_f32(a.pb[i]);
+                return to_f32(from_f32<T>(v + to_f32(res[i])));
+            } else {
+                return to_f32(src[i]);
+            }
+        };
         float acc = 0.f;
         for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
             float v;
@@ -156,16 +184,16 @@ template <NormKind K, typename T> __global__ void norm_generic_kernel(NormArgs<T
                 res[i] = r;
                 v = to_f32(r);
             } else {
-                v = to_f32(x[i]);
+                v = val(i);
             }
-            acc += (K == NormKind::Layer) ? v : v * v;
+            acc += is_layer<K>() ? v : v * v;
         }
         float mean = 0.f, rstd;
-        if constexpr (K == NormKind::Layer) {
+        if constexpr (is_layer<K>()) {
             mean = block_sum(acc, scratch) * inv_h;
             float acc2 = 0.f;
             for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-                const float d = to_f32(src[i]) - mean;
+                const float d = val(i) - mean;
                 acc2 += d * d;
             }
             rstd = rsqrtf(block_sum(acc2, scratch) * inv_h + a.eps);
@@ -174,8 +202,8 @@ template <NormKind K, typename T> __global__ void norm_generic_kernel(NormArgs<T
         }
         T *y = a.y + off;
         for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-            float v = (to_f32(src[i]) - mean) * rstd * to_f32(a.w[i]);
-            if constexpr (K == NormKind::Layer) {
+            float v = (val(i) - mean) * rstd * to_f32(a.w[i]);
+            if constexpr (is_layer<K>()) {
                 if (a.b) v += to_f32(a.b[i]);
             }
             y[i] = from_f32<T>(v);
@@ -204,7 +232,9 @@ template <NormKind K, typename T> fl_status norm(const NormArgs<T> &a, cudaStrea
     constexpr int N = vec16<T>();
     const bool vec_ok = a.hidden % N == 0 && aligned16(a.x) && aligned16(a.w) && aligned16(a.y) &&
                         (K != NormKind::AddRms || aligned16(a.residual)) &&
-                        (K != NormKind::Layer || a.b == nullptr || aligned16(a.b));
+                        (K != NormKind::AddLayer || (aligned16(a.residual) &&
+                                                     (a.pb == nullptr || aligned16(a.pb)))) &&
+                        (!is_layer<K>() || a.b == nullptr || aligned16(a.b));
     const int64_t nvec = a.hidden / N;
     if (vec_ok && nvec <= 32 * 4) {
         const int vpt = nvec <= 32 ? 1 : (nvec <= 64 ? 2 : 4);
@@ -230,16 +260,19 @@ template <NormKind K, typename T> fl_status norm(const NormArgs<T> &a, cudaStrea
 
 template <NormKind K>
 fl_status norm_entry(fl_dtype dtype, const void *x, void *residual, const void *w, const void *b,
-                     void *y, int64_t rows, int64_t hidden, float eps, fl_stream stream) {
+                     void *y, int64_t rows, int64_t hidden, float eps, fl_stream stream,
+                     const void *pb = nullptr) {
     if (rows < 0 || hidden < 1 || !(eps > 0.f) || !std::isfinite(eps)) return FL_ERR_INVALID_ARGUMENT;
     if (rows == 0) return FL_OK;
-    if (!x || !w || !y || (K == NormKind::AddRms && !residual)) return FL_ERR_INVALID_ARGUMENT;
+    if (!x || !w || !y || ((K == NormKind::AddRms || K == NormKind::AddLayer) && !residual))
+        return FL_ERR_INVALID_ARGUMENT;
     FL_DISPATCH_FLOAT(dtype, {
         NormArgs<scalar_t> a;
         a.x = static_cast<const scalar_t *>(x);
         a.residual = static_cast<scalar_t *>(residual);
         a.w = static_cast<const scalar_t *>(w);
         a.b = static_cast<const scalar_t *>(b);
+        a.pb = static_cast<const scalar_t *>(pb);
         a.y = static_cast<scalar_t *>(y);
         a.rows = rows;
         a.hidden = hidden;
@@ -270,4 +303,13 @@ extern "C" fl_status fl_layer_norm(fl_dtype dtype, const void *x, const void *we
                                    float eps, fl_stream stream) {
     return fl::norm_entry<fl::NormKind::Layer>(dtype, x, nullptr, weight, bias, y, rows, hidden,
                                                eps, stream);
+}
+
+extern "C" fl_status fl_add_bias_layer_norm(fl_dtype dtype, const void *x, const void *x_bias,
+                                            const void *residual, const void *weight,
+                                            const void *bias, void *y, int64_t rows,
+                                            int64_t hidden, float eps, fl_stream stream) {
+    // The residual is only read here; the launcher's args keep one mutable pointer type.
+    return fl::norm_entry<fl::NormKind::AddLayer>(dtype, x, const_cast<void *>(residual), weight,
+                                                  bias, y, rows, hidden, eps, stream, x_bias);
 }

@@ -9,12 +9,19 @@
 //!
 //! Fused kernels: bytes = every input read once + every output written once; decode sizes
 //! (1, 16, 64 tokens) and one size past L2 (>= 256 MB moved) per op.
+//!
+//! BERT encoder kernels (`encoder_*` groups, f16): `quantize_calibrated`, `layer_norm_quant`
+//! (with bias and the f16 output y), `dequant_bias_add_layer_norm_quant` (both biases) at
+//! BERT-base / BERT-large shapes `4096 x {768, 1024}`, `dequant_bias_gelu_quant` (erf, tanh)
+//! at `4096 x {3072, 4096}`; `fl_dyn` with per-token scales, `fl_cal` with a calibrated amax,
+//! beside a device copy of the same bytes.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::ops::{bench_tensor, quant as qops};
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
 use fl_blas::Blas;
-use fl_kernels::quant::{self, Dequant, QkvHeads};
+use fl_kernels::activation::GeluKind;
+use fl_kernels::quant::{self, Dequant, LayerNormParams, QkvHeads, QuantOut};
 use fl_kernels::rope::RopeParams;
 use fl_kernels::{bf16, f16, DeviceTensor, Gpu, HalfDType};
 
@@ -246,6 +253,123 @@ fn rope_group<T: HalfDType>(c: &mut Criterion, gpu: &Gpu) {
     g.finish();
 }
 
+/// (tokens, hidden) of the encoder's LayerNorm ops: BERT-base and BERT-large.
+const ENC_LN_SIZES: &[(usize, usize)] = &[(4096, 768), (4096, 1024)];
+/// (tokens, width) of the FFN GELU op: BERT-base and BERT-large.
+const ENC_FFN_SIZES: &[(usize, usize)] = &[(4096, 3072), (4096, 4096)];
+
+#[derive(Clone, Copy)]
+enum EncOp {
+    QuantizeCalibrated,
+    LayerNormQuant,
+    DeqBiasAddLnQuant,
+    DeqBiasGeluQuant(GeluKind),
+}
+
+impl EncOp {
+    fn name(self) -> String {
+        match self {
+            EncOp::QuantizeCalibrated => "quantize_calibrated".into(),
+            EncOp::LayerNormQuant => "layer_norm_quant".into(),
+            EncOp::DeqBiasAddLnQuant => "dequant_bias_add_layer_norm_quant".into(),
+            EncOp::DeqBiasGeluQuant(k) => format!("dequant_bias_gelu_quant_{}", k.name()),
+        }
+    }
+
+    /// Minimal bytes on `[rows, h]` with `es`-byte activations: every input read once, every
+    /// output written once (the calibrated amax's 4 bytes left out).
+    fn bytes(self, rows: usize, h: usize, es: usize) -> u64 {
+        let (n, r) = (rows * h, rows);
+        (match self {
+            // x read; q, scale written
+            EncOp::QuantizeCalibrated => n * es + n + 4 * r,
+            // x, weight, bias read; y, q, scale written
+            EncOp::LayerNormQuant => 2 * n * es + 2 * h * es + n + 4 * r,
+            // acc, act scale, weight scale, bias, residual, LN weight and bias read; residual,
+            // q, scale written
+            EncOp::DeqBiasAddLnQuant => 4 * n + 2 * n * es + 4 * h + 3 * h * es + n + 8 * r,
+            // acc, act scale, weight scale, bias read; q, scale written
+            EncOp::DeqBiasGeluQuant(_) => 4 * n + 4 * h + h * es + n + 8 * r,
+        }) as u64
+    }
+}
+
+fn encoder_group<T: HalfDType>(c: &mut Criterion, gpu: &Gpu, op: EncOp, sizes: &[(usize, usize)]) {
+    let s = gpu.stream().clone();
+    let mut g = c.benchmark_group(format!("encoder_{}_{}", op.name(), T::NAME));
+    for &(rows, h) in sizes {
+        let id = format!("{rows}x{h}");
+        let deq = matches!(op, EncOp::DeqBiasAddLnQuant | EncOp::DeqBiasGeluQuant(_));
+        let (xr, dr) = if deq { (1, rows) } else { (rows, 1) };
+        let (xh, dh) = if deq { (1, h) } else { (h, 1) };
+        let x = bench_tensor::<T>(gpu, &[xr, xh], 1).unwrap();
+        let w = bench_tensor::<T>(gpu, &[h], 2).unwrap();
+        let b = bench_tensor::<T>(gpu, &[h], 3).unwrap();
+        let bias = bench_tensor::<T>(gpu, &[h], 4).unwrap();
+        let mut y = DeviceTensor::<T>::zeros(&s, &[xr, xh]).unwrap();
+        let mut res = bench_tensor::<T>(gpu, &[dr, dh], 5).unwrap();
+        let acc = qops::bench_acc(gpu, &[dr, dh], 6).unwrap();
+        let sa = DeviceTensor::<f32>::filled(&s, &[dr], 1e-3).unwrap();
+        let sw = DeviceTensor::<f32>::filled(&s, &[dh], 1e-4).unwrap();
+        let amax = DeviceTensor::<f32>::filled(&s, &[1], 4.0).unwrap();
+        let mut q = DeviceTensor::<i8>::zeros(&s, &[rows, h]).unwrap();
+        let mut sc = DeviceTensor::<f32>::zeros(&s, &[rows]).unwrap();
+        let bytes = op.bytes(rows, h, std::mem::size_of::<T>());
+        g.throughput(Throughput::Bytes(bytes));
+        for calibrated in [false, true] {
+            let name = if calibrated { "fl_cal" } else { "fl_dyn" };
+            if !calibrated && matches!(op, EncOp::QuantizeCalibrated) {
+                continue; // quantize_per_token is its dynamic counterpart (row groups above)
+            }
+            g.bench_with_input(BenchmarkId::new(name, &id), &id, |bch, _| {
+                bch.iter_custom(|it| {
+                    time_on_device(&s, it, || {
+                        let d = Dequant {
+                            acc: &acc,
+                            act_scale: &sa,
+                            weight_scale: &sw,
+                        };
+                        let ln = LayerNormParams {
+                            weight: &w,
+                            bias: Some(&b),
+                            eps: 1e-12,
+                        };
+                        let out = if calibrated {
+                            QuantOut::calibrated(&mut q, &mut sc, &amax)
+                        } else {
+                            QuantOut::per_token(&mut q, &mut sc)
+                        };
+                        match op {
+                            EncOp::QuantizeCalibrated => {
+                                quant::quantize_calibrated(&s, &x, &amax, out.q, out.scale)
+                            }
+                            EncOp::LayerNormQuant => {
+                                quant::layer_norm_quant(&s, &x, ln, Some(&mut y), out)
+                            }
+                            EncOp::DeqBiasAddLnQuant => quant::dequant_bias_add_layer_norm_quant(
+                                &s,
+                                d,
+                                Some(&bias),
+                                &mut res,
+                                ln,
+                                out,
+                            ),
+                            EncOp::DeqBiasGeluQuant(k) => {
+                                quant::dequant_bias_gelu_quant(&s, d, Some(&bias), k, out)
+                            }
+                        }
+                    })
+                })
+            });
+        }
+        let mut cp = CopyProbe::new(gpu, (bytes / 2) as usize).unwrap();
+        g.bench_with_input(BenchmarkId::new("copy", &id), &id, |bch, _| {
+            bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
+        });
+    }
+    g.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let Some(gpu) = gpu_or_skip("quant") else {
         return;
@@ -258,6 +382,22 @@ fn benches(c: &mut Criterion) {
     row_group::<bf16>(c, &gpu, Op::DeqAdd, DEQ_SIZES);
     silu_group(c, &gpu);
     rope_group::<bf16>(c, &gpu);
+    encoder_group::<f16>(c, &gpu, EncOp::QuantizeCalibrated, ENC_LN_SIZES);
+    encoder_group::<f16>(c, &gpu, EncOp::LayerNormQuant, ENC_LN_SIZES);
+    encoder_group::<bf16>(c, &gpu, EncOp::LayerNormQuant, ENC_LN_SIZES);
+    encoder_group::<f16>(c, &gpu, EncOp::DeqBiasAddLnQuant, ENC_LN_SIZES);
+    encoder_group::<f16>(
+        c,
+        &gpu,
+        EncOp::DeqBiasGeluQuant(GeluKind::Erf),
+        ENC_FFN_SIZES,
+    );
+    encoder_group::<f16>(
+        c,
+        &gpu,
+        EncOp::DeqBiasGeluQuant(GeluKind::Tanh),
+        ENC_FFN_SIZES,
+    );
 }
 
 criterion_group! {

@@ -5,6 +5,12 @@ Per-token quantisation: amax over the row, scale = amax / 127, q = round(x / sca
 RMSNorm: F.rms_norm; RoPE: the Hugging Face rotate-half formula with gathered cos/sin caches;
 SwiGLU: F.silu(gate) * up. The int8 GEMM is torch._int_mm (cuBLAS IMMA, int32 out) against
 torch.mm in fp16 on the same shapes.
+
+BERT encoder ops (post-LayerNorm, GELU) at BERT-base / BERT-large shapes: F.layer_norm + the
+per-token quantisation above (the f16 output kept, as the encoder keeps its hidden state);
+dequantise + bias + residual + F.layer_norm (residual overwritten) + quantisation; dequantise +
+bias + F.gelu (erf) + quantisation; and static quantisation with a calibrated per-tensor amax:
+q = round(x * (127 / amax)).clamp(+-127), scale = amax / 127 for every token.
 """
 import torch
 import torch.nn.functional as F
@@ -18,6 +24,9 @@ ROPE_SIZES = [(1, 32, 8), (16, 32, 8), (64, 32, 8), (1, 64, 8), (64, 64, 8), (16
 GEMM_SHAPES = [(4096, 4096, 4096), (2048, 4096, 4096), (2048, 4096, 11008), (2048, 11008, 4096),
                (2048, 11008, 11008), (2048, 12288, 4096), (2048, 12288, 11008)]
 HEAD_DIM, THETA, MAX_POS = 128, 500000.0, 8192
+ENC_LN_SIZES = [(4096, 768), (4096, 1024)]     # (tokens, hidden): BERT-base, BERT-large
+ENC_FFN_SIZES = [(4096, 3072), (4096, 4096)]   # (tokens, FFN width)
+LN_EPS = 1e-12
 
 
 def rnd(shape, dt):
@@ -61,6 +70,28 @@ def dequant_silu_mul_quant(acc, sa, sw):
     d = dequant(acc, sa, sw)
     gate, up = d.chunk(2, dim=-1)
     return quantize(F.silu(gate) * up)
+
+
+def quantize_calibrated(x, amax):
+    scale = (amax / 127.0).expand(x.shape[0])
+    q = torch.round(x.float() * (127.0 / amax)).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def layer_norm_quant(x, w, b):
+    y = F.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
+    return y, quantize(y)
+
+
+def dequant_bias_add_layer_norm_quant(acc, sa, sw, bias, res, w, b):
+    h = res.float() + (dequant(acc, sa, sw) + bias.float())
+    v = F.layer_norm(h, (h.shape[-1],), w.float(), b.float(), LN_EPS)
+    res.copy_(v)
+    return quantize(v)
+
+
+def dequant_bias_gelu_quant(acc, sa, sw, bias):
+    return quantize(F.gelu(dequant(acc, sa, sw) + bias.float()))
 
 
 def rotate_half(x):
@@ -128,6 +159,28 @@ def cases():
             pos = torch.arange(r, device="cuda") * 7 % MAX_POS
             return both(dequant_rope, rnd_acc((r, w)), sa, sw, cos_c, sin_c, pos, hq, hkv, "bf16")
         yield f"dequant_rope|bf16|{r}x{hq}x{hkv}x{HEAD_DIM}", make
+    for r, h in ENC_LN_SIZES:
+        def make(r=r, h=h):
+            return both(quantize_calibrated, rnd((r, h), "f16"),
+                        torch.full((1,), 4.0, device="cuda"))
+        yield f"quantize_calibrated|f16|{r}x{h}", make
+        for dt in ["f16", "bf16"]:
+            def make(r=r, h=h, dt=dt):
+                return both(layer_norm_quant, rnd((r, h), dt), rnd((h,), dt), rnd((h,), dt))
+            yield f"layer_norm_quant|{dt}|{r}x{h}", make
+
+        def make(r=r, h=h):
+            sa = torch.full((r,), 1e-3, device="cuda")
+            sw = torch.full((h,), 1e-4, device="cuda")
+            return both(dequant_bias_add_layer_norm_quant, rnd_acc((r, h)), sa, sw,
+                        rnd((h,), "f16"), rnd((r, h), "f16"), rnd((h,), "f16"), rnd((h,), "f16"))
+        yield f"dequant_bias_add_layer_norm_quant|f16|{r}x{h}", make
+    for r, i in ENC_FFN_SIZES:
+        def make(r=r, i=i):
+            sa = torch.full((r,), 1e-3, device="cuda")
+            sw = torch.full((i,), 1e-4, device="cuda")
+            return both(dequant_bias_gelu_quant, rnd_acc((r, i)), sa, sw, rnd((i,), "f16"))
+        yield f"dequant_bias_gelu_quant|f16|{r}x{i}", make
     for m, n, k in GEMM_SHAPES:
         def make(m=m, n=n, k=k):
             a, w = rnd_i8((m, k)), rnd_i8((n, k))

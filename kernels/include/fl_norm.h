@@ -45,6 +45,18 @@ fl_status fl_add_rms_norm(fl_dtype dtype, const void *x, void *residual, const v
 fl_status fl_layer_norm(fl_dtype dtype, const void *x, const void *weight, const void *bias,
                         void *y, int64_t rows, int64_t hidden, float eps, fl_stream stream);
 
+/* Fused add-bias + residual + LayerNorm (BERT's post-LN sublayer end; FasterTransformer's
+ * addBiasInputLayernorm): with x the sublayer's GEMM output before its bias,
+ *   h[r, i] = dtype((f32(x[r, i]) + f32(x_bias[i])) + f32(residual[r, i]))   (one rounding, as
+ *             torch's residual add in dtype; x_bias NULL: no bias term)
+ *   y[r, i] = LayerNorm(h[r, :])[i] as fl_layer_norm (weight, bias NULL: none)
+ * x, residual, y: [rows, hidden]; x_bias, weight, bias: [hidden]. y may alias x or residual
+ * (BERT writes the new hidden state over the residual stream); nothing else may overlap. */
+fl_status fl_add_bias_layer_norm(fl_dtype dtype, const void *x, const void *x_bias,
+                                 const void *residual, const void *weight, const void *bias,
+                                 void *y, int64_t rows, int64_t hidden, float eps,
+                                 fl_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

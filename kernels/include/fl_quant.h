@@ -15,6 +15,17 @@
  * the largest |v_i| maps to +-127. A row of zeros gives scale 0 and q = 0. Non-finite inputs
  * give unspecified q and a non-finite scale.
  *
+ * Calibrated (static) scales: the launchers that take `amax` (a device pointer to one f32,
+ * nullable) quantise as above when it is NULL (per-token dynamic scales). When it is not
+ * NULL, A = *amax is a per-tensor amax from a calibration pass (FasterTransformer 3.0's static
+ * activation scales) and, for every token t, the rule runs with amax = A instead of max|v_i|:
+ *   scale[t] = A / 127,  inv = A > 0 ? min(127 / A, FLT_MAX) : 0,
+ *   q[t, i]  = rint(clamp(v_i * inv, -127, 127))   (values beyond +-A saturate at +-127)
+ * and no absmax is computed. A must be finite and >= 0 (A = 0 gives q = 0, scale 0); other
+ * values give unspecified q and scale. scale[t] is still written per token, so the kernels
+ * and GEMM epilogues that dequantise (fl_dequantize, the fl_dequant_* launchers, fl-blas
+ * gemm_i8) read both modes alike.
+ *
  * Dequantisation of a GEMM output (every launcher that reads `acc`):
  *   deq(t, n) = (f32(acc[t, n]) * act_scale[t]) * weight_scale[n]   (two rounded f32 products)
  *
@@ -27,11 +38,19 @@
  *    registers when the row length is a multiple of 8, <= 32768, and every pointer is
  *    16-byte aligned (q: 8-byte); any other size or alignment takes a scalar path that
  *    re-reads the row, with identical arithmetic.
+ *  - LayerNorm (fl_layer_norm_quant, fl_dequant_bias_add_layer_norm_quant), over a row of f32
+ *    values h_i as fl_layer_norm (fl_norm.h) computes it: two passes in f32,
+ *      mean = (sum_i h_i) * (1 / hidden),  var = (sum_i (h_i - mean)^2) * (1 / hidden),
+ *      rstd = rsqrtf(var + eps)            (f32 block sums in an unspecified order),
+ *      v_i  = fmaf((h_i - mean) * rstd, f32(ln_weight[i]), b_i)
+ *    with b_i = f32(ln_bias[i]), or 0 when ln_bias is NULL: one f32 subtraction, one f32
+ *    product, one fused multiply-add (v is what fl_layer_norm rounds to dtype).
  *  - No argument may overlap another, except as stated.
  */
 #ifndef FL_QUANT_H
 #define FL_QUANT_H
 #include "fl_kernels.h"
+#include "fl_activation.h"
 #include "fl_rope.h"
 #ifdef __cplusplus
 extern "C" {
@@ -41,6 +60,13 @@ extern "C" {
  * x: dtype [tokens, width]; q: int8 [tokens, width]; scale: f32 [tokens]. */
 fl_status fl_quantize_per_token(fl_dtype dtype, const void *x, int8_t *q, float *scale,
                                 int64_t tokens, int64_t width, fl_stream stream);
+
+/* Quantisation with a calibrated per-tensor amax (the static counterpart of
+ * fl_quantize_per_token): v = f32(x[t, i]), scale[t] = *amax / 127 for every t (see
+ * "Calibrated (static) scales"). x: dtype [tokens, width]; amax: f32 [1], not NULL;
+ * q: int8 [tokens, width]; scale: f32 [tokens]. */
+fl_status fl_quantize_calibrated(fl_dtype dtype, const void *x, const float *amax, int8_t *q,
+                                 float *scale, int64_t tokens, int64_t width, fl_stream stream);
 
 /* RMSNorm then per-token quantisation (FasterLLaMA resNormQuantized):
  *   rstd[t] = 1 / sqrt(mean_i(x[t, i]^2) + eps)   (f32 block sum, rsqrtf, as fl_rms_norm)
@@ -114,6 +140,59 @@ fl_status fl_dequant_add(fl_dtype dtype, const int32_t *acc, const float *act_sc
 fl_status fl_dequantize(fl_dtype dtype, const int32_t *acc, const float *act_scale,
                         const float *weight_scale, const void *bias, void *out, int64_t tokens,
                         int64_t width, fl_stream stream);
+
+/* ---- BERT encoder (post-LayerNorm, GELU; FasterTransformer 3.0's INT8 path) ----
+ * One layer: x_q = quant(LN_emb(x)); acc = gemm_i8(x_q, Wqkv) -> fl_dequantize (+ QKV bias) ->
+ * attention -> a_q = quant(attn) -> acc = gemm_i8(a_q, Wo) ->
+ * fl_dequant_bias_add_layer_norm_quant (x = LN(x + o + bo), quantised for the FFN) ->
+ * acc = gemm_i8(x_q, W1) -> fl_dequant_bias_gelu_quant -> acc = gemm_i8(m_q, W2) ->
+ * fl_dequant_bias_add_layer_norm_quant (x = LN(x + f + b2), quantised for the next QKV). */
+
+/* LayerNorm then quantisation:
+ *   v = LayerNorm(f32(x[t, :]))_i  (see "LayerNorm" above; v not rounded to dtype)
+ *   y[t, i] = dtype(v)             (only when y is not NULL)
+ *   q, scale: the quantisation rule on v (per token when amax is NULL, else calibrated).
+ * x, y: dtype [tokens, hidden]; weight: dtype [hidden]; bias: dtype [hidden] or NULL;
+ * q: int8 [tokens, hidden]; scale: f32 [tokens]; amax: f32 [1] or NULL. y NULL: no dtype
+ * output (only q and scale are written). */
+fl_status fl_layer_norm_quant(fl_dtype dtype, const void *x, const void *weight,
+                              const void *bias, void *y, int8_t *q, float *scale,
+                              const float *amax, int64_t tokens, int64_t hidden, float eps,
+                              fl_stream stream);
+
+/* The end of a post-LN sublayer (BERT's x = LayerNorm(sublayer(x) + x)): dequantise the
+ * output projection, add its bias and the residual, LayerNorm, write the new hidden state
+ * and quantise it for the next GEMM:
+ *   s = deq(t, i) + f32(bias[i])     (one f32 add; bias NULL: s = deq(t, i))
+ *   h = f32(residual[t, i]) + s      (one f32 add; h is not rounded to dtype)
+ *   v = LayerNorm(h[t, :])_i         (see "LayerNorm" above, ln_weight / ln_bias)
+ *   residual[t, i] = dtype(v)        (overwritten with the new hidden state)
+ *   q, scale: the quantisation rule on v (f32, not the rounded residual).
+ * acc: int32 [tokens, hidden]; act_scale: f32 [tokens]; weight_scale: f32 [hidden];
+ * bias: dtype [hidden] or NULL; residual: dtype [tokens, hidden], read and written;
+ * ln_weight: dtype [hidden]; ln_bias: dtype [hidden] or NULL; q: int8 [tokens, hidden];
+ * scale: f32 [tokens]; amax: f32 [1] or NULL. */
+fl_status fl_dequant_bias_add_layer_norm_quant(fl_dtype dtype, const int32_t *acc,
+                                               const float *act_scale, const float *weight_scale,
+                                               const void *bias, void *residual,
+                                               const void *ln_weight, const void *ln_bias,
+                                               int8_t *q, float *scale, const float *amax,
+                                               int64_t tokens, int64_t hidden, float eps,
+                                               fl_stream stream);
+
+/* Dequantise the FFN's first GEMM output, add its bias, GELU and quantise (the input of the
+ * second FFN GEMM):
+ *   v = gelu(deq(t, i) + f32(bias[i]))   (bias NULL: gelu(deq(t, i))), all in f32
+ * with gelu the function fl_gelu computes for `kind` (FL_GELU_TANH or FL_GELU_ERF, else
+ * FL_ERR_INVALID_ARGUMENT; the same device code), then the quantisation rule on v.
+ * acc: int32 [tokens, width]; act_scale: f32 [tokens]; weight_scale: f32 [width]; bias: dtype
+ * [width] or NULL; q: int8 [tokens, width]; scale: f32 [tokens]; amax: f32 [1] or NULL.
+ * dtype is that of bias (and must be valid when bias is NULL). */
+fl_status fl_dequant_bias_gelu_quant(fl_dtype dtype, const int32_t *acc, const float *act_scale,
+                                     const float *weight_scale, const void *bias,
+                                     fl_gelu_kind kind, int8_t *q, float *scale,
+                                     const float *amax, int64_t tokens, int64_t width,
+                                     fl_stream stream);
 
 #ifdef __cplusplus
 }

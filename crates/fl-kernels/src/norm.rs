@@ -1,5 +1,7 @@
 //! Row norms over the last dimension: [`rms_norm`], [`add_rms_norm`] (residual add fused
-//! with RMSNorm, as in FasterLLaMA) and [`layer_norm`].
+//! with RMSNorm, as in FasterLLaMA), [`layer_norm`] and [`add_bias_layer_norm`] (a sublayer's
+//! bias and the residual fused with LayerNorm, BERT's post-LN block end, as in
+//! FasterTransformer).
 //!
 //! Every op treats its input as `[rows, hidden]` (`hidden` = the last dimension, `rows` = the
 //! product of the others), computes the row statistics and the normalisation in f32 and
@@ -213,4 +215,148 @@ pub fn layer_norm<T: FloatDType>(
         )
     };
     check("layer_norm", status)
+}
+
+/// Fused add-bias + residual + LayerNorm, the end of a post-LN (BERT) sublayer
+/// (FasterTransformer's `addBiasInputLayernorm`): with `x` the sublayer's GEMM output before
+/// its bias,
+///
+/// `h[r, i] = T((x[r, i] + x_bias[i]) + residual[r, i])` (f32 sums, one rounding, as torch's
+/// residual add in `T`; no bias term for `None`), then `out = layer_norm(h, weight, bias)` as
+/// [`layer_norm`] computes it. In place over the residual stream:
+/// [`add_bias_layer_norm_inplace`].
+///
+/// Shapes: `x`, `residual`, `out` `[..., hidden]` (one shape); `x_bias`, `weight`, `bias`
+/// `[hidden]`. Dtypes: `f32`, `f16`, `bf16`, the same for all.
+///
+/// Errors: [`Error::Shape`] naming `x`, `x_bias`, `residual`, `weight`, `bias` or `out`;
+/// [`Error::InvalidArgument`] naming `eps` unless `eps` is finite and `> 0`.
+///
+/// ```no_run
+/// use fl_kernels::{norm, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let x = DeviceTensor::from_host(s, &[1.0f32, 2.0, 3.0, 4.0], &[1, 4])?;
+/// let xb = DeviceTensor::from_host(s, &[0.5f32; 4], &[4])?;
+/// let res = DeviceTensor::from_host(s, &[1.0f32; 4], &[1, 4])?;
+/// let w = DeviceTensor::from_host(s, &[1.0f32; 4], &[4])?;
+/// let mut y = DeviceTensor::zeros(s, &[1, 4])?;
+/// norm::add_bias_layer_norm(s, &x, Some(&xb), &res, &w, None, 1e-5, &mut y)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn add_bias_layer_norm<T: FloatDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    x_bias: Option<&DeviceTensor<T>>,
+    residual: &DeviceTensor<T>,
+    weight: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    eps: f32,
+    out: &mut DeviceTensor<T>,
+) -> Result<()> {
+    let dims = add_bias_ln_check(x, x_bias, residual.shape(), weight, bias, eps)?;
+    expect_shape("out", out, x.shape())?;
+    let (pr, _gr) = residual.ptr(stream);
+    let (py, _gy) = out.ptr_mut(stream);
+    add_bias_ln_launch(stream, dims, x, x_bias, pr, weight, bias, eps, py)
+}
+
+/// [`add_bias_layer_norm`] writing the result over `residual` (the residual stream of a
+/// post-LN block: `residual = LayerNorm(x + x_bias + residual)`).
+///
+/// Shapes, dtypes and errors as [`add_bias_layer_norm`] (no `out`).
+///
+/// ```no_run
+/// use fl_kernels::{norm, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let x = DeviceTensor::from_host(s, &[1.0f32, 2.0, 3.0, 4.0], &[1, 4])?;
+/// let mut hidden = DeviceTensor::from_host(s, &[1.0f32; 4], &[1, 4])?;
+/// let w = DeviceTensor::from_host(s, &[1.0f32; 4], &[4])?;
+/// norm::add_bias_layer_norm_inplace(s, &x, None, &mut hidden, &w, None, 1e-12)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn add_bias_layer_norm_inplace<T: FloatDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    x_bias: Option<&DeviceTensor<T>>,
+    residual: &mut DeviceTensor<T>,
+    weight: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    eps: f32,
+) -> Result<()> {
+    let dims = add_bias_ln_check(x, x_bias, residual.shape(), weight, bias, eps)?;
+    let (pr, _gr) = residual.ptr_mut(stream);
+    add_bias_ln_launch(stream, dims, x, x_bias, pr, weight, bias, eps, pr)
+}
+
+/// Checks the shapes and `eps` of [`add_bias_layer_norm`]; returns `(rows, hidden)`.
+fn add_bias_ln_check<T: FloatDType>(
+    x: &DeviceTensor<T>,
+    x_bias: Option<&DeviceTensor<T>>,
+    residual: &[usize],
+    weight: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    eps: f32,
+) -> Result<(i64, i64)> {
+    let (rows, hidden) = rows_hidden(x)?;
+    if residual != x.shape() {
+        return Err(Error::Shape {
+            arg: "residual",
+            expected: format!("{:?} (x's shape)", x.shape()),
+            got: residual.to_vec(),
+        });
+    }
+    if let Some(b) = x_bias {
+        expect_shape("x_bias", b, &[hidden])?;
+    }
+    expect_shape("weight", weight, &[hidden])?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[hidden])?;
+    }
+    check_eps(eps)?;
+    Ok((as_i64("x", rows)?, as_i64("x", hidden)?))
+}
+
+/// Launches [`add_bias_layer_norm`] on checked shapes; `py` may be `pr` (the kernel allows y
+/// to alias the residual).
+#[allow(clippy::too_many_arguments)]
+fn add_bias_ln_launch<T: FloatDType>(
+    stream: &CudaStream,
+    (rows, hidden): (i64, i64),
+    x: &DeviceTensor<T>,
+    x_bias: Option<&DeviceTensor<T>>,
+    pr: u64,
+    weight: &DeviceTensor<T>,
+    bias: Option<&DeviceTensor<T>>,
+    eps: f32,
+    py: u64,
+) -> Result<()> {
+    let (px, _gx) = x.ptr(stream);
+    let (pw, _gw) = weight.ptr(stream);
+    let xb = x_bias.map(|b| b.ptr(stream));
+    let pxb = xb.as_ref().map_or(0, |(p, _)| *p);
+    let lb = bias.map(|b| b.ptr(stream));
+    let pb = lb.as_ref().map_or(0, |(p, _)| *p);
+    // SAFETY: x, residual and y hold rows * hidden elements of T (shapes checked by
+    // add_bias_ln_check), x_bias, weight and bias (when given) hidden; null pointers mean no
+    // bias. y is either the caller's mutably borrowed `out` (overlapping no input) or the
+    // residual itself, which the kernel allows. The callers' guards outlive the launch call.
+    let status = unsafe {
+        fl_kernels_sys::fl_add_bias_layer_norm(
+            T::ID,
+            px as _,
+            pxb as _,
+            pr as _,
+            pw as _,
+            pb as _,
+            py as _,
+            rows,
+            hidden,
+            eps,
+            raw_stream(stream),
+        )
+    };
+    check("add_bias_layer_norm", status)
 }

@@ -1,5 +1,5 @@
 //! INT8 W8A8 (FasterLLaMA v1.0, FasterTransformer 3.0): the fused kernels around the int8
-//! GEMMs of a decoder layer.
+//! GEMMs of a LLaMA decoder layer and of a BERT encoder layer.
 //!
 //! Weights are quantised once, symmetric per output channel
 //! ([`quantize_weights_per_channel`]); activations are quantised per token by the kernel that
@@ -20,12 +20,33 @@
 //! dequant_add(acc, m_s, Wdown_s, h)                              (h += down)
 //! ```
 //!
+//! A BERT encoder layer (post-LayerNorm, GELU; FasterTransformer 3.0's INT8 path):
+//!
+//! ```text
+//! x_q, x_s = layer_norm_quant(emb, ln_emb, y = h)            (once; h: the hidden state)
+//! acc      = gemm_i8(x_q, Wqkv_q);  qkv = dequantize(acc, x_s, Wqkv_s, bqkv)
+//! attn     = attention(q, k, v)                              (not here)
+//! a_q, a_s = quantize_per_token(attn)  or  quantize_calibrated(attn, amax)
+//! acc      = gemm_i8(a_q, Wo_q)
+//! y_q, y_s = dequant_bias_add_layer_norm_quant(acc, a_s, Wo_s, bo, h, ln_attn)  (h = LN(h + o))
+//! acc      = gemm_i8(y_q, W1_q)
+//! m_q, m_s = dequant_bias_gelu_quant(acc, y_s, W1_s, b1, erf)
+//! acc      = gemm_i8(m_q, W2_q)
+//! x_q, x_s = dequant_bias_add_layer_norm_quant(acc, m_s, W2_s, b2, h, ln_ffn)   (h = LN(h + f))
+//! ```
+//!
 //! ## Quantisation rule
 //! For a row of f32 values `v` (a token's activations, or a weight's output channel):
 //! `amax = max|v|`, `scale = amax / 127`, `inv = 127 / amax` (0 when `amax` is 0),
 //! `q = rint(clamp(v · inv, −127, 127))` with round-half-to-even, each step one rounded f32
 //! operation. So `|v − q·scale| ≤ scale/2` (up to f32 rounding) and the largest `|v|` maps to
 //! ±127. Dequantisation of a GEMM output: `deq = (f32(acc) · act_scale[t]) · weight_scale[n]`.
+//!
+//! With a calibrated per-tensor amax `A` ([`ScaleMode::Calibrated`], FasterTransformer 3.0's
+//! static scales, from a calibration pass over sample inputs) the same formulas run with
+//! `amax = A` for every token: `scale[t] = A / 127`, `inv = 127 / A` (0 when `A` is 0), and
+//! values beyond `±A` saturate at ±127. `scale[t]` is still written per token, so every
+//! dequantising kernel and GEMM reads both modes alike.
 //!
 //! Activations are `f16` or `bf16` ([`HalfDType`]); all math is f32. The row kernels keep a
 //! token's row in registers (one CTA per row) when its length is a multiple of 8 and at most
@@ -35,10 +56,11 @@
 
 use cudarc::driver::CudaStream;
 
+use crate::activation::GeluKind;
 use crate::dtype::HalfDType;
 use crate::error::check;
 use crate::rope::{RopeParams, RopeStyle};
-use crate::tensor::{as_i64, check_eps, expect_shape, raw_stream};
+use crate::tensor::{as_i64, check_eps, expect_shape, opt_ptr, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// The largest quantised magnitude (symmetric int8: −127..=127, −128 is never produced).
@@ -602,7 +624,7 @@ pub fn dequantize<T: HalfDType>(
     let (pa, _ga) = d.acc.ptr(stream);
     let (psa, _gsa) = d.act_scale.ptr(stream);
     let (psw, _gsw) = d.weight_scale.ptr(stream);
-    let (pb, _gb) = crate::tensor::opt_ptr(bias, stream);
+    let (pb, _gb) = opt_ptr(bias, stream);
     let (po, _go) = out.ptr_mut(stream);
     // SAFETY: acc and out hold tokens * width elements, act_scale tokens, weight_scale and bias
     // (when given; NULL otherwise) width (checked above); out is a distinct &mut borrow, so it
@@ -621,6 +643,398 @@ pub fn dequantize<T: HalfDType>(
         )
     };
     check("quant::dequantize", status)
+}
+
+/// How a quantising kernel chooses its per-token scales (see the
+/// [module's rule](self#quantisation-rule)).
+#[derive(Debug, Clone, Copy, Default)]
+pub enum ScaleMode<'a> {
+    /// Dynamic: `scale[t] = max_i |v[t, i]| / 127`, each token's own absmax.
+    #[default]
+    PerToken,
+    /// Static: a calibrated per-tensor amax `A`, `f32 [1]` on the device (FasterTransformer
+    /// 3.0): `scale[t] = A / 127` for every token and values beyond `±A` saturate at ±127.
+    /// `A` must be finite and `>= 0` (0 gives `q = 0`, `scale = 0`).
+    Calibrated(&'a DeviceTensor<f32>),
+}
+
+/// The int8 output of a quantising kernel: `q [tokens, width]` and `scale [tokens]`, and how
+/// the scales are chosen.
+#[derive(Debug)]
+pub struct QuantOut<'a> {
+    /// Quantised values, `i8 [tokens, width]`.
+    pub q: &'a mut DeviceTensor<i8>,
+    /// Per-token scales, `f32 [tokens]` (`v ≈ q · scale[t]`).
+    pub scale: &'a mut DeviceTensor<f32>,
+    /// Dynamic per-token or calibrated scales.
+    pub mode: ScaleMode<'a>,
+}
+
+impl<'a> QuantOut<'a> {
+    /// Dynamic per-token scales ([`ScaleMode::PerToken`]).
+    pub fn per_token(q: &'a mut DeviceTensor<i8>, scale: &'a mut DeviceTensor<f32>) -> Self {
+        QuantOut {
+            q,
+            scale,
+            mode: ScaleMode::PerToken,
+        }
+    }
+
+    /// Scales from a calibrated per-tensor amax `f32 [1]` ([`ScaleMode::Calibrated`]).
+    pub fn calibrated(
+        q: &'a mut DeviceTensor<i8>,
+        scale: &'a mut DeviceTensor<f32>,
+        amax: &'a DeviceTensor<f32>,
+    ) -> Self {
+        QuantOut {
+            q,
+            scale,
+            mode: ScaleMode::Calibrated(amax),
+        }
+    }
+
+    /// Checks `q [tokens, width]`, `scale [tokens]` and a calibrated amax `[1]`; returns the
+    /// amax tensor (None: per token).
+    fn check(&self, tokens: usize, width: usize) -> Result<Option<&'a DeviceTensor<f32>>> {
+        check_q(self.q, self.scale, tokens, width)?;
+        match self.mode {
+            ScaleMode::PerToken => Ok(None),
+            ScaleMode::Calibrated(a) => {
+                expect_shape("amax", a, &[1])?;
+                Ok(Some(a))
+            }
+        }
+    }
+}
+
+/// LayerNorm parameters: `weight [hidden]`, an optional `bias [hidden]` and `eps` (finite,
+/// `> 0`).
+#[derive(Debug, Clone, Copy)]
+pub struct LayerNormParams<'a, T: HalfDType> {
+    /// Scale, `T [hidden]`.
+    pub weight: &'a DeviceTensor<T>,
+    /// Shift, `T [hidden]`, or `None` (no bias).
+    pub bias: Option<&'a DeviceTensor<T>>,
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+impl<T: HalfDType> LayerNormParams<'_, T> {
+    fn check(&self, hidden: usize) -> Result<()> {
+        expect_shape("weight", self.weight, &[hidden])?;
+        if let Some(b) = self.bias {
+            expect_shape("bias", b, &[hidden])?;
+        }
+        check_eps(self.eps)
+    }
+}
+
+/// Quantisation with a calibrated per-tensor amax, the static counterpart of
+/// [`quantize_per_token`]: `v = f32(x[t, i])`, `scale[t] = A / 127` for every token,
+/// `q = rint(clamp(v · 127 / A, ±127))` (values beyond `±A` saturate), with `A = amax[0]`
+/// (see [`ScaleMode::Calibrated`]). E.g. the attention output before the O GEMM of an
+/// encoder with static scales.
+///
+/// Shapes: `x [tokens, width]`, `amax [1]`, `q [tokens, width]`, `scale [tokens]`. Dtypes: `x`
+/// `f16` or `bf16`, `amax` and `scale` `f32`, `q` `i8`.
+///
+/// Errors: [`Error::Shape`] naming `x` (not 2-D, or width 0), `amax`, `q` or `scale`.
+///
+/// ```no_run
+/// use fl_kernels::{quant, DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let x = DeviceTensor::from_host(s, &[f16::from_f32(0.5), f16::from_f32(-2.0)], &[1, 2])?;
+/// let amax = DeviceTensor::from_host(s, &[1.0f32], &[1])?; // from a calibration pass
+/// let mut q = DeviceTensor::<i8>::zeros(s, &[1, 2])?;
+/// let mut scale = DeviceTensor::<f32>::zeros(s, &[1])?;
+/// quant::quantize_calibrated(s, &x, &amax, &mut q, &mut scale)?;
+/// assert_eq!(q.to_host(s)?, vec![64, -127]); // -2.0 lies beyond amax: saturated
+/// assert_eq!(scale.to_host(s)?, vec![1.0 / 127.0]);
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn quantize_calibrated<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    amax: &DeviceTensor<f32>,
+    q: &mut DeviceTensor<i8>,
+    scale: &mut DeviceTensor<f32>,
+) -> Result<()> {
+    let (tokens, width) = dims2("x", x)?;
+    expect_shape("amax", amax, &[1])?;
+    check_q(q, scale, tokens, width)?;
+    let (t, w) = (as_i64("x", tokens)?, as_i64("x", width)?);
+    let (px, _gx) = x.ptr(stream);
+    let (pa, _ga) = amax.ptr(stream);
+    let (pq, _gq) = q.ptr_mut(stream);
+    let (ps, _gs) = scale.ptr_mut(stream);
+    // SAFETY: x and q hold tokens * width elements, scale tokens, amax one f32 (checked
+    // above); the guards keep the buffers alive until the launch is queued on `stream`.
+    let status = unsafe {
+        fl_kernels_sys::fl_quantize_calibrated(
+            T::ID,
+            px as _,
+            pa as _,
+            pq as _,
+            ps as _,
+            t,
+            w,
+            raw_stream(stream),
+        )
+    };
+    check("quant::quantize_calibrated", status)
+}
+
+/// LayerNorm then quantisation (the input of a BERT encoder's first QKV GEMM, after the
+/// embeddings):
+///
+/// ```text
+/// mean, rstd = two-pass f32 statistics of f32(x[t, :])           (as norm::layer_norm)
+/// v          = fma((f32(x[t, i]) − mean) · rstd, weight[i], bias[i] or 0)     (f32)
+/// y[t, i]    = T(v)                                              (when y is given)
+/// q, scale   = quantise(v)                                       (v, not the rounded y)
+/// ```
+///
+/// as [`norm::layer_norm`](crate::norm::layer_norm) computes `v`; `out.mode` picks per-token
+/// or calibrated scales.
+///
+/// Shapes: `x`, `y`, `out.q` `[tokens, hidden]`, `ln.weight`, `ln.bias` `[hidden]`,
+/// `out.scale [tokens]`, a calibrated amax `[1]`. Dtypes: `x`, `y`, `ln` `f16` or `bf16`.
+///
+/// Errors: [`Error::Shape`] naming `x`, `weight`, `bias`, `y`, `q`, `scale` or `amax`;
+/// [`Error::InvalidArgument`] naming `eps` unless finite and `> 0`.
+///
+/// ```no_run
+/// use fl_kernels::quant::{self, LayerNormParams, QuantOut};
+/// use fl_kernels::{DeviceTensor, Gpu, bf16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (tokens, hidden) = (128, 768);
+/// let x = DeviceTensor::<bf16>::filled(s, &[tokens, hidden], bf16::from_f32(0.5))?;
+/// let w = DeviceTensor::<bf16>::filled(s, &[hidden], bf16::from_f32(1.0))?;
+/// let b = DeviceTensor::<bf16>::filled(s, &[hidden], bf16::from_f32(0.25))?;
+/// let mut h = DeviceTensor::<bf16>::zeros(s, &[tokens, hidden])?;
+/// let mut q = DeviceTensor::<i8>::zeros(s, &[tokens, hidden])?;
+/// let mut scale = DeviceTensor::<f32>::zeros(s, &[tokens])?;
+/// let ln = LayerNormParams { weight: &w, bias: Some(&b), eps: 1e-12 };
+/// quant::layer_norm_quant(s, &x, ln, Some(&mut h), QuantOut::per_token(&mut q, &mut scale))?;
+/// assert!(q.to_host(s)?.iter().all(|&v| v == 127)); // a constant row normalises to the bias
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn layer_norm_quant<T: HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<T>,
+    ln: LayerNormParams<'_, T>,
+    y: Option<&mut DeviceTensor<T>>,
+    out: QuantOut<'_>,
+) -> Result<()> {
+    let (tokens, hidden) = dims2("x", x)?;
+    ln.check(hidden)?;
+    if let Some(y) = &y {
+        expect_shape("y", y, &[tokens, hidden])?;
+    }
+    let amax = out.check(tokens, hidden)?;
+    let (t, h) = (as_i64("x", tokens)?, as_i64("x", hidden)?);
+    let (px, _gx) = x.ptr(stream);
+    let (pw, _gw) = ln.weight.ptr(stream);
+    let (pb, _gb) = opt_ptr(ln.bias, stream);
+    let gy = y.map(|y| y.ptr_mut(stream));
+    let py = gy.as_ref().map_or(0, |g| g.0);
+    let (pa, _ga) = opt_ptr(amax, stream);
+    let (pq, _gq) = out.q.ptr_mut(stream);
+    let (ps, _gs) = out.scale.ptr_mut(stream);
+    // SAFETY: x, y (when given) and q hold tokens * hidden elements, weight and bias (when
+    // given) hidden, scale tokens, amax (when given) one f32 (checked above); a null pointer
+    // means "absent"; y, q and scale are distinct &mut borrows (y never aliases x); the
+    // guards keep the buffers alive until the launch is queued.
+    let status = unsafe {
+        fl_kernels_sys::fl_layer_norm_quant(
+            T::ID,
+            px as _,
+            pw as _,
+            pb as _,
+            py as _,
+            pq as _,
+            ps as _,
+            pa as _,
+            t,
+            h,
+            ln.eps,
+            raw_stream(stream),
+        )
+    };
+    check("quant::layer_norm_quant", status)
+}
+
+/// The end of a post-LayerNorm sublayer (BERT's `x = LayerNorm(sublayer(x) + x)`) after an
+/// int8 GEMM: dequantise, add the projection's bias and the residual, LayerNorm, write the new
+/// hidden state and quantise it for the next GEMM:
+///
+/// ```text
+/// s              = deq(t, i) + f32(bias[i])          (f32 add; no bias: s = deq(t, i))
+/// h              = f32(residual[t, i]) + s           (f32 add, not rounded to T)
+/// v              = LayerNorm(h[t, :])_i              (as layer_norm_quant, with ln)
+/// residual[t, i] = T(v)                              (overwritten: the new hidden state)
+/// q, scale       = quantise(v)                       (v, not the rounded residual)
+/// ```
+///
+/// Shapes: `d.acc`, `residual`, `out.q` `[tokens, hidden]`, `d.act_scale`, `out.scale`
+/// `[tokens]`, `d.weight_scale`, `bias`, `ln.weight`, `ln.bias` `[hidden]`, a calibrated amax
+/// `[1]`. Dtypes: `bias`, `residual`, `ln` `f16` or `bf16`.
+///
+/// Errors: [`Error::Shape`] naming `acc`, `act_scale`, `weight_scale`, `bias` (the GEMM's, or
+/// LayerNorm's), `residual`, `weight`, `q`, `scale` or `amax`; [`Error::InvalidArgument`]
+/// naming `eps`.
+///
+/// ```no_run
+/// use fl_kernels::quant::{self, Dequant, LayerNormParams, QuantOut};
+/// use fl_kernels::{DeviceTensor, Gpu, f16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (tokens, hidden) = (256, 768);
+/// let acc = DeviceTensor::<i32>::zeros(s, &[tokens, hidden])?;     // O projection, int32
+/// let a_s = DeviceTensor::<f32>::filled(s, &[tokens], 0.01)?;
+/// let w_s = DeviceTensor::<f32>::filled(s, &[hidden], 0.001)?;
+/// let bo = DeviceTensor::<f16>::zeros(s, &[hidden])?;
+/// let mut h = DeviceTensor::<f16>::filled(s, &[tokens, hidden], f16::from_f32(0.5))?;
+/// let ln_w = DeviceTensor::<f16>::filled(s, &[hidden], f16::from_f32(1.0))?;
+/// let ln_b = DeviceTensor::<f16>::zeros(s, &[hidden])?;
+/// let amax = DeviceTensor::from_host(s, &[6.0f32], &[1])?;      // calibrated
+/// let mut q = DeviceTensor::<i8>::zeros(s, &[tokens, hidden])?;
+/// let mut scale = DeviceTensor::<f32>::zeros(s, &[tokens])?;
+/// let deq = Dequant { acc: &acc, act_scale: &a_s, weight_scale: &w_s };
+/// let ln = LayerNormParams { weight: &ln_w, bias: Some(&ln_b), eps: 1e-12 };
+/// let out = QuantOut::calibrated(&mut q, &mut scale, &amax);
+/// quant::dequant_bias_add_layer_norm_quant(s, deq, Some(&bo), &mut h, ln, out)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn dequant_bias_add_layer_norm_quant<T: HalfDType>(
+    stream: &CudaStream,
+    d: Dequant<'_>,
+    bias: Option<&DeviceTensor<T>>,
+    residual: &mut DeviceTensor<T>,
+    ln: LayerNormParams<'_, T>,
+    out: QuantOut<'_>,
+) -> Result<()> {
+    let (tokens, hidden) = check_dequant(&d)?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[hidden])?;
+    }
+    expect_shape("residual", residual, &[tokens, hidden])?;
+    ln.check(hidden)?;
+    let amax = out.check(tokens, hidden)?;
+    let (t, h) = (as_i64("acc", tokens)?, as_i64("acc", hidden)?);
+    let (pa, _ga) = d.acc.ptr(stream);
+    let (psa, _gsa) = d.act_scale.ptr(stream);
+    let (psw, _gsw) = d.weight_scale.ptr(stream);
+    let (pb, _gb) = opt_ptr(bias, stream);
+    let (pr, _gr) = residual.ptr_mut(stream);
+    let (plw, _glw) = ln.weight.ptr(stream);
+    let (plb, _glb) = opt_ptr(ln.bias, stream);
+    let (pam, _gam) = opt_ptr(amax, stream);
+    let (pq, _gq) = out.q.ptr_mut(stream);
+    let (ps, _gs) = out.scale.ptr_mut(stream);
+    // SAFETY: acc, residual and q hold tokens * hidden elements, act_scale and scale tokens,
+    // weight_scale, both biases (when given) and the LayerNorm weight hidden, amax (when given)
+    // one f32 (checked above); null means "absent"; residual, q and scale are distinct &mut
+    // borrows, so no output aliases another buffer; the guards outlive the launch call.
+    let status = unsafe {
+        fl_kernels_sys::fl_dequant_bias_add_layer_norm_quant(
+            T::ID,
+            pa as _,
+            psa as _,
+            psw as _,
+            pb as _,
+            pr as _,
+            plw as _,
+            plb as _,
+            pq as _,
+            ps as _,
+            pam as _,
+            t,
+            h,
+            ln.eps,
+            raw_stream(stream),
+        )
+    };
+    check("quant::dequant_bias_add_layer_norm_quant", status)
+}
+
+/// Dequantises the FFN's first GEMM output, adds its bias, applies GELU and quantises (the
+/// input of the second FFN GEMM): `v = gelu(deq(t, i) + f32(bias[i]))` in f32 (no bias:
+/// `gelu(deq(t, i))`), with the GELU of [`activation::gelu`](crate::activation::gelu) (the
+/// same device code), then `q`, `scale` by `out.mode`.
+///
+/// `T` is the dtype of `bias`; without a bias name it: `dequant_bias_gelu_quant::<f16>(..)`.
+///
+/// Shapes: `d.acc`, `out.q` `[tokens, width]`, `d.act_scale`, `out.scale` `[tokens]`,
+/// `d.weight_scale`, `bias` `[width]`, a calibrated amax `[1]`.
+///
+/// Errors: [`Error::Shape`] naming `acc`, `act_scale`, `weight_scale`, `bias`, `q`, `scale` or
+/// `amax`.
+///
+/// ```no_run
+/// use fl_kernels::activation::GeluKind;
+/// use fl_kernels::quant::{self, Dequant, QuantOut};
+/// use fl_kernels::{DeviceTensor, Gpu, bf16};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (tokens, inter) = (256, 3072);
+/// let acc = DeviceTensor::<i32>::zeros(s, &[tokens, inter])?;     // FFN up projection
+/// let a_s = DeviceTensor::<f32>::filled(s, &[tokens], 0.01)?;
+/// let w_s = DeviceTensor::<f32>::filled(s, &[inter], 0.001)?;
+/// let b1 = DeviceTensor::<bf16>::zeros(s, &[inter])?;
+/// let mut q = DeviceTensor::<i8>::zeros(s, &[tokens, inter])?;
+/// let mut scale = DeviceTensor::<f32>::zeros(s, &[tokens])?;
+/// let deq = Dequant { acc: &acc, act_scale: &a_s, weight_scale: &w_s };
+/// let out = QuantOut::per_token(&mut q, &mut scale);
+/// quant::dequant_bias_gelu_quant(s, deq, Some(&b1), GeluKind::Erf, out)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn dequant_bias_gelu_quant<T: HalfDType>(
+    stream: &CudaStream,
+    d: Dequant<'_>,
+    bias: Option<&DeviceTensor<T>>,
+    kind: GeluKind,
+    out: QuantOut<'_>,
+) -> Result<()> {
+    let (tokens, width) = check_dequant(&d)?;
+    if let Some(b) = bias {
+        expect_shape("bias", b, &[width])?;
+    }
+    let amax = out.check(tokens, width)?;
+    let (t, w) = (as_i64("acc", tokens)?, as_i64("acc", width)?);
+    let kind = match kind {
+        GeluKind::Tanh => fl_kernels_sys::fl_gelu_kind::FL_GELU_TANH,
+        GeluKind::Erf => fl_kernels_sys::fl_gelu_kind::FL_GELU_ERF,
+    };
+    let (pa, _ga) = d.acc.ptr(stream);
+    let (psa, _gsa) = d.act_scale.ptr(stream);
+    let (psw, _gsw) = d.weight_scale.ptr(stream);
+    let (pb, _gb) = opt_ptr(bias, stream);
+    let (pam, _gam) = opt_ptr(amax, stream);
+    let (pq, _gq) = out.q.ptr_mut(stream);
+    let (ps, _gs) = out.scale.ptr_mut(stream);
+    // SAFETY: acc and q hold tokens * width elements, act_scale and scale tokens, weight_scale
+    // and bias (when given) width, amax (when given) one f32 (checked above); null means
+    // "absent"; q and scale are distinct &mut borrows; the guards outlive the launch call.
+    let status = unsafe {
+        fl_kernels_sys::fl_dequant_bias_gelu_quant(
+            T::ID,
+            pa as _,
+            psa as _,
+            psw as _,
+            pb as _,
+            kind,
+            pq as _,
+            ps as _,
+            pam as _,
+            t,
+            w,
+            raw_stream(stream),
+        )
+    };
+    check("quant::dequant_bias_gelu_quant", status)
 }
 
 #[cfg(test)]

@@ -617,13 +617,13 @@ fn reference_erf_matches_known_values() {
     assert!(erf(f64::NAN).is_nan());
 }
 
-/// The constants of `erfc_nonneg` as written in kernels/activation.cu: the `fmaf(p, t, C)`
+/// The constants of `erfc_nonneg` as written in kernels/common/gelu.cuh: the `fmaf(p, t, C)`
 /// steps after `float p = C0;`.
 fn kernel_erfc_coefficients() -> Vec<f32> {
-    let src = include_str!("../../../kernels/activation.cu");
+    let src = include_str!("../../../kernels/common/gelu.cuh");
     let start = src
         .find("float erfc_nonneg(")
-        .expect("erfc_nonneg not found in kernels/activation.cu");
+        .expect("erfc_nonneg not found in kernels/common/gelu.cuh");
     let body = &src[start..];
     let body = &body[..body.find("\n}\n").expect("end of erfc_nonneg")];
     let mut c = Vec::new();

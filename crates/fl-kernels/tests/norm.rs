@@ -139,6 +139,62 @@ fn check_layer<T: FloatDType>(
     );
 }
 
+fn check_add_bias_layer<T: FloatDType>(
+    gpu: &Gpu,
+    rows: usize,
+    hidden: usize,
+    biases: bool,
+    inplace: bool,
+    r: &mut impl rand::Rng,
+) {
+    let s = gpu.stream();
+    let mut inp = inputs::<T>(r, rows, hidden);
+    for v in inp.res.iter_mut() {
+        *v = T::from_f32(v.to_f32() - 2.0);
+    }
+    let xb: Vec<T> = random_nonzero(r, hidden, 1e-3, 1.0);
+    let eps = 1e-12;
+    let dx = DeviceTensor::from_host(s, &inp.x, &[rows, hidden]).unwrap();
+    let dxb = DeviceTensor::from_host(s, &xb, &[hidden]).unwrap();
+    let mut dr = DeviceTensor::from_host(s, &inp.res, &[rows, hidden]).unwrap();
+    let dw = DeviceTensor::from_host(s, &inp.w, &[hidden]).unwrap();
+    let db = DeviceTensor::from_host(s, &inp.b, &[hidden]).unwrap();
+    let (xbias, bias) = if biases {
+        (Some(&dxb), Some(&db))
+    } else {
+        (None, None)
+    };
+    let got = if inplace {
+        norm::add_bias_layer_norm_inplace(s, &dx, xbias, &mut dr, &dw, bias, eps).unwrap();
+        dr.to_host(s).unwrap()
+    } else {
+        let mut dy = DeviceTensor::filled(s, &[rows, hidden], T::from_f32(f32::NAN)).unwrap();
+        norm::add_bias_layer_norm(s, &dx, xbias, &dr, &dw, bias, eps, &mut dy).unwrap();
+        assert!(
+            to_f64(&dr.to_host(s).unwrap()) == to_f64(&inp.res),
+            "residual must stay unchanged"
+        );
+        dy.to_host(s).unwrap()
+    };
+    let (_, want) = reference::norm::add_bias_layer_norm(
+        &inp.x,
+        biases.then_some(&xb[..]),
+        &inp.res,
+        &inp.w,
+        biases.then_some(&inp.b[..]),
+        hidden,
+        eps,
+    );
+    if hidden == 1 {
+        return; // (h - mean) is exactly 0; layer_norm's own test covers that case.
+    }
+    assert_close(
+        &format!("add_bias_layer_norm {rows}x{hidden} biases={biases} inplace={inplace}"),
+        &got,
+        &want,
+    );
+}
+
 fn all_sizes(gpu: &Gpu, f: &mut dyn FnMut(&Gpu, usize, usize)) {
     for &h in HIDDEN {
         for &rows in ROWS {
@@ -187,6 +243,20 @@ fn layer_norm_matches_reference_with_and_without_bias() {
         check_layer::<f32>(g, rows, h, true, &mut r);
         check_layer::<f16>(g, rows, h, false, &mut r);
         check_layer::<bf16>(g, rows, h, true, &mut r);
+    });
+}
+
+#[test]
+fn add_bias_layer_norm_matches_reference_in_and_out_of_place() {
+    let Some(gpu) = gpu_or_skip("add_bias_layer_norm_matches_reference_in_and_out_of_place") else {
+        return;
+    };
+    let mut r = rng("add_bias_layer_norm");
+    all_sizes(&gpu, &mut |g, rows, h| {
+        check_add_bias_layer::<f32>(g, rows, h, true, false, &mut r);
+        check_add_bias_layer::<f16>(g, rows, h, true, true, &mut r);
+        check_add_bias_layer::<bf16>(g, rows, h, false, true, &mut r);
+        check_add_bias_layer::<f16>(g, rows, h, false, false, &mut r);
     });
 }
 
@@ -321,6 +391,38 @@ fn shape_and_eps_errors_name_the_argument() {
     );
     assert_eq!(
         shape_arg(norm::layer_norm(s, &x, &w, Some(&w_bad), 1e-5, &mut y)),
+        "bias"
+    );
+    let res_bad = DeviceTensor::<f16>::zeros(s, &[3, 8]).unwrap();
+    assert_eq!(
+        shape_arg(norm::add_bias_layer_norm(
+            s, &x, None, &res_bad, &w, None, 1e-5, &mut y
+        )),
+        "residual"
+    );
+    assert_eq!(
+        shape_arg(norm::add_bias_layer_norm(
+            s,
+            &x,
+            Some(&w_bad),
+            &x,
+            &w,
+            None,
+            1e-5,
+            &mut y
+        )),
+        "x_bias"
+    );
+    assert_eq!(
+        shape_arg(norm::add_bias_layer_norm_inplace(
+            s,
+            &x,
+            None,
+            &mut y,
+            &w,
+            Some(&w_bad),
+            1e-5
+        )),
         "bias"
     );
     let scalar = DeviceTensor::<f16>::zeros(s, &[]).unwrap();

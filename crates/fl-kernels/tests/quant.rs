@@ -1,7 +1,9 @@
 //! quant::{quantize_per_token, rms_norm_quant, dequant_rope, dequant_add_rms_norm_quant,
-//! dequant_silu_mul_quant, dequant_add} on the GPU against reference::quant; CPU property
-//! tests of the quantisers and the W8A8-vs-float accuracy of a whole decoder layer (these run
-//! without a GPU).
+//! dequant_silu_mul_quant, dequant_add, dequantize} (LLaMA decoder) and
+//! quant::{quantize_calibrated, layer_norm_quant, dequant_bias_add_layer_norm_quant,
+//! dequant_bias_gelu_quant} (BERT encoder, per-token or calibrated scales; see "BERT encoder
+//! kernels" below) on the GPU against reference::quant; CPU property tests of the quantisers
+//! and the W8A8-vs-float accuracy of a whole decoder layer (these run without a GPU).
 //!
 //! How int8 outputs are compared:
 //! - exactly (int8 and scale bit for bit) where the kernel's f32 values equal the
@@ -12,7 +14,8 @@
 //!
 //! Residual outputs (dequant_add, dequant_add_rms_norm_quant) are bit-exact.
 
-use fl_kernels::quant::{self, Dequant, QkvHeads};
+use fl_kernels::activation::GeluKind;
+use fl_kernels::quant::{self, Dequant, LayerNormParams, QkvHeads, QuantOut};
 use fl_kernels::reference::quant as rq;
 use fl_kernels::rope::{RopeParams, RopeStyle};
 use fl_kernels::testing::{
@@ -579,6 +582,703 @@ fn quant_gpu_proptest() {
         .unwrap();
 }
 
+// ---- BERT encoder kernels: LayerNorm / GELU, per-token or calibrated scales ----
+//
+// How they are compared: the f32 values the kernel quantises differ from the reference's by
+// the rounding of the LayerNorm statistics (f32 block sums, rsqrtf) or by the fast GELU
+// (__expf, __fdividef): int8 within ±1 on at most 1% of the elements; per-token scales to
+// 1e-6 relative (LayerNorm) or 1e-5 (GELU); calibrated scales (A / 127) bit for bit; the dtype
+// outputs (y, the new residual) within one ulp of T (or 1e-5 absolute near 0, where the
+// statistics' rounding dominates). quantize_calibrated is bit-exact.
+
+/// Row lengths of the encoder ops: BERT-base / BERT-large hidden and FFN widths and other
+/// multiples of 8 (register path), odd sizes and one past 32768 (scalar path).
+const ENC_WIDTHS: &[usize] = &[1, 7, 8, 129, 768, 1000, 1024, 3072, 4095, 4096, 32776];
+
+/// Many rows (256-thread blocks, several chunks per thread) on both paths.
+const ENC_MANY: &[(usize, usize)] = &[(1030, 768), (1027, 1024), (1029, 3072), (2049, 1001)];
+
+/// Per-token or calibrated scales.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    PerToken,
+    Calibrated,
+}
+const MODES: [Mode; 2] = [Mode::PerToken, Mode::Calibrated];
+
+/// A calibrated amax for values `v`: 80% of their absmax (so that the largest values
+/// saturate), or 0.5 for an all-zero tensor.
+fn calibrated_amax(v: &[f32]) -> f32 {
+    let m = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if m > 0.0 {
+        0.8 * m
+    } else {
+        0.5
+    }
+}
+
+fn quant_out<'a>(out: &'a mut QOut, amax: Option<&'a DeviceTensor<f32>>) -> QuantOut<'a> {
+    match amax {
+        None => QuantOut::per_token(&mut out.q, &mut out.s),
+        Some(a) => QuantOut::calibrated(&mut out.q, &mut out.s, a),
+    }
+}
+
+/// The device amax of `mode` (`None` per token) and its host value.
+fn amax_for(gpu: &Gpu, mode: Mode, v: &[f32]) -> (Option<f32>, Option<DeviceTensor<f32>>) {
+    match mode {
+        Mode::PerToken => (None, None),
+        Mode::Calibrated => {
+            let a = calibrated_amax(v);
+            let d = DeviceTensor::from_host(gpu.stream(), &[a], &[1]).unwrap();
+            (Some(a), Some(d))
+        }
+    }
+}
+
+/// Int8 within ±1 on at most 1% of the elements (never the poison); scales bit for bit
+/// (calibrated) or within `scale_rel` relative.
+fn assert_quant_close(
+    what: &str,
+    got: (&[i8], &[f32]),
+    want: (&[i8], &[f32]),
+    mode: Mode,
+    scale_rel: f32,
+) {
+    let (gq, gs) = got;
+    let (wq, ws) = want;
+    assert_eq!(gq.len(), wq.len(), "{what}: q length");
+    assert_eq!(gs.len(), ws.len(), "{what}: scale length");
+    for (t, (&g, &w)) in gs.iter().zip(ws).enumerate() {
+        match mode {
+            Mode::Calibrated => assert_eq!(g.to_bits(), w.to_bits(), "{what}: scale[{t}]"),
+            Mode::PerToken => assert!(
+                g.is_finite() && (g - w).abs() <= scale_rel * w.abs(),
+                "{what}: scale[{t}] {g:e} vs {w:e}"
+            ),
+        }
+    }
+    let mut off = 0usize;
+    for (i, (&g, &w)) in gq.iter().zip(wq).enumerate() {
+        assert!(g != Q_POISON, "{what}: q[{i}] not written");
+        if g != w {
+            assert!(
+                (g as i32 - w as i32).abs() == 1,
+                "{what}: q[{i}] = {g}, want {w}"
+            );
+            off += 1;
+        }
+    }
+    assert!(
+        off <= (gq.len() / 100).max(1),
+        "{what}: {off} of {} int8 values differ by 1",
+        gq.len()
+    );
+}
+
+/// Each element of `got` within one ulp of T of `want` (or 1e-5 absolute), never NaN.
+fn assert_ulp_close<T: FloatDType>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let (g, w) = (g.to_f64(), w.to_f64());
+        let tol = 2.0 * T::EPS * g.abs().max(w.abs()) + 1e-5;
+        assert!((g - w).abs() <= tol, "{what}: [{i}] {g:e} vs {w:e}");
+    }
+}
+
+/// `[tokens, width]` values in ±[1e-3, 4] plus a per-row offset in [-2, 2] (LayerNorm rows
+/// with a non-zero mean), rounded to T.
+fn offset_rows<T: FloatDType>(r: &mut impl Rng, tokens: usize, width: usize) -> Vec<T> {
+    let v: Vec<f32> = random_nonzero(r, tokens * width, 1e-3, 4.0);
+    let mut out = Vec::with_capacity(v.len());
+    for row in v.chunks(width) {
+        let off: f32 = r.random_range(-2.0..2.0);
+        out.extend(row.iter().map(|&x| T::from_f32(x + off)));
+    }
+    out
+}
+
+fn check_quant_calibrated<T: HalfDType>(gpu: &Gpu, tokens: usize, width: usize, r: &mut impl Rng) {
+    let s = gpu.stream();
+    let x: Vec<T> = random_nonzero(r, tokens * width, 1e-3, 8.0);
+    // Some values beyond A (saturated); A = 0 once in a while.
+    let a: f32 = if r.random_bool(0.1) {
+        0.0
+    } else {
+        r.random_range(0.5..6.0)
+    };
+    let dx = DeviceTensor::from_host(s, &x, &[tokens, width]).unwrap();
+    let da = DeviceTensor::from_host(s, &[a], &[1]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    quant::quantize_calibrated(s, &dx, &da, &mut out.q, &mut out.s).unwrap();
+    let (gq, gs) = out.host(gpu);
+    let (wq, ws) = rq::quantize_calibrated(&x, width, a);
+    let what = format!("quantize_calibrated {tokens}x{width} A={a} <{}>", T::NAME);
+    assert_quant(&what, (&gq, &gs), (&wq, &ws), true);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_ln_quant<T: HalfDType>(
+    gpu: &Gpu,
+    tokens: usize,
+    width: usize,
+    with_bias: bool,
+    with_y: bool,
+    mode: Mode,
+    eps: f32,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let x: Vec<T> = offset_rows(r, tokens, width);
+    let w: Vec<T> = random_nonzero(r, width, 0.5, 1.5);
+    let b: Vec<T> = random_nonzero(r, width, 1e-3, 1.0);
+    let ln_ref = rq::LayerNormRef {
+        weight: &w,
+        bias: with_bias.then_some(&b[..]),
+        eps,
+    };
+    let h: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let (amax, damax) = amax_for(gpu, mode, &rq::layer_norm_values(&h, ln_ref));
+    let (wy, wq, ws) = rq::layer_norm_quant(&x, ln_ref, amax);
+
+    let dx = DeviceTensor::from_host(s, &x, &[tokens, width]).unwrap();
+    let dw = DeviceTensor::from_host(s, &w, &[width]).unwrap();
+    let db = DeviceTensor::from_host(s, &b, &[width]).unwrap();
+    let mut dy = DeviceTensor::<T>::filled(s, &[tokens, width], T::from_f32(f32::NAN)).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    let ln = LayerNormParams {
+        weight: &dw,
+        bias: with_bias.then_some(&db),
+        eps,
+    };
+    let y = if with_y { Some(&mut dy) } else { None };
+    quant::layer_norm_quant(s, &dx, ln, y, quant_out(&mut out, damax.as_ref())).unwrap();
+    let (gq, gs) = out.host(gpu);
+    let what = format!(
+        "layer_norm_quant {tokens}x{width} bias {with_bias} y {with_y} {mode:?} <{}>",
+        T::NAME
+    );
+    assert_quant_close(&what, (&gq, &gs), (&wq, &ws), mode, 1e-6);
+    let gy = dy.to_host(s).unwrap();
+    if with_y {
+        assert_ulp_close(&what, &gy, &wy);
+    } else {
+        assert!(
+            gy.iter().all(|v| v.to_f32().is_nan()),
+            "{what}: y written without y"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_deq_bias_add_ln<T: HalfDType>(
+    gpu: &Gpu,
+    tokens: usize,
+    width: usize,
+    with_bias: bool,
+    with_ln_bias: bool,
+    mode: Mode,
+    eps: f32,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let a = Acc::new(gpu, r, tokens, width);
+    let res: Vec<T> = offset_rows(r, tokens, width);
+    let bias: Vec<T> = random_nonzero(r, width, 1e-3, 1.0);
+    let w: Vec<T> = random_nonzero(r, width, 0.5, 1.5);
+    let lb: Vec<T> = random_nonzero(r, width, 1e-3, 1.0);
+    let bias_ref = with_bias.then_some(&bias[..]);
+    let ln_ref = rq::LayerNormRef {
+        weight: &w,
+        bias: with_ln_bias.then_some(&lb[..]),
+        eps,
+    };
+    let h = rq::dequant_bias_add(&a.acc, &a.sa, &a.sw, bias_ref, &res);
+    let (amax, damax) = amax_for(gpu, mode, &rq::layer_norm_values(&h, ln_ref));
+    let (wres, wq, ws) =
+        rq::dequant_bias_add_layer_norm_quant(&a.acc, &a.sa, &a.sw, bias_ref, &res, ln_ref, amax);
+
+    let dbias = DeviceTensor::from_host(s, &bias, &[width]).unwrap();
+    let mut dres = DeviceTensor::from_host(s, &res, &[tokens, width]).unwrap();
+    let dw = DeviceTensor::from_host(s, &w, &[width]).unwrap();
+    let dlb = DeviceTensor::from_host(s, &lb, &[width]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    let ln = LayerNormParams {
+        weight: &dw,
+        bias: with_ln_bias.then_some(&dlb),
+        eps,
+    };
+    quant::dequant_bias_add_layer_norm_quant(
+        s,
+        a.deq(),
+        with_bias.then_some(&dbias),
+        &mut dres,
+        ln,
+        quant_out(&mut out, damax.as_ref()),
+    )
+    .unwrap();
+    let (gq, gs) = out.host(gpu);
+    let what = format!(
+        "dequant_bias_add_layer_norm_quant {tokens}x{width} bias {with_bias} ln_bias \
+         {with_ln_bias} {mode:?} <{}>",
+        T::NAME
+    );
+    assert_quant_close(&what, (&gq, &gs), (&wq, &ws), mode, 1e-6);
+    assert_ulp_close(&what, &dres.to_host(s).unwrap(), &wres);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_deq_bias_gelu<T: HalfDType>(
+    gpu: &Gpu,
+    tokens: usize,
+    width: usize,
+    with_bias: bool,
+    kind: GeluKind,
+    mode: Mode,
+    r: &mut impl Rng,
+) {
+    let s = gpu.stream();
+    let a = Acc::new(gpu, r, tokens, width);
+    let bias: Vec<T> = random_nonzero(r, width, 1e-3, 1.0);
+    let bias_ref = with_bias.then_some(&bias[..]);
+    let v = rq::dequant_bias_gelu_values(&a.acc, &a.sa, &a.sw, bias_ref, kind);
+    let (amax, damax) = amax_for(gpu, mode, &v);
+    let (wq, ws) = rq::dequant_bias_gelu_quant(&a.acc, &a.sa, &a.sw, bias_ref, kind, amax);
+    let dbias = DeviceTensor::from_host(s, &bias, &[width]).unwrap();
+    let mut out = QOut::new(gpu, tokens, width);
+    quant::dequant_bias_gelu_quant(
+        s,
+        a.deq(),
+        with_bias.then_some(&dbias),
+        kind,
+        quant_out(&mut out, damax.as_ref()),
+    )
+    .unwrap();
+    let (gq, gs) = out.host(gpu);
+    let what = format!(
+        "dequant_bias_gelu_quant {tokens}x{width} bias {with_bias} {kind:?} {mode:?} <{}>",
+        T::NAME
+    );
+    assert_quant_close(&what, (&gq, &gs), (&wq, &ws), mode, 1e-5);
+}
+
+/// Every (tokens, width) of the encoder tests: ENC_WIDTHS x ROWS, then ENC_MANY; `i` counts
+/// the calls (to vary the optional arguments).
+fn enc_sizes(f: &mut dyn FnMut(usize, usize, usize)) {
+    let mut i = 0;
+    for &w in ENC_WIDTHS {
+        for &rows in ROWS {
+            f(i, rows, w);
+            i += 1;
+        }
+    }
+    for &(rows, w) in ENC_MANY {
+        f(i, rows, w);
+        i += 1;
+    }
+}
+
+#[test]
+fn quantize_calibrated_is_bit_exact() {
+    let Some(gpu) = gpu_or_skip("quantize_calibrated_is_bit_exact") else {
+        return;
+    };
+    let mut r = rng("quantize_calibrated");
+    enc_sizes(&mut |_, rows, w| {
+        check_quant_calibrated::<f16>(&gpu, rows, w, &mut r);
+        check_quant_calibrated::<bf16>(&gpu, rows, w, &mut r);
+    });
+}
+
+#[test]
+fn layer_norm_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("layer_norm_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("layer_norm_quant");
+    enc_sizes(&mut |i, rows, w| {
+        for mode in MODES {
+            let eps = if i % 2 == 0 { 1e-12 } else { 1e-5 };
+            check_ln_quant::<f16>(&gpu, rows, w, i % 2 == 0, i % 3 != 0, mode, eps, &mut r);
+            check_ln_quant::<bf16>(&gpu, rows, w, i % 2 == 1, i % 3 != 1, mode, eps, &mut r);
+        }
+    });
+    // Every optional-argument combination on both paths.
+    for w in [768, 767] {
+        for (bias, y) in [(false, false), (false, true), (true, false), (true, true)] {
+            for mode in MODES {
+                check_ln_quant::<bf16>(&gpu, 5, w, bias, y, mode, 1e-12, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn dequant_bias_add_layer_norm_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dequant_bias_add_layer_norm_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("dequant_bias_add_layer_norm_quant");
+    enc_sizes(&mut |i, rows, w| {
+        for mode in MODES {
+            let eps = if i % 2 == 0 { 1e-12 } else { 1e-5 };
+            check_deq_bias_add_ln::<f16>(&gpu, rows, w, i % 2 == 0, i % 3 != 0, mode, eps, &mut r);
+            check_deq_bias_add_ln::<bf16>(&gpu, rows, w, i % 2 == 1, i % 3 != 1, mode, eps, &mut r);
+        }
+    });
+    for w in [1024, 1023] {
+        for (bias, ln_bias) in [(false, false), (false, true), (true, false), (true, true)] {
+            for mode in MODES {
+                check_deq_bias_add_ln::<f16>(&gpu, 5, w, bias, ln_bias, mode, 1e-12, &mut r);
+            }
+        }
+    }
+}
+
+#[test]
+fn dequant_bias_gelu_quant_matches_reference() {
+    let Some(gpu) = gpu_or_skip("dequant_bias_gelu_quant_matches_reference") else {
+        return;
+    };
+    let mut r = rng("dequant_bias_gelu_quant");
+    enc_sizes(&mut |i, rows, w| {
+        for kind in [GeluKind::Erf, GeluKind::Tanh] {
+            for mode in MODES {
+                check_deq_bias_gelu::<f16>(&gpu, rows, w, i % 2 == 0, kind, mode, &mut r);
+                check_deq_bias_gelu::<bf16>(&gpu, rows, w, i % 2 == 1, kind, mode, &mut r);
+            }
+        }
+    });
+}
+
+#[test]
+fn encoder_errors_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("encoder_errors_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let arg = |e: Error| match e {
+        Error::Shape { arg, .. } | Error::InvalidArgument { arg, .. } => arg,
+        other => panic!("expected an argument error, got {other}"),
+    };
+    let x = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    let w = DeviceTensor::<f16>::zeros(s, &[8]).unwrap();
+    let w7 = DeviceTensor::<f16>::zeros(s, &[7]).unwrap();
+    let amax = DeviceTensor::<f32>::zeros(s, &[1]).unwrap();
+    let amax2 = DeviceTensor::<f32>::zeros(s, &[2]).unwrap();
+    let mut q = DeviceTensor::<i8>::zeros(s, &[2, 8]).unwrap();
+    let mut sc = DeviceTensor::<f32>::zeros(s, &[2]).unwrap();
+    let mut q_bad = DeviceTensor::<i8>::zeros(s, &[2, 9]).unwrap();
+    let mut sc_bad = DeviceTensor::<f32>::zeros(s, &[3]).unwrap();
+    let mut y_bad = DeviceTensor::<f16>::zeros(s, &[2, 9]).unwrap();
+    let ln = |weight, bias, eps| LayerNormParams { weight, bias, eps };
+
+    // quantize_calibrated
+    let x1 = DeviceTensor::<f16>::zeros(s, &[16]).unwrap();
+    assert_eq!(
+        arg(quant::quantize_calibrated(s, &x1, &amax, &mut q, &mut sc).unwrap_err()),
+        "x"
+    );
+    assert_eq!(
+        arg(quant::quantize_calibrated(s, &x, &amax2, &mut q, &mut sc).unwrap_err()),
+        "amax"
+    );
+    assert_eq!(
+        arg(quant::quantize_calibrated(s, &x, &amax, &mut q_bad, &mut sc).unwrap_err()),
+        "q"
+    );
+    assert_eq!(
+        arg(quant::quantize_calibrated(s, &x, &amax, &mut q, &mut sc_bad).unwrap_err()),
+        "scale"
+    );
+
+    // layer_norm_quant
+    let good = ln(&w, None, 1e-5);
+    let e = quant::layer_norm_quant(s, &x1, good, None, QuantOut::per_token(&mut q, &mut sc));
+    assert_eq!(arg(e.unwrap_err()), "x");
+    let e = quant::layer_norm_quant(
+        s,
+        &x,
+        ln(&w7, None, 1e-5),
+        None,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "weight");
+    let e = quant::layer_norm_quant(
+        s,
+        &x,
+        ln(&w, Some(&w7), 1e-5),
+        None,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "bias");
+    let e = quant::layer_norm_quant(
+        s,
+        &x,
+        ln(&w, None, f32::NAN),
+        None,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "eps");
+    let e = quant::layer_norm_quant(
+        s,
+        &x,
+        good,
+        Some(&mut y_bad),
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "y");
+    let e = quant::layer_norm_quant(s, &x, good, None, QuantOut::per_token(&mut q_bad, &mut sc));
+    assert_eq!(arg(e.unwrap_err()), "q");
+    let e = quant::layer_norm_quant(
+        s,
+        &x,
+        good,
+        None,
+        QuantOut::calibrated(&mut q, &mut sc, &amax2),
+    );
+    assert_eq!(arg(e.unwrap_err()), "amax");
+
+    // dequant_bias_add_layer_norm_quant and dequant_bias_gelu_quant
+    let acc = DeviceTensor::<i32>::zeros(s, &[2, 8]).unwrap();
+    let sa = DeviceTensor::<f32>::zeros(s, &[2]).unwrap();
+    let sw = DeviceTensor::<f32>::zeros(s, &[8]).unwrap();
+    let sa_bad = DeviceTensor::<f32>::zeros(s, &[1]).unwrap();
+    let d = Dequant {
+        acc: &acc,
+        act_scale: &sa,
+        weight_scale: &sw,
+    };
+    let d_bad = Dequant {
+        act_scale: &sa_bad,
+        ..d
+    };
+    let mut res = DeviceTensor::<f16>::zeros(s, &[2, 8]).unwrap();
+    let mut res_bad = DeviceTensor::<f16>::zeros(s, &[2, 7]).unwrap();
+    let e = quant::dequant_bias_add_layer_norm_quant(
+        s,
+        d_bad,
+        None,
+        &mut res,
+        good,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "act_scale");
+    let e = quant::dequant_bias_add_layer_norm_quant(
+        s,
+        d,
+        Some(&w7),
+        &mut res,
+        good,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "bias");
+    let e = quant::dequant_bias_add_layer_norm_quant(
+        s,
+        d,
+        Some(&w),
+        &mut res_bad,
+        good,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "residual");
+    let e = quant::dequant_bias_add_layer_norm_quant(
+        s,
+        d,
+        Some(&w),
+        &mut res,
+        ln(&w, None, 0.0),
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "eps");
+    let e = quant::dequant_bias_add_layer_norm_quant(
+        s,
+        d,
+        Some(&w),
+        &mut res,
+        good,
+        QuantOut::per_token(&mut q, &mut sc_bad),
+    );
+    assert_eq!(arg(e.unwrap_err()), "scale");
+    let e = quant::dequant_bias_gelu_quant(
+        s,
+        d,
+        Some(&w7),
+        GeluKind::Erf,
+        QuantOut::per_token(&mut q, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "bias");
+    let e = quant::dequant_bias_gelu_quant::<f16>(
+        s,
+        d,
+        None,
+        GeluKind::Tanh,
+        QuantOut::calibrated(&mut q, &mut sc, &amax2),
+    );
+    assert_eq!(arg(e.unwrap_err()), "amax");
+    let e = quant::dequant_bias_gelu_quant::<f16>(
+        s,
+        d,
+        None,
+        GeluKind::Tanh,
+        QuantOut::per_token(&mut q_bad, &mut sc),
+    );
+    assert_eq!(arg(e.unwrap_err()), "q");
+    // Empty token counts launch nothing (no amax needed on the C side either).
+    let e = DeviceTensor::<f16>::zeros(s, &[0, 8]).unwrap();
+    let mut eq = DeviceTensor::<i8>::zeros(s, &[0, 8]).unwrap();
+    let mut es = DeviceTensor::<f32>::zeros(s, &[0]).unwrap();
+    quant::quantize_calibrated(s, &e, &amax, &mut eq, &mut es).unwrap();
+    quant::layer_norm_quant(s, &e, good, None, QuantOut::per_token(&mut eq, &mut es)).unwrap();
+}
+
+#[test]
+fn encoder_quant_gpu_proptest() {
+    let Some(gpu) = gpu_or_skip("encoder_quant_gpu_proptest") else {
+        return;
+    };
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 24,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &(strategies::matrix(40, 20_000), any::<u64>()),
+            |((rows, w), seed)| {
+                use rand::SeedableRng;
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                let mode = MODES[(seed % 2) as usize];
+                let (b1, b2) = (seed & 4 != 0, seed & 8 != 0);
+                check_quant_calibrated::<bf16>(&gpu, rows, w, &mut r);
+                check_ln_quant::<f16>(&gpu, rows, w, b1, b2, mode, 1e-12, &mut r);
+                check_deq_bias_add_ln::<bf16>(&gpu, rows, w, b1, b2, mode, 1e-5, &mut r);
+                check_deq_bias_gelu::<f16>(&gpu, rows, w, b2, GeluKind::Erf, mode, &mut r);
+                Ok(())
+            },
+        )
+        .unwrap();
+}
+
+#[test]
+fn encoder_launchers_refuse_bad_arguments() {
+    // Checked on the host before any launch: runs without a GPU.
+    use fl_kernels_sys::*;
+    let p = |i: usize| (0x10_0000 + 0x1000 * i) as *mut std::ffi::c_void;
+    let null = std::ptr::null_mut::<std::ffi::c_void>();
+    let s: fl_stream = std::ptr::null_mut();
+    let f16_ = fl_dtype::FL_DTYPE_F16;
+    let (inv, bad_dtype) = (FL_ERR_INVALID_ARGUMENT, FL_ERR_UNSUPPORTED_DTYPE);
+    let erf = fl_gelu_kind::FL_GELU_ERF;
+    // SAFETY: every call is refused (or empty) before any pointer is used.
+    unsafe {
+        // quantize_calibrated: amax is required; nothing is needed for 0 tokens.
+        assert_eq!(
+            fl_quantize_calibrated(f16_, p(0), null as _, p(2) as _, p(3) as _, 3, 8, s),
+            inv
+        );
+        assert_eq!(
+            fl_quantize_calibrated(f16_, null, null as _, null as _, null as _, 0, 8, s),
+            0
+        );
+        assert_eq!(
+            fl_quantize_calibrated(f16_, p(0), p(1) as _, p(2) as _, p(3) as _, 3, 0, s),
+            inv
+        );
+        assert_eq!(
+            fl_quantize_calibrated(f16_, p(0), p(1) as _, p(2) as _, p(3) as _, -1, 8, s),
+            inv
+        );
+        // layer_norm_quant: eps, weight, x, q, scale; the dtype.
+        let ln = |dt: fl_dtype, x, w, q, eps| {
+            fl_layer_norm_quant(dt, x, w, null, null, q, p(5) as _, null as _, 3, 8, eps, s)
+        };
+        assert_eq!(ln(f16_, p(0), p(1), p(4) as _, 0.0), inv);
+        assert_eq!(ln(f16_, p(0), p(1), p(4) as _, f32::INFINITY), inv);
+        assert_eq!(ln(f16_, p(0), null, p(4) as _, 1e-5), inv);
+        assert_eq!(ln(f16_, null, p(1), p(4) as _, 1e-5), inv);
+        assert_eq!(ln(f16_, p(0), p(1), null as _, 1e-5), inv);
+        assert_eq!(
+            ln(fl_dtype::FL_DTYPE_F32, p(0), p(1), p(4) as _, 1e-5),
+            bad_dtype
+        );
+        // dequant_bias_add_layer_norm_quant: residual, ln_weight and the dequant inputs.
+        let dln = |acc, res, w| {
+            fl_dequant_bias_add_layer_norm_quant(
+                f16_,
+                acc,
+                p(1) as _,
+                p(2) as _,
+                null,
+                res,
+                w,
+                null,
+                p(7) as _,
+                p(8) as _,
+                null as _,
+                3,
+                8,
+                1e-5,
+                s,
+            )
+        };
+        assert_eq!(dln(p(0) as _, null, p(6)), inv);
+        assert_eq!(dln(p(0) as _, p(5), null), inv);
+        assert_eq!(dln(null as _, p(5), p(6)), inv);
+        // dequant_bias_gelu_quant: the dequant inputs, overflowing sizes.
+        assert_eq!(
+            fl_dequant_bias_gelu_quant(
+                f16_,
+                p(0) as _,
+                null as _,
+                p(2) as _,
+                null,
+                erf,
+                p(4) as _,
+                p(5) as _,
+                null as _,
+                3,
+                8,
+                s,
+            ),
+            inv
+        );
+        assert_eq!(
+            fl_dequant_bias_gelu_quant(
+                f16_,
+                p(0) as _,
+                p(1) as _,
+                p(2) as _,
+                null,
+                erf,
+                p(4) as _,
+                p(5) as _,
+                null as _,
+                i64::MAX,
+                8,
+                s,
+            ),
+            inv
+        );
+        assert_eq!(
+            fl_dequant_bias_gelu_quant(
+                fl_dtype::FL_DTYPE_I8,
+                p(0) as _,
+                p(1) as _,
+                p(2) as _,
+                null,
+                erf,
+                p(4) as _,
+                p(5) as _,
+                null as _,
+                3,
+                8,
+                s,
+            ),
+            bad_dtype
+        );
+    }
+}
+
 /// Without a GPU (CI): every launcher, given arguments that take its vector path, must get as
 /// far as the launch and return its CUDA error (no driver / no device), never end the process.
 /// A `__device__`-only helper called from a launcher compiles, on the host, to `exit(1)`: the
@@ -678,6 +1378,106 @@ fn launchers_reach_the_launch_on_every_path_without_a_gpu() {
                         2,
                         1,
                         &rope,
+                        s,
+                    ),
+                    sys::fl_quantize_calibrated(
+                        dtype,
+                        p(0),
+                        p(1) as _,
+                        p(2) as _,
+                        p(3) as _,
+                        3,
+                        width,
+                        s,
+                    ),
+                    sys::fl_layer_norm_quant(
+                        dtype,
+                        p(0),
+                        p(1),
+                        p(2),
+                        p(3),
+                        p(4) as _,
+                        p(5) as _,
+                        std::ptr::null(),
+                        3,
+                        width,
+                        1e-5,
+                        s,
+                    ),
+                    sys::fl_layer_norm_quant(
+                        dtype,
+                        p(0),
+                        p(1),
+                        std::ptr::null(),
+                        std::ptr::null_mut(),
+                        p(4) as _,
+                        p(5) as _,
+                        p(6) as _,
+                        3,
+                        width,
+                        1e-5,
+                        s,
+                    ),
+                    sys::fl_dequant_bias_add_layer_norm_quant(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        p(3),
+                        p(4),
+                        p(5),
+                        p(6),
+                        p(7) as _,
+                        p(8) as _,
+                        p(9) as _,
+                        3,
+                        width,
+                        1e-5,
+                        s,
+                    ),
+                    sys::fl_dequant_bias_add_layer_norm_quant(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        std::ptr::null(),
+                        p(4),
+                        p(5),
+                        std::ptr::null(),
+                        p(7) as _,
+                        p(8) as _,
+                        std::ptr::null(),
+                        3,
+                        width,
+                        1e-5,
+                        s,
+                    ),
+                    sys::fl_dequant_bias_gelu_quant(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        p(3),
+                        sys::fl_gelu_kind::FL_GELU_ERF,
+                        p(4) as _,
+                        p(5) as _,
+                        std::ptr::null(),
+                        3,
+                        width,
+                        s,
+                    ),
+                    sys::fl_dequant_bias_gelu_quant(
+                        dtype,
+                        p(0) as _,
+                        p(1) as _,
+                        p(2) as _,
+                        std::ptr::null(),
+                        sys::fl_gelu_kind::FL_GELU_TANH,
+                        p(4) as _,
+                        p(5) as _,
+                        p(6) as _,
+                        3,
+                        width,
                         s,
                     ),
                 ]

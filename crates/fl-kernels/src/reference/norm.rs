@@ -90,3 +90,38 @@ pub fn layer_norm<T: FloatDType>(
     }
     y
 }
+
+/// Fused add-bias + residual + LayerNorm (BERT's post-LN sublayer end): returns
+/// `(h, y)` with `h = T((f32(x) + f32(x_bias)) + f32(residual))` (the kernel's f32 sums and
+/// one rounding; no bias term when `x_bias` is `None`) and `y = layer_norm(h, weight, bias)`
+/// in f64. Panics only on inconsistent lengths (a test bug).
+pub fn add_bias_layer_norm<T: FloatDType>(
+    x: &[T],
+    x_bias: Option<&[T]>,
+    residual: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    hidden: usize,
+    eps: f32,
+) -> (Vec<T>, Vec<f64>) {
+    assert_eq!(
+        x.len(),
+        residual.len(),
+        "reference::add_bias_layer_norm: lengths differ"
+    );
+    check_shapes("add_bias_layer_norm", x.len(), hidden, weight.len());
+    let h: Vec<T> = x
+        .iter()
+        .zip(residual)
+        .enumerate()
+        .map(|(i, (v, r))| {
+            let mut s = v.to_f32();
+            if let Some(b) = x_bias {
+                s += b[i % hidden].to_f32();
+            }
+            T::from_f32(s + r.to_f32())
+        })
+        .collect();
+    let y = layer_norm(&h, weight, bias, hidden, eps);
+    (h, y)
+}

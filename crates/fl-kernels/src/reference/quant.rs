@@ -1,5 +1,6 @@
-//! References for [`crate::quant`](mod@crate::quant), and a whole decoder layer in W8A8 and
-//! in float math ([`layer`]) for the accuracy of the scheme.
+//! References for [`crate::quant`](mod@crate::quant) (the LLaMA decoder's RMSNorm / SwiGLU
+//! kernels and the BERT encoder's LayerNorm / GELU ones, per-token or calibrated scales), and
+//! a whole decoder layer in W8A8 and in float math ([`layer`]) for the accuracy of the scheme.
 //!
 //! The quantisation rule is evaluated with the kernels' f32 operations in the same order
 //! ([`quantize_row`]), so a row of identical f32 values gives identical int8 and scale.
@@ -8,6 +9,7 @@
 //! differ by one unit where `v · inv` lies within rounding of a half-integer: tests compare
 //! those outputs allowing ±1 (see each function).
 
+use crate::activation::GeluKind;
 use crate::dtype::FloatDType;
 use crate::quant::{QkvHeads, QMAX};
 use crate::rope::RopeParams;
@@ -17,6 +19,13 @@ use crate::rope::RopeParams;
 /// `q = rint(clamp(v · inv, ±127))` (round half to even), each step an f32 operation.
 pub fn quantize_row(v: &[f32]) -> (Vec<i8>, f32) {
     let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    quantize_row_calibrated(v, amax)
+}
+
+/// The quantisation rule with a given (calibrated) amax `A` instead of the row's own:
+/// `scale = A / 127`, `inv = min(127 / A, f32::MAX)` (0 unless `A > 0`),
+/// `q = rint(clamp(v · inv, ±127))`; values beyond `±A` saturate at ±127.
+pub fn quantize_row_calibrated(v: &[f32], amax: f32) -> (Vec<i8>, f32) {
     let scale = amax / QMAX;
     let inv = if amax > 0.0 {
         (QMAX / amax).min(f32::MAX)
@@ -28,6 +37,28 @@ pub fn quantize_row(v: &[f32]) -> (Vec<i8>, f32) {
         .map(|&x| (x * inv).clamp(-QMAX, QMAX).round_ties_even() as i8)
         .collect();
     (q, scale)
+}
+
+/// Quantises each row of `v` (`[rows, width]`): per token ([`quantize_row`]) when `amax` is
+/// `None`, else with the calibrated per-tensor amax ([`quantize_row_calibrated`]).
+pub fn quantize_rows_with(v: &[f32], width: usize, amax: Option<f32>) -> (Vec<i8>, Vec<f32>) {
+    match amax {
+        None => quantize_rows(v, width),
+        Some(a) => {
+            assert!(
+                width >= 1 && v.len() % width == 0,
+                "reference::quant: len not a multiple of width"
+            );
+            let mut q = Vec::with_capacity(v.len());
+            let mut s = Vec::with_capacity(v.len() / width);
+            for row in v.chunks(width) {
+                let (qr, sr) = quantize_row_calibrated(row, a);
+                q.extend(qr);
+                s.push(sr);
+            }
+            (q, s)
+        }
+    }
 }
 
 /// Quantises each row of `v` (`[rows, width]`) with [`quantize_row`]: `(q [rows, width],
@@ -103,6 +134,14 @@ pub fn dequantize_to<T: FloatDType>(
 pub fn quantize_per_token<T: FloatDType>(x: &[T], width: usize) -> (Vec<i8>, Vec<f32>) {
     let v: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     quantize_rows(&v, width)
+}
+
+/// Calibrated quantisation of `x [tokens, width]` with the per-tensor `amax`, as
+/// [`quant::quantize_calibrated`](crate::quant::quantize_calibrated) computes it: bit-exact
+/// with the kernel (no reduction).
+pub fn quantize_calibrated<T: FloatDType>(x: &[T], width: usize, amax: f32) -> (Vec<i8>, Vec<f32>) {
+    let v: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    quantize_rows_with(&v, width, Some(amax))
 }
 
 /// `1 / sqrt(mean(v²) + eps)` of one row, in f64, rounded to f32 (the kernel: f32 block sum,
@@ -201,6 +240,162 @@ pub fn dequant_add<T: FloatDType>(
         .zip(residual)
         .map(|(&d, r)| T::from_f32(r.to_f32() + d))
         .collect()
+}
+
+/// LayerNorm parameters of the encoder references: `weight [hidden]`, optional `bias
+/// [hidden]`, `eps`.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerNormRef<'a, T> {
+    /// Scale.
+    pub weight: &'a [T],
+    /// Shift (`None`: 0).
+    pub bias: Option<&'a [T]>,
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+/// LayerNorm of each row of f32 values `h [rows, hidden]` as the quant kernels compute it
+/// (fl_quant.h, "LayerNorm"): `mean` and `rstd = 1 / sqrt(var + eps)` from f64 sums rounded
+/// to f32 (the kernel: f32 block sums, rsqrtf), the deviations `h - mean` as f32
+/// subtractions, then `v = fma((h - mean) · rstd, w, b)` in f32 (`b = 0` without a bias).
+/// The kernel's values differ by the rounding of its statistics (a few f32 ulps).
+pub fn layer_norm_values<T: FloatDType>(h: &[f32], ln: LayerNormRef<'_, T>) -> Vec<f32> {
+    let hidden = ln.weight.len();
+    assert!(
+        hidden >= 1 && h.len() % hidden == 0,
+        "reference::quant: h is not [tokens, hidden]"
+    );
+    if let Some(b) = ln.bias {
+        assert_eq!(b.len(), hidden, "reference::quant: LayerNorm bias length");
+    }
+    let mut out = Vec::with_capacity(h.len());
+    for row in h.chunks(hidden) {
+        let mean = (row.iter().map(|&v| v as f64).sum::<f64>() / hidden as f64) as f32;
+        let var = row
+            .iter()
+            .map(|&v| {
+                let d = (v - mean) as f64;
+                d * d
+            })
+            .sum::<f64>()
+            / hidden as f64;
+        let rstd = (1.0 / (var + ln.eps as f64).sqrt()) as f32;
+        out.extend(row.iter().enumerate().map(|(i, &v)| {
+            let b = ln.bias.map_or(0.0, |b| b[i].to_f32());
+            ((v - mean) * rstd).mul_add(ln.weight[i].to_f32(), b)
+        }));
+    }
+    out
+}
+
+/// LayerNorm + quantisation ([`quant::layer_norm_quant`](crate::quant::layer_norm_quant)):
+/// `(y, q, scale)` with `v = layer_norm_values(f32(x))`, `y = T(v)` and `q`, `scale` from the
+/// unrounded `v` (per token, or with the calibrated `amax`). The kernel's `y` within one ulp
+/// of `T`, its int8 within ±1, its per-token scales to a few f32 ulps (calibrated: exact).
+pub fn layer_norm_quant<T: FloatDType>(
+    x: &[T],
+    ln: LayerNormRef<'_, T>,
+    amax: Option<f32>,
+) -> (Vec<T>, Vec<i8>, Vec<f32>) {
+    let h: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let v = layer_norm_values(&h, ln);
+    let (q, s) = quantize_rows_with(&v, ln.weight.len(), amax);
+    (v.iter().map(|&x| T::from_f32(x)).collect(), q, s)
+}
+
+/// The pre-norm values of [`dequant_bias_add_layer_norm_quant`]:
+/// `h = f32(residual) + (deq + f32(bias))` (no bias: `f32(residual) + deq`), f32 adds in that
+/// order (bit-exact with the kernel).
+pub fn dequant_bias_add<T: FloatDType>(
+    acc: &[i32],
+    act_scale: &[f32],
+    weight_scale: &[f32],
+    bias: Option<&[T]>,
+    residual: &[T],
+) -> Vec<f32> {
+    let width = weight_scale.len();
+    assert_eq!(
+        acc.len(),
+        residual.len(),
+        "reference::quant: lengths differ"
+    );
+    if let Some(b) = bias {
+        assert_eq!(b.len(), width, "reference::quant: bias length");
+    }
+    dequantize(acc, act_scale, weight_scale)
+        .iter()
+        .zip(residual)
+        .enumerate()
+        .map(|(i, (&d, r))| {
+            let s = match bias {
+                Some(b) => d + b[i % width].to_f32(),
+                None => d,
+            };
+            r.to_f32() + s
+        })
+        .collect()
+}
+
+/// Dequantise + bias + residual + LayerNorm + quantise (BERT's post-LN sublayer end,
+/// [`quant::dequant_bias_add_layer_norm_quant`](crate::quant::dequant_bias_add_layer_norm_quant)):
+/// `(new_residual, q, scale)` with `v = layer_norm_values(dequant_bias_add(..))`,
+/// `new_residual = T(v)` and `q`, `scale` from `v`. Tolerances as [`layer_norm_quant`].
+pub fn dequant_bias_add_layer_norm_quant<T: FloatDType>(
+    acc: &[i32],
+    act_scale: &[f32],
+    weight_scale: &[f32],
+    bias: Option<&[T]>,
+    residual: &[T],
+    ln: LayerNormRef<'_, T>,
+    amax: Option<f32>,
+) -> (Vec<T>, Vec<i8>, Vec<f32>) {
+    let h = dequant_bias_add(acc, act_scale, weight_scale, bias, residual);
+    let v = layer_norm_values(&h, ln);
+    let (q, s) = quantize_rows_with(&v, ln.weight.len(), amax);
+    (v.iter().map(|&x| T::from_f32(x)).collect(), q, s)
+}
+
+/// The values [`dequant_bias_gelu_quant`] quantises: `gelu(deq + f32(bias))` with the sum in
+/// f32 (as the kernel) and the GELU in f64
+/// ([`reference::activation::gelu_scalar`](crate::reference::activation::gelu_scalar)),
+/// rounded to f32. The kernel's fast GELU differs by about 1e-6 relative (1e-5 in the far
+/// negative tail).
+pub fn dequant_bias_gelu_values<T: FloatDType>(
+    acc: &[i32],
+    act_scale: &[f32],
+    weight_scale: &[f32],
+    bias: Option<&[T]>,
+    kind: GeluKind,
+) -> Vec<f32> {
+    let width = weight_scale.len();
+    if let Some(b) = bias {
+        assert_eq!(b.len(), width, "reference::quant: bias length");
+    }
+    dequantize(acc, act_scale, weight_scale)
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| {
+            let x = match bias {
+                Some(b) => d + b[i % width].to_f32(),
+                None => d,
+            };
+            super::activation::gelu_scalar(x as f64, kind) as f32
+        })
+        .collect()
+}
+
+/// Dequantise + bias + GELU + quantise: `(q, scale)` of [`dequant_bias_gelu_values`], per token
+/// or with the calibrated `amax`. The kernel's int8 within ±1.
+pub fn dequant_bias_gelu_quant<T: FloatDType>(
+    acc: &[i32],
+    act_scale: &[f32],
+    weight_scale: &[f32],
+    bias: Option<&[T]>,
+    kind: GeluKind,
+    amax: Option<f32>,
+) -> (Vec<i8>, Vec<f32>) {
+    let v = dequant_bias_gelu_values(acc, act_scale, weight_scale, bias, kind);
+    quantize_rows_with(&v, weight_scale.len(), amax)
 }
 
 /// Dequantise the fused QKV output and apply rotate-half RoPE to the q and k heads: f64,
@@ -485,5 +680,193 @@ pub mod layer {
         let (mq, ms) = dequant_silu_mul_quant(&acc, &ys, &w.w_gate_up.scale);
         let acc = gemm_i8(&mq, &w.w_down.q, t, h, c.inter);
         dequant_add(&acc, &ms, &w.w_down.scale, &res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{bf16, f16};
+
+    /// Deterministic values in ±[0.1, 4.1] with a per-row offset (a non-zero mean).
+    fn values(n: usize, width: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+        (0..n)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let u = (x >> 8) as f32 / (1u32 << 24) as f32; // [0, 1)
+                let m = 0.1 + 4.0 * u;
+                let off = ((i / width) % 5) as f32 * 0.75 - 1.5;
+                off + if x & 1 == 0 { m } else { -m }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layer_norm_matches_the_textbook_formula() {
+        for &(tokens, hidden) in &[(1usize, 1usize), (3, 7), (2, 768), (1, 1001)] {
+            let h = values(tokens * hidden, hidden, hidden as u32);
+            let w: Vec<f32> = (0..hidden).map(|i| 0.5 + (i % 7) as f32 * 0.125).collect();
+            let b: Vec<f32> = (0..hidden).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
+            let eps = 1e-5f32;
+            for bias in [None, Some(&b[..])] {
+                let ln = LayerNormRef {
+                    weight: &w,
+                    bias,
+                    eps,
+                };
+                let got = layer_norm_values(&h, ln);
+                for (r, row) in h.chunks(hidden).enumerate() {
+                    let mean = row.iter().map(|&v| v as f64).sum::<f64>() / hidden as f64;
+                    let var =
+                        row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / hidden as f64;
+                    let rstd = 1.0 / (var + eps as f64).sqrt();
+                    for i in 0..hidden {
+                        let bi = bias.map_or(0.0, |b| b[i] as f64);
+                        let want = (row[i] as f64 - mean) * rstd * w[i] as f64 + bi;
+                        let g = got[r * hidden + i] as f64;
+                        // A few f32 roundings of values of order |w| * 4 + |b|.
+                        assert!(
+                            (g - want).abs() <= 2e-6 * (want.abs() + 1.0),
+                            "[{r}, {i}] of {tokens}x{hidden}: {g} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_of_unit_weights_has_zero_mean_and_unit_variance() {
+        let hidden = 4096;
+        let h = values(hidden, hidden, 7);
+        let w = vec![bf16::ONE; hidden];
+        let v = layer_norm_values(
+            &h,
+            LayerNormRef {
+                weight: &w,
+                bias: None,
+                eps: 1e-12,
+            },
+        );
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / hidden as f64;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / hidden as f64;
+        assert!(mean.abs() < 1e-5, "mean {mean}");
+        assert!((var - 1.0).abs() < 1e-5, "var {var}");
+    }
+
+    #[test]
+    fn calibrated_amax_saturates_beyond_it() {
+        let v = [0.5f32, -1.0, 2.0, -3.0, 0.25, 0.0];
+        let (q, s) = quantize_row_calibrated(&v, 1.0);
+        assert_eq!(s, 1.0 / 127.0);
+        // 0.5 * 127 = 63.5 rounds to even (64); beyond ±1 saturates.
+        assert_eq!(q, vec![64, -127, 127, -127, 32, 0]);
+        // Inside the range the error is at most half a step.
+        for (&x, &qi) in v.iter().zip(&q) {
+            if x.abs() <= 1.0 {
+                assert!((x as f64 - qi as f64 * s as f64).abs() <= s as f64 * 0.5 + 1e-7);
+            }
+        }
+        // amax = 0: everything quantises to 0 with scale 0.
+        assert_eq!(quantize_row_calibrated(&v, 0.0), (vec![0; 6], 0.0));
+    }
+
+    #[test]
+    fn calibrated_with_the_row_amax_is_the_dynamic_rule() {
+        let width = 129;
+        let v = values(3 * width, width, 3);
+        let (qd, sd) = quantize_rows(&v, width);
+        for (r, row) in v.chunks(width).enumerate() {
+            let a = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let (q, s) = quantize_row_calibrated(row, a);
+            assert_eq!(s, sd[r]);
+            assert_eq!(q, qd[r * width..(r + 1) * width]);
+        }
+        // One amax for all rows: every scale equals A / 127.
+        let (_, s) = quantize_rows_with(&v, width, Some(2.5));
+        assert!(s.iter().all(|&x| x == 2.5 / 127.0));
+    }
+
+    #[test]
+    fn layer_norm_quant_rounds_y_from_the_quantised_values() {
+        let (tokens, hidden) = (3, 40);
+        let x: Vec<f16> = values(tokens * hidden, hidden, 11)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let w = vec![f16::from_f32(1.5); hidden];
+        let b = vec![f16::from_f32(-0.25); hidden];
+        let ln = LayerNormRef {
+            weight: &w,
+            bias: Some(&b),
+            eps: 1e-5,
+        };
+        let h: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        let v = layer_norm_values(&h, ln);
+        for amax in [None, Some(2.0)] {
+            let (y, q, s) = layer_norm_quant(&x, ln, amax);
+            assert_eq!(y, v.iter().map(|&t| f16::from_f32(t)).collect::<Vec<_>>());
+            let (wq, ws) = quantize_rows_with(&v, hidden, amax);
+            assert_eq!((q, s), (wq, ws));
+        }
+    }
+
+    #[test]
+    fn dequant_bias_add_adds_in_the_stated_order() {
+        let (acc, sa, sw) = (
+            vec![1000, -3000, 7],
+            vec![0.003f32],
+            vec![0.01f32, 0.02, 0.3],
+        );
+        let bias = [
+            bf16::from_f32(0.5),
+            bf16::from_f32(-0.125),
+            bf16::from_f32(3.0),
+        ];
+        let res = [
+            bf16::from_f32(1.0),
+            bf16::from_f32(2.0),
+            bf16::from_f32(-4.0),
+        ];
+        let h = dequant_bias_add(&acc, &sa, &sw, Some(&bias[..]), &res);
+        for i in 0..3 {
+            let d = (acc[i] as f32 * sa[0]) * sw[i];
+            assert_eq!(h[i], res[i].to_f32() + (d + bias[i].to_f32()));
+        }
+        let h0 = dequant_bias_add::<bf16>(&acc, &sa, &sw, None, &res);
+        for i in 0..3 {
+            assert_eq!(h0[i], res[i].to_f32() + deq(acc[i], sa[0], sw[i]));
+        }
+    }
+
+    #[test]
+    fn dequant_bias_gelu_is_gelu_of_the_biased_dequantised_values() {
+        let (acc, sa, sw) = (
+            vec![100_000, -200_000, 0],
+            vec![1e-3f32],
+            vec![1e-2f32, 1e-2, 1.0],
+        );
+        let bias = [f16::from_f32(0.5), f16::from_f32(0.5), f16::ZERO];
+        for kind in [GeluKind::Tanh, GeluKind::Erf] {
+            let v = dequant_bias_gelu_values(&acc, &sa, &sw, Some(&bias[..]), kind);
+            // x = 1.5, -1.5, 0.0 (up to f32 rounding).
+            let want = [1.5f64, -1.5, 0.0].map(|x| match kind {
+                GeluKind::Tanh => super::super::activation::gelu_scalar(x, kind),
+                GeluKind::Erf => 0.5 * x * (1.0 + super::super::activation::erf(x / 2f64.sqrt())),
+            });
+            for i in 0..3 {
+                assert!(
+                    (v[i] as f64 - want[i]).abs() < 1e-6,
+                    "{kind:?} {i}: {}",
+                    v[i]
+                );
+            }
+            let (q, s) = dequant_bias_gelu_quant(&acc, &sa, &sw, Some(&bias[..]), kind, Some(1.0));
+            assert_eq!(s, vec![1.0 / 127.0]);
+            assert_eq!(q[0], 127); // gelu(1.5) ~ 1.40 saturates at amax 1
+        }
     }
 }
