@@ -4,7 +4,7 @@
 //! - tiny random encoders built in memory (BERT and XLM-RoBERTa, both GELU forms, head dims
 //!   32 / 64 / 128, 2 layers) over a ragged batch with lengths 1, 7, 63, 64, 65 and 129 (across
 //!   the attention's 64-token tiles and the wgmma kernel's 128-token boxes), and a batch of
-//!   one token: f32 within rel L2 1e-5 of the reference, f16 within 5e-3 and bf16 within 1e-2
+//!   one token: f32 within rel L2 1e-5 of the reference, f16 within 5e-3 and bf16 within 4e-2 (8x f16's: bf16 keeps 3 fewer mantissa bits)
 //!   of the f32 reference; CLS / mean / last-token pooling of the read-back states, cosine >=
 //!   0.9999 in f16 (0.999 in bf16);
 //! - every output buffer is poisoned with NaN before the forward;
@@ -297,7 +297,7 @@ fn random_encoder(i: usize) {
         let what = format!("{test} {name}");
         check_dtype::<f32>(&gpu, &mut blas, &cfg, &w, b, &want, 1e-5, 0.99999, &what);
         check_dtype::<f16>(&gpu, &mut blas, &cfg, &w, b, &want, 5e-3, 0.9999, &what);
-        check_dtype::<bf16>(&gpu, &mut blas, &cfg, &w, b, &want, 1e-2, 0.999, &what);
+        check_dtype::<bf16>(&gpu, &mut blas, &cfg, &w, b, &want, 4e-2, 0.999, &what);
     }
 }
 

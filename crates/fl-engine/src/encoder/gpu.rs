@@ -5,16 +5,17 @@
 //! The forward over a packed ragged batch, every step an existing op (no padded token is
 //! computed; rows are tokens, sequences back to back):
 //! ```text
-//! x   = LayerNorm(word[id] + position[pos] + token_type[type])   3 gathers, 2 adds, LayerNorm
+//! x   = LayerNorm(word[id] + position[pos] + token_type[type])   3 gathers, add, add + LayerNorm
 //! per layer:
 //!   q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv                 3 cuBLASLt GEMMs, bias epilogue
 //!   a   = attention(q, k, v) per sequence, non-causal             prefill_bidirectional
-//!   x   = LayerNorm(a Woᵀ + bo + x)                               GEMM + bias, add, LayerNorm
-//!   x   = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x)              GEMM + bias, GELU, GEMM + bias, add, LayerNorm
+//!   x   = LayerNorm(a Woᵀ + bo + x)                               GEMM; add-bias + residual + LayerNorm
+//!   x   = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x)              GEMM; bias + GELU; GEMM; add-bias + residual + LayerNorm
 //! ```
-//! The fusions FasterTransformer does (add-bias + residual + LayerNorm in one kernel, a
-//! stacked QKV GEMM split in its epilogue) are not done yet: each line above is separate
-//! launches. Pooling and the heads run on the host from the states read back
+//! FasterTransformer's fusions: the sublayers' bias and residual add are fused with the
+//! LayerNorm ([`norm::add_bias_layer_norm_inplace`]), the intermediate bias with the GELU
+//! ([`activation::gelu_inplace`]), the QKV biases into the GEMMs' epilogue. Pooling and the
+//! heads run on the host from the states read back
 //! ([`EncoderModel::run`] then [`reference::pool`](crate::encoder::reference::pool),
 //! [`reference::classify`](crate::encoder::reference::classify)).
 //!
@@ -51,7 +52,7 @@ use fl_kernels::attention_prefill::{
 };
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
-use fl_kernels::{elementwise, norm, DeviceTensor};
+use fl_kernels::{elementwise, norm, DeviceTensor, Gpu};
 
 use crate::dtype::RunDType;
 use crate::encoder::batch::PackedBatch;
@@ -259,6 +260,30 @@ impl DeviceBatch {
     }
 }
 
+/// Opens GPU `ordinal` for encoder work: [`Gpu::new`] with cudarc's cross-stream event
+/// tracking off. An encoder queues everything on one stream, where that tracking only records
+/// an event per buffer access (microseconds of host time each, most of a small batch's time).
+///
+/// # Errors
+/// Those of [`Gpu::new`] (no driver, no such device, compute capability below 8.0).
+pub fn open_gpu(ordinal: usize) -> Result<Gpu> {
+    let gpu = Gpu::new(ordinal)?;
+    // SAFETY: the context was just opened by this handle and no buffer exists yet; every
+    // buffer of an encoder is used on its model's one stream.
+    unsafe { gpu.context().disable_event_tracking() };
+    Ok(gpu)
+}
+
+/// A scratch tensor, uninitialised (stream-ordered): every element is written before it is
+/// read.
+fn scratch<T: RunDType>(stream: &Arc<CudaStream>, shape: &[usize]) -> Result<DeviceTensor<T>> {
+    let n: usize = shape.iter().product();
+    // SAFETY: the forward writes every element of each scratch tensor (a gather, a GEMM or
+    // the attention over tokens that the batch's cu_seqlens cover completely) before reading.
+    let buf = unsafe { stream.alloc::<T>(n) }.map_err(fl_kernels::Error::from)?;
+    Ok(DeviceTensor::from_slice(buf, shape)?)
+}
+
 /// An encoder (BERT, RoBERTa, XLM-RoBERTa) on one device in the run dtype `T` (`f32`, `f16`,
 /// `bf16`): [`EncoderModel::new`] uploads [`EncoderWeights`] (f32 on the host, rounded to
 /// `T`), [`EncoderModel::forward`] runs the stack over a [`DeviceBatch`] (see the
@@ -400,7 +425,7 @@ impl<T: RunDType> EncoderModel<T> {
             ));
         }
         let (heads, d) = (cfg.num_attention_heads, cfg.head_dim());
-        let z = |shape: &[usize]| DeviceTensor::<T>::zeros(stream, shape);
+        let z = |shape: &[usize]| scratch::<T>(stream, shape);
         // `x` lives in `out`: the running hidden states, replaced by each LayerNorm.
         let x = out;
         let mut tmp = z(&[t, h])?;
@@ -420,17 +445,25 @@ impl<T: RunDType> EncoderModel<T> {
             &mut q,
             s,
         )?;
-        elementwise::add_assign(stream, &mut tmp, &q)?;
         embedding::lookup(
             stream,
             &batch.token_types,
             &self.token_type_embeddings,
-            &mut q,
+            &mut k,
             s,
         )?;
-        elementwise::add_assign(stream, &mut tmp, &q)?;
+        elementwise::add_assign(stream, &mut tmp, &k)?;
         let en = &self.embeddings_norm;
-        norm::layer_norm(stream, &tmp, &en.weight, Some(&en.bias), self.eps, x)?;
+        norm::add_bias_layer_norm(
+            stream,
+            &tmp,
+            None,
+            &q,
+            &en.weight,
+            Some(&en.bias),
+            self.eps,
+            x,
+        )?;
 
         let params = BidirectionalPrefillParams {
             scale: cfg.attention_scale() as f32,
@@ -459,19 +492,32 @@ impl<T: RunDType> EncoderModel<T> {
             for b in [&mut q, &mut k, &mut v, &mut ctx] {
                 b.set_shape(&[t, h])?;
             }
-            // x = LayerNorm(ctx Woᵀ + bo + x)
-            blas.linear(&ctx, &lw.attn_out.weight, Some(&lw.attn_out.bias), &mut tmp)?;
-            elementwise::add_assign(stream, &mut tmp, x)?;
-            let n = &lw.attn_norm;
-            norm::layer_norm(stream, &tmp, &n.weight, Some(&n.bias), self.eps, x)?;
-            // x = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x)
-            let (wi, wo) = (&lw.intermediate, &lw.output);
-            blas.linear(x, &wi.weight, Some(&wi.bias), &mut inter)?;
-            activation::gelu_inplace(stream, &mut inter, None, act)?;
-            blas.linear(&inter, &wo.weight, Some(&wo.bias), &mut tmp)?;
-            elementwise::add_assign(stream, &mut tmp, x)?;
-            let n = &lw.output_norm;
-            norm::layer_norm(stream, &tmp, &n.weight, Some(&n.bias), self.eps, x)?;
+            // x = LayerNorm(ctx Woᵀ + bo + x): the bias and the residual fused into the norm.
+            let (wa, n) = (&lw.attn_out, &lw.attn_norm);
+            blas.linear(&ctx, &wa.weight, None, &mut tmp)?;
+            norm::add_bias_layer_norm_inplace(
+                stream,
+                &tmp,
+                Some(&wa.bias),
+                x,
+                &n.weight,
+                Some(&n.bias),
+                self.eps,
+            )?;
+            // x = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x): bias + GELU in one pass.
+            let (wi, wo, n) = (&lw.intermediate, &lw.output, &lw.output_norm);
+            blas.linear(x, &wi.weight, None, &mut inter)?;
+            activation::gelu_inplace(stream, &mut inter, Some(&wi.bias), act)?;
+            blas.linear(&inter, &wo.weight, None, &mut tmp)?;
+            norm::add_bias_layer_norm_inplace(
+                stream,
+                &tmp,
+                Some(&wo.bias),
+                x,
+                &n.weight,
+                Some(&n.bias),
+                self.eps,
+            )?;
         }
         Ok(())
     }

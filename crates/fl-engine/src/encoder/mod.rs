@@ -25,9 +25,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod backend;
 mod batch;
 pub mod config;
 pub mod gpu;
+pub mod pooling_config;
+pub mod presets;
 pub mod reference;
 pub mod tokenize;
 pub mod weights;

@@ -23,6 +23,9 @@
 //! - `use_beam_search: true` (vLLM's field; `best_of` the width, `length_penalty`,
 //!   `early_stopping`) runs one beam search request ([`Service::submit_beam_with_sink`]) whose
 //!   `n` best hypotheses are the choices, best first; it is answered whole, never streamed.
+//! - With an encoder model ([`Server::new_encoder`]) the server answers `POST /v1/embeddings`
+//!   and `POST /v1/rerank` instead of the completion routes, on an [`EncoderService`]
+//!   (see [`embeddings`]).
 //! - Every request is validated before it is queued; errors are OpenAI's JSON
 //!   (`{"error": {"message", "type", "param", "code"}}`) naming the field.
 //! - A client that goes away aborts its request (the handler's future or the SSE body is
@@ -61,11 +64,15 @@ use crate::chat_template::ChatTemplate;
 use crate::service::Service;
 use crate::tokenizer::Tokenizer;
 
+pub mod embeddings;
+pub mod encoder_worker;
 mod handlers;
 pub mod metrics;
 pub mod openai;
 pub mod text;
 
+pub use embeddings::EncoderInfo;
+pub use encoder_worker::{EncoderService, EncoderServiceConfig};
 use metrics::Metrics;
 
 /// How the server answers, independent of the model.
@@ -154,6 +161,8 @@ struct AppState {
     in_flight: AtomicUsize,
     /// Unix seconds at start (`created` of `/v1/models`).
     created: u64,
+    /// `Some` for an encoder server ([`Server::new_encoder`]): the encoder once loaded.
+    encoder: Option<OnceLock<embeddings::EncoderReady>>,
 }
 
 /// The HTTP server: cheap to clone (one shared state). See the [module docs](self).
@@ -162,14 +171,25 @@ pub struct Server {
     state: Arc<AppState>,
 }
 
-/// [`Server::set_ready`] was called twice.
+/// [`Server::set_ready`] was called twice, or for the other kind of model (a decoder's
+/// service on an encoder server or the reverse).
 #[derive(Debug, thiserror::Error)]
-#[error("serve: the model is already set")]
+#[error("serve: the model is already set, or is not the kind this server was made for")]
 pub struct AlreadyReady;
 
 impl Server {
     /// A server with no model yet: model routes answer 503 until [`set_ready`](Self::set_ready).
     pub fn new(cfg: ServeConfig) -> Self {
+        Self::with_mode(cfg, None)
+    }
+
+    /// A server for an encoder model: `/v1/embeddings` and `/v1/rerank` (503 until
+    /// [`set_encoder_ready`](Self::set_encoder_ready)); the completion routes answer 400.
+    pub fn new_encoder(cfg: ServeConfig) -> Self {
+        Self::with_mode(cfg, Some(OnceLock::new()))
+    }
+
+    fn with_mode(cfg: ServeConfig, encoder: Option<OnceLock<embeddings::EncoderReady>>) -> Self {
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -181,6 +201,7 @@ impl Server {
                 metrics: Metrics::default(),
                 in_flight: AtomicUsize::new(0),
                 created,
+                encoder,
             }),
         }
     }
@@ -189,15 +210,37 @@ impl Server {
     ///
     /// Errors: [`AlreadyReady`] if a model was set before.
     pub fn set_ready(&self, service: Arc<Service>, model: ModelInfo) -> Result<(), AlreadyReady> {
+        if self.state.encoder.is_some() {
+            return Err(AlreadyReady);
+        }
         self.state
             .ready
             .set(Ready { service, model })
             .map_err(|_| AlreadyReady)
     }
 
+    /// Serves the encoder on `service` from now on (a server from [`Server::new_encoder`]).
+    ///
+    /// Errors: [`AlreadyReady`] if a model was set before, or on a decoder server.
+    pub fn set_encoder_ready(
+        &self,
+        service: Arc<EncoderService>,
+        info: EncoderInfo,
+    ) -> Result<(), AlreadyReady> {
+        let slot = self.state.encoder.as_ref().ok_or(AlreadyReady)?;
+        slot.set(embeddings::EncoderReady { service, info })
+            .map_err(|_| AlreadyReady)
+    }
+
     /// Whether the model is loaded.
     pub fn is_ready(&self) -> bool {
-        self.state.ready.get().is_some()
+        self.state.ready.get().is_some() || self.encoder_service().is_some()
+    }
+
+    /// The encoder service, once ready (to shut it down).
+    pub fn encoder_service(&self) -> Option<Arc<EncoderService>> {
+        let r = self.state.encoder.as_ref()?.get()?;
+        Some(Arc::clone(&r.service))
     }
 
     /// The service, once ready (to shut it down).
@@ -213,9 +256,14 @@ impl Server {
     /// The routes (see the [module docs](self)).
     pub fn router(&self) -> Router {
         let st = Arc::clone(&self.state);
+        if st.encoder.is_some() {
+            return embeddings::router(st);
+        }
         let api = Router::new()
             .route("/v1/chat/completions", post(handlers::chat))
             .route("/v1/completions", post(handlers::completions))
+            .route("/v1/embeddings", post(embeddings::encoder_route))
+            .route("/v1/rerank", post(embeddings::encoder_route))
             .route("/v1/models", get(handlers::models))
             .route("/tokenize", post(handlers::tokenize))
             .route("/detokenize", post(handlers::detokenize))

@@ -1,17 +1,16 @@
 //! `fl embed` and `fl rerank`: an encoder model (BERT, RoBERTa, XLM-RoBERTa) over a JSONL file
-//! of texts, in batches through [`EncoderModel::run`], pooled / scored on the host.
+//! of texts, in batches through a [`GpuEncoder`], pooled / scored on the host.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use fl_blas::Blas;
-use fl_engine::checkpoint::Checkpoint;
 use fl_engine::dtype::RunDType;
-use fl_engine::encoder::{
-    reference, EncoderConfig, EncoderModel, EncoderTokenizer, EncoderWeights,
+use fl_engine::encoder::backend::{
+    rank, scores_from_logits, EncoderBackend, EncoderHead, EncoderModelDir, GpuEncoder,
 };
+use fl_engine::encoder::pooling_config::PoolingConfig;
+use fl_engine::encoder::{reference, EncoderConfig, EncoderTokenizer, EncoderWeights};
 use fl_engine::encoder::{Encoded, PackedBatch, Pooling};
-use fl_engine::tokenizer::Tokenizer;
 use fl_engine::{EngineError, Result};
 use serde_json::Value;
 
@@ -42,12 +41,13 @@ pub struct EmbedArgs {
     #[command(flatten)]
     common: EncoderArgs,
     /// One vector per text from its last hidden states: the first token, the mean, or the
-    /// last token.
-    #[arg(long, default_value = "cls", value_parser = ["cls", "mean", "last"])]
-    pooling: String,
-    /// Divide each embedding by its L2 norm.
-    #[arg(long)]
-    normalize: bool,
+    /// last token (default: the model's sentence-transformers Pooling module, else cls).
+    #[arg(long, value_parser = ["cls", "mean", "last"])]
+    pooling: Option<String>,
+    /// Divide each embedding by its L2 norm; `--normalize=false` not (default: whether the
+    /// model lists a sentence-transformers Normalize module, else true).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    normalize: Option<bool>,
 }
 
 /// `fl rerank`'s options.
@@ -99,41 +99,11 @@ pub fn score_line(index: usize, score: f32) -> String {
     serde_json::json!({ "index": index, "score": score }).to_string()
 }
 
-/// `(index, score)` sorted best first; ties keep input order, NaN scores go last.
-pub fn rank(scores: &[f32]) -> Vec<(usize, f32)> {
-    let mut r: Vec<(usize, f32)> = scores.iter().copied().enumerate().collect();
-    let key = |s: f32| if s.is_nan() { f32::NEG_INFINITY } else { s };
-    r.sort_by(|a, b| key(b.1).total_cmp(&key(a.1)));
-    r
-}
-
-/// A relevance score per pair from the classification logits (`[pairs, num_labels]`): the
-/// logit with one label (cross-encoder rerankers), else the softmax probability of the last
-/// label (binary relevant / not-relevant heads).
-pub fn scores_from_logits(logits: &[f32], num_labels: usize) -> Result<Vec<f32>> {
-    if num_labels == 0 || logits.len() % num_labels != 0 {
-        return Err(EngineError::invalid(
-            "num_labels",
-            format!("{num_labels} does not divide the {} logits", logits.len()),
-        ));
-    }
-    if num_labels == 1 {
-        return Ok(logits.to_vec());
-    }
-    Ok(logits
-        .chunks(num_labels)
-        .map(|row| {
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = row.iter().map(|&x| (x - m).exp()).sum();
-            (row[num_labels - 1] - m).exp() / sum
-        })
-        .collect())
-}
-
 /// The model, tokenizer and texts a command needs, checked before the GPU is touched.
 struct Loaded {
     cfg: EncoderConfig,
     weights: EncoderWeights,
+    head: Option<EncoderHead>,
     tokenizer: EncoderTokenizer,
     texts: Vec<String>,
 }
@@ -145,18 +115,18 @@ fn load(a: &EncoderArgs) -> Result<Loaded> {
     let content = std::fs::read_to_string(&a.input)
         .map_err(|e| EngineError::invalid("--input", format!("{}: {e}", a.input.display())))?;
     let texts = parse_inputs(&content)?;
-    let cfg = EncoderConfig::from_model_dir(&a.model)?;
-    let tok = Tokenizer::from_model_dir(&a.model)?.ok_or_else(|| {
+    let m = EncoderModelDir::load(&a.model)?;
+    // Truncates to sentence-transformers' max_seq_length when the model sets a shorter one.
+    let tokenizer = m.encoder_tokenizer()?.ok_or_else(|| {
         EngineError::invalid(
             "--model",
             format!("{} has no tokenizer.json", a.model.display()),
         )
     })?;
-    let tokenizer = EncoderTokenizer::new(&tok, &cfg)?;
-    let weights = EncoderWeights::load(&Checkpoint::open(&a.model)?, &cfg)?;
     Ok(Loaded {
-        cfg,
-        weights,
+        head: m.head(),
+        cfg: m.config,
+        weights: m.weights,
         tokenizer,
         texts,
     })
@@ -190,29 +160,26 @@ fn run_batches<T: RunDType>(
     enc: &Encoded,
     mut f: impl FnMut(&[f32], &PackedBatch) -> Result<()>,
 ) -> Result<()> {
-    let gpu = fl_kernels::Gpu::new(0)?;
-    let mut blas = Blas::new(&gpu)?;
-    let model = EncoderModel::<T>::new(gpu.stream(), &m.cfg, &m.weights)?;
+    let mut model = GpuEncoder::<T>::new(0, &m.cfg, &m.weights)?;
     for (ids, types) in enc
         .ids
         .chunks(batch_size)
         .zip(enc.token_types.chunks(batch_size))
     {
         let batch = PackedBatch::new(&m.cfg, ids, Some(types))?;
-        let states = model.run(gpu.stream(), &mut blas, &batch)?;
+        let states = model.hidden_states(&batch)?;
         f(&states, &batch)?;
     }
     Ok(())
 }
 
-fn embed_with<T: RunDType>(a: &EmbedArgs, m: &Loaded) -> Result<Vec<f32>> {
-    let pooling: Pooling = a.pooling.parse()?;
+fn embed_with<T: RunDType>(a: &EmbedArgs, m: &Loaded, p: PoolingConfig) -> Result<Vec<f32>> {
     let h = m.cfg.hidden_size;
     let mut out = Vec::with_capacity(m.texts.len() * h);
     let enc = m.tokenizer.encode_texts(&m.texts)?;
     run_batches::<T>(m, a.common.batch_size, &enc, |states, batch| {
-        let mut e = reference::pool(states, batch, h, pooling)?;
-        if a.normalize {
+        let mut e = reference::pool(states, batch, h, p.pooling)?;
+        if p.normalize {
             reference::l2_normalize(&mut e, h)?;
         }
         out.extend_from_slice(&e);
@@ -223,11 +190,17 @@ fn embed_with<T: RunDType>(a: &EmbedArgs, m: &Loaded) -> Result<Vec<f32>> {
 
 /// `fl embed`.
 pub fn embed(a: &EmbedArgs) -> Result<()> {
+    let pooling = a
+        .pooling
+        .as_deref()
+        .map(str::parse::<Pooling>)
+        .transpose()?;
+    let p = PoolingConfig::resolve(&a.common.model, pooling, a.normalize)?;
     let m = load(&a.common)?;
     let emb = match a.common.dtype.as_str() {
-        "f32" => embed_with::<f32>(a, &m)?,
-        "bf16" => embed_with::<fl_kernels::bf16>(a, &m)?,
-        _ => embed_with::<fl_kernels::f16>(a, &m)?,
+        "f32" => embed_with::<f32>(a, &m, p)?,
+        "bf16" => embed_with::<fl_kernels::bf16>(a, &m, p)?,
+        _ => embed_with::<fl_kernels::f16>(a, &m, p)?,
     };
     let h = m.cfg.hidden_size;
     let lines = emb.chunks(h).enumerate().map(|(i, e)| embedding_line(i, e));
@@ -237,8 +210,12 @@ pub fn embed(a: &EmbedArgs) -> Result<()> {
 fn rerank_with<T: RunDType>(a: &RerankArgs, m: &Loaded) -> Result<Vec<f32>> {
     let mut scores = Vec::with_capacity(m.texts.len());
     let enc = m.tokenizer.encode_pairs(&a.query, &m.texts)?;
+    let head = m
+        .head
+        .as_ref()
+        .ok_or_else(|| EngineError::invalid("--model", "has no classification head"))?;
     run_batches::<T>(m, a.common.batch_size, &enc, |states, batch| {
-        let logits = reference::classify(&m.cfg, &m.weights, states, batch)?;
+        let logits = head.logits(states, batch)?;
         scores.extend(scores_from_logits(&logits, m.cfg.num_labels)?);
         Ok(())
     })?;
@@ -248,7 +225,7 @@ fn rerank_with<T: RunDType>(a: &RerankArgs, m: &Loaded) -> Result<Vec<f32>> {
 /// `fl rerank`.
 pub fn rerank(a: &RerankArgs) -> Result<()> {
     let m = load(&a.common)?;
-    if m.weights.head.is_none() {
+    if m.head.is_none() {
         return Err(EngineError::invalid(
             "--model",
             "has no classification head (config.json names no *ForSequenceClassification)",
@@ -300,25 +277,5 @@ mod tests {
         );
         let v: Value = serde_json::from_str(&score_line(0, 3.5)).unwrap();
         assert_eq!(v, serde_json::json!({"index": 0, "score": 3.5}));
-    }
-
-    #[test]
-    fn rank_is_best_first_stable_nan_last() {
-        let r = rank(&[0.1, f32::NAN, 2.0, 0.1, -3.0]);
-        let order: Vec<usize> = r.iter().map(|p| p.0).collect();
-        assert_eq!(order, [2, 0, 3, 4, 1]);
-        assert!(rank(&[]).is_empty());
-    }
-
-    #[test]
-    fn scores_from_one_or_more_labels() {
-        assert_eq!(scores_from_logits(&[1.5, -2.0], 1).unwrap(), [1.5, -2.0]);
-        let s = scores_from_logits(&[0.0, 0.0, 1.0, 3.0], 2).unwrap();
-        assert!((s[0] - 0.5).abs() < 1e-6);
-        assert!((s[1] - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6);
-        for (l, n) in [(&[1.0, 2.0, 3.0][..], 2), (&[1.0][..], 0)] {
-            let e = scores_from_logits(l, n).unwrap_err().to_string();
-            assert!(e.contains("num_labels"), "{e}");
-        }
     }
 }

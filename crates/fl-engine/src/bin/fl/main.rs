@@ -14,6 +14,7 @@ use fl_sampling::SamplingParams;
 
 mod bench;
 mod embed;
+mod embed_bench;
 
 use fl_engine::serve::text::Detokenizer;
 
@@ -205,6 +206,9 @@ enum Cmd {
     /// Score passages against a query with a cross-encoder reranker: JSON lines
     /// `{"index", "score"}`, best first.
     Rerank(embed::RerankArgs),
+    /// Time an encoder's forward over ragged batches (a preset shape with random weights, or
+    /// a model directory): ms per batch, sentences/s, TFLOP/s.
+    EmbedBench(embed_bench::EmbedBenchArgs),
     /// Run the kernel demo: elementwise kernels checked against the CPU and timed.
     Demo {
         /// Elements per call.
@@ -290,6 +294,7 @@ fn main() {
         Cmd::Demo { n } => with_gpu(|g| demo(g, n)),
         Cmd::Embed(a) => embed::embed(&a),
         Cmd::Rerank(a) => embed::rerank(&a),
+        Cmd::EmbedBench(a) => embed_bench::embed_bench(&a),
         Cmd::Generate {
             model,
             prompt,

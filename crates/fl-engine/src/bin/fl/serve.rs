@@ -1,11 +1,19 @@
-//! `fl serve`: binds, loads the model while `/health` answers 503, serves until Ctrl-C.
+//! `fl serve`: binds, loads the model while `/health` answers 503, serves until Ctrl-C. A
+//! directory holding an encoder (config.json `model_type` bert / roberta / xlm-roberta) is
+//! served on `/v1/embeddings` and `/v1/rerank` instead of the completion routes.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fl_engine::chat_template::ChatTemplate;
+use fl_engine::encoder::backend::{EncoderModelDir, GpuEncoder};
+use fl_engine::encoder::pooling_config::PoolingConfig;
+use fl_engine::encoder::{EncoderModel, Pooling};
 use fl_engine::runner::RunnerConfig;
-use fl_engine::serve::{ModelInfo, ServeConfig, Server};
+use fl_engine::serve::{
+    EncoderInfo, EncoderService, EncoderServiceConfig, ModelInfo, ServeConfig, Server,
+};
 use fl_engine::service::{Service, ServiceError};
 use fl_engine::tokenizer::Tokenizer;
 use fl_engine::{load, EngineError, Result};
@@ -34,6 +42,19 @@ pub struct ServeArgs {
     /// Requests that may wait for a slot; beyond, new requests get 503 with Retry-After.
     #[arg(long, default_value_t = 1024)]
     max_waiting: usize,
+    /// Encoder models: how /v1/embeddings pools the last hidden states (default: the model's
+    /// sentence-transformers Pooling module, else cls).
+    #[arg(long, value_parser = ["cls", "mean", "last"])]
+    pooling: Option<String>,
+    /// Encoder models: L2-normalise embeddings; `--normalize=false` not (default: whether the
+    /// model lists a sentence-transformers Normalize module, else true).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    normalize: Option<bool>,
+    /// Encoder models: cut inputs longer than the model's length (`--truncate=false`: refuse
+    /// them with a 400; a request's `truncate` field overrides). The length is
+    /// --max-model-len, else sentence-transformers' max_seq_length, else the position table.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    truncate: Option<bool>,
 }
 
 fn service_err(e: ServiceError) -> EngineError {
@@ -131,15 +152,40 @@ pub fn run(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> {
     rt.block_on(serve(m, args, rcfg))
 }
 
-async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> {
-    let resolved = resolve(&m)?;
+/// Binds `--host:--port`; the address and the server's configuration.
+async fn listen(
+    m: &ModelArgs,
+    args: &ServeArgs,
+) -> Result<(tokio::net::TcpListener, String, ServeConfig)> {
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| {
         EngineError::invalid("--host/--port", format!("cannot listen on {addr}: {e}"))
     })?;
-    let mut cfg = ServeConfig::new(args.served_model_name.unwrap_or_else(|| m.model.clone()));
-    cfg.api_key = args.api_key.filter(|k| !k.is_empty());
+    let name = args.served_model_name.clone();
+    let mut cfg = ServeConfig::new(name.unwrap_or_else(|| m.model.clone()));
+    cfg.api_key = args.api_key.clone().filter(|k| !k.is_empty());
     cfg.max_waiting = args.max_waiting;
+    Ok((listener, addr, cfg))
+}
+
+async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> {
+    if EncoderModelDir::is_encoder(&m.model) {
+        return serve_encoder(m, args, rcfg).await;
+    }
+    for (flag, given) in [
+        ("--pooling", args.pooling.is_some()),
+        ("--normalize", args.normalize.is_some()),
+        ("--truncate", args.truncate.is_some()),
+    ] {
+        if given {
+            return Err(EngineError::invalid(
+                flag,
+                "applies to encoder models (BERT, RoBERTa, XLM-RoBERTa) only",
+            ));
+        }
+    }
+    let resolved = resolve(&m)?;
+    let (listener, addr, cfg) = listen(&m, &args).await?;
     let auth = if cfg.api_key.is_some() {
         ", API key required"
     } else {
@@ -200,6 +246,171 @@ async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> 
     match shutdown {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(service_err(e)),
+        Err(e) => Err(EngineError::invalid(
+            "serve",
+            format!("shutdown failed: {e}"),
+        )),
+    }
+}
+
+/// What `fl serve` checks of an encoder directory before it listens.
+struct EncoderPlan {
+    dir: PathBuf,
+    info: EncoderInfo,
+    service: EncoderServiceConfig,
+}
+
+/// Checks the encoder directory and the flags (no weights read): a wrong path, an unsupported
+/// head dim or a malformed sentence-transformers file fails at once.
+fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<EncoderPlan> {
+    if m.quant != load::QUANT_AUTO && m.quant != "none" {
+        return Err(EngineError::invalid(
+            "--quant",
+            format!(
+                "`{}`: encoder models run dense (--dtype f16, bf16 or f32)",
+                m.quant
+            ),
+        ));
+    }
+    let dir = PathBuf::from(&m.model);
+    let (cfg, tokenizer, max_len) = EncoderModelDir::inspect(&dir)?;
+    EncoderModel::<f32>::supports(&cfg)?;
+    let max_len = match rcfg.max_model_len {
+        Some(l) if l == 0 || l > cfg.max_sequence_len() => {
+            return Err(EngineError::invalid(
+                "--max-model-len",
+                format!(
+                    "{l}: this encoder's positions cover 1..={} tokens",
+                    cfg.max_sequence_len()
+                ),
+            ))
+        }
+        Some(l) => l,
+        None => max_len,
+    };
+    let pooling = args
+        .pooling
+        .as_deref()
+        .map(str::parse::<Pooling>)
+        .transpose()?;
+    let pooling = PoolingConfig::resolve(&dir, pooling, args.normalize)?;
+    let mut info = EncoderInfo::new(&cfg, tokenizer.as_ref(), max_len, pooling)?;
+    info.truncate = args.truncate.unwrap_or(true);
+    let service = EncoderServiceConfig {
+        max_batched_tokens: rcfg.max_batched_tokens,
+        max_batch_seqs: rcfg.max_num_seqs,
+    };
+    if service.max_batched_tokens == 0 || service.max_batch_seqs == 0 {
+        return Err(EngineError::invalid(
+            "--max-batched-tokens/--max-num-seqs",
+            "must be at least 1",
+        ));
+    }
+    Ok(EncoderPlan { dir, info, service })
+}
+
+/// Reads the weights and starts the encoder's worker on GPU 0 (blocking until uploaded).
+fn load_encoder(dir: &Path, dtype: &str, scfg: EncoderServiceConfig) -> Result<EncoderService> {
+    let m = EncoderModelDir::load(dir)?;
+    let head = m.head();
+    let (cfg, weights) = (m.config, m.weights);
+    // The host weights move into the worker and are freed once uploaded.
+    match dtype {
+        "f32" => EncoderService::spawn(
+            move || GpuEncoder::<f32>::new(0, &cfg, &weights),
+            head,
+            scfg,
+        ),
+        "bf16" => EncoderService::spawn(
+            move || GpuEncoder::<fl_kernels::bf16>::new(0, &cfg, &weights),
+            head,
+            scfg,
+        ),
+        _ => EncoderService::spawn(
+            move || GpuEncoder::<fl_kernels::f16>::new(0, &cfg, &weights),
+            head,
+            scfg,
+        ),
+    }
+}
+
+/// `fl serve` with an encoder: `/v1/embeddings` and `/v1/rerank` until Ctrl-C.
+async fn serve_encoder(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> {
+    let plan = plan_encoder(&m, &args, &rcfg)?;
+    let (listener, addr, cfg) = listen(&m, &args).await?;
+    let server = Server::new_encoder(cfg);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = tokio::spawn(fl_engine::serve::run(listener, server.clone(), async {
+        let _ = stopped.await;
+    }));
+    eprintln!(
+        "fl serve: listening on http://{addr}; loading the encoder {} (/health answers 503 until it is ready)",
+        m.model
+    );
+    let (dir, dtype, scfg) = (plan.dir, m.dtype.clone(), plan.service);
+    let loading = tokio::task::spawn_blocking(move || load_encoder(&dir, &dtype, scfg));
+    let service = tokio::select! {
+        r = loading => r.map_err(|e| EngineError::invalid("--model", format!("the loading thread failed: {e}")))??,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("fl serve: interrupted while loading");
+            std::process::exit(130);
+        }
+    };
+    let info = plan.info;
+    let c = service.config();
+    eprintln!(
+        "fl serve: ready: {} encoder, {} layers, hidden {}; /v1/embeddings ({} pooling{}, inputs \
+         up to {} tokens, {}){}",
+        c.arch,
+        c.num_hidden_layers,
+        c.hidden_size,
+        info.pooling.pooling.name(),
+        if info.pooling.normalize {
+            ", normalised"
+        } else {
+            ""
+        },
+        info.max_len(),
+        if info.truncate {
+            "longer ones cut"
+        } else {
+            "longer ones refused"
+        },
+        if service.has_head() {
+            format!("; /v1/rerank ({} labels)", c.num_labels)
+        } else {
+            String::new()
+        },
+    );
+    if !info.has_tokenizer() {
+        eprintln!("fl serve: the model has no tokenizer.json: inputs must be token ids");
+    }
+    let service = Arc::new(service);
+    if server
+        .set_encoder_ready(Arc::clone(&service), info)
+        .is_err()
+    {
+        return Err(EngineError::invalid("serve", "the model was set twice"));
+    }
+
+    let _ = tokio::signal::ctrl_c().await;
+    eprintln!("fl serve: shutting down (Ctrl-C again to exit at once)");
+    tokio::spawn(async {
+        let _ = tokio::signal::ctrl_c().await;
+        std::process::exit(130);
+    });
+    // Queued requests finish first; then the listener closes.
+    let shutdown = tokio::task::spawn_blocking(move || service.shutdown()).await;
+    let _ = stop.send(());
+    match tokio::time::timeout(DRAIN, http).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => eprintln!("fl serve: {e}"),
+        Ok(Err(e)) => eprintln!("fl serve: the HTTP task failed: {e}"),
+        Err(_) => eprintln!("fl serve: connections still open after {DRAIN:?}; closing"),
+    }
+    match shutdown {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(EngineError::invalid("serve", e.to_string())),
         Err(e) => Err(EngineError::invalid(
             "serve",
             format!("shutdown failed: {e}"),
