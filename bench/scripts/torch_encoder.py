@@ -89,7 +89,8 @@ def main():
                       f"{name:<11} {a.model:<10} {a.dtype} b{b:<4} L{s:<4} {sec*1e3:9.3f} ms "
                       f"{b/sec:10.0f} sent/s")
             print(json.dumps(dict(best, impl="best:" + best["impl"])) if a.json else
-                  f"best       {best['impl']} {best['ms']:.3f} ms")
+                  f"best {a.model:<10} b{b:<4} L{s:<4} {best['ms']:9.3f} ms {b / best['ms'] * 1e3:10.0f} sent/s "
+                  f"({best['impl']})")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
 //!   (`bert_hd32_erf`, `xlmr_cls_hd64_tanh`, a sequence of 65 / 67 tokens each) the last
 //!   hidden state, its poolings, BERT's pooler and the logits (host heads on the read-back
 //!   states) against transformers within rel L2 1e-5 in f32 and 5e-3 in f16;
+//! - INT8 (per-token and calibrated static scales) against f32: pooled cosine >= 0.99, on the
+//!   random encoders and on BERT-base's shape;
 //! - bad arguments are errors naming them, before any launch.
 //!
 //! GPU tests print SKIP without a GPU; `FL_REQUIRE_GPU=1` makes that a failure.
@@ -23,9 +25,12 @@ use std::path::{Path, PathBuf};
 use fl_blas::Blas;
 use fl_engine::checkpoint::Checkpoint;
 use fl_engine::dtype::RunDType;
+use fl_engine::encoder::calibrate::AmaxKind;
+use fl_engine::encoder::gpu::EncoderQuant;
 use fl_engine::encoder::weights::{Dense, EncoderLayerWeights, LayerNorm};
 use fl_engine::encoder::{
-    reference, DeviceBatch, EncoderConfig, EncoderModel, EncoderWeights, PackedBatch, Pooling,
+    presets, reference, DeviceBatch, EncoderConfig, EncoderModel, EncoderWeights, PackedBatch,
+    Pooling,
 };
 use fl_engine::EngineError;
 use fl_kernels::attention_prefill::PREFILL_BIDIRECTIONAL_HEAD_DIMS;
@@ -548,4 +553,187 @@ fn run_and_errors() {
     bad.layers[1].intermediate.bias.pop();
     let e = EncoderModel::<f32>::new(s, &cfg, &bad).unwrap_err();
     assert_eq!(arg_of(e), "layers[].intermediate");
+}
+
+/// INT8 pooled embeddings of `model` on `b` against `want` (f32 states): every pooling's
+/// worst cosine at least `min_cos`. Returns the worst cosine.
+#[allow(clippy::too_many_arguments)]
+fn check_int8<T: RunDType>(
+    gpu: &Gpu,
+    blas: &mut Blas,
+    model: &EncoderModel<T>,
+    b: &PackedBatch,
+    want: &[f32],
+    min_cos: f64,
+    what: &str,
+) -> f64 {
+    let h = model.config().hidden_size;
+    let got = gpu_states(gpu, blas, model, b);
+    let e = rel_l2(&got, &to_f64(want));
+    let mut worst = f64::INFINITY;
+    for p in POOLINGS {
+        let g = reference::pool(&got, b, h, p).unwrap();
+        let r = reference::pool(want, b, h, p).unwrap();
+        let c = worst_cosine(&g, &r, h);
+        worst = worst.min(c);
+        println!(
+            "{what} {:>4}: states rel L2 {e:.2e}, {:<4} pooled worst cosine {c:.6}",
+            T::NAME,
+            p.name()
+        );
+        assert!(
+            c >= min_cos,
+            "{what} {} {}: cosine {c} < {min_cos}",
+            T::NAME,
+            p.name()
+        );
+    }
+    worst
+}
+
+/// INT8 (per-token scales, and static scales calibrated on the batch itself at absmax and
+/// at the 99.99th percentile) against the f32 reference on every random encoder: pooled
+/// cosine >= 0.99 (the bound), in f16 and (per-token) bf16.
+#[test]
+fn int8_random_encoders_against_f32() {
+    let Some(gpu) = gpu_or_skip("int8_random_encoders_against_f32") else {
+        return;
+    };
+    let mut blas = Blas::new(&gpu).expect("cuBLASLt");
+    let s = gpu.stream();
+    for (i, (test, _)) in SPECS.iter().enumerate() {
+        let (cfg, w, batches) = setup(i);
+        let (name, b) = &batches[0];
+        let want = reference::forward(&cfg, &w, b).expect("reference");
+        let what = format!("int8 {test} {name}");
+        let m = EncoderModel::<f16>::new_quant(s, &cfg, &w, EncoderQuant::Int8).unwrap();
+        check_int8(
+            &gpu,
+            &mut blas,
+            &m,
+            b,
+            &want,
+            0.99,
+            &format!("{what} per-token"),
+        );
+        let m = EncoderModel::<bf16>::new_quant(s, &cfg, &w, EncoderQuant::Int8).unwrap();
+        check_int8(
+            &gpu,
+            &mut blas,
+            &m,
+            b,
+            &want,
+            0.99,
+            &format!("{what} per-token"),
+        );
+        let float = EncoderModel::<f16>::new(s, &cfg, &w).unwrap();
+        let calibration = float
+            .calibrate(s, &mut blas, std::slice::from_ref(b), 99.99)
+            .expect("calibrate");
+        assert_eq!(calibration.layers.len(), cfg.num_hidden_layers);
+        assert_eq!(calibration.tokens, b.num_tokens() as u64);
+        for kind in [AmaxKind::Absmax, AmaxKind::Percentile] {
+            let q = EncoderQuant::Int8Calibrated {
+                calibration: calibration.clone(),
+                kind,
+            };
+            let m = EncoderModel::<f16>::new_quant(s, &cfg, &w, q).unwrap();
+            check_int8(
+                &gpu,
+                &mut blas,
+                &m,
+                b,
+                &want,
+                0.99,
+                &format!("{what} {kind:?}"),
+            );
+        }
+    }
+}
+
+/// BERT-base's shape (12 layers, 768, 3072) with random weights: INT8 against the same model
+/// in f16 (itself within 5e-3 of f32, above) on a ragged batch of 16 sequences; prints the
+/// figures, requires cosine >= 0.99.
+#[test]
+fn int8_bert_base_shape_against_f16() {
+    let Some(gpu) = gpu_or_skip("int8_bert_base_shape_against_f16") else {
+        return;
+    };
+    let mut blas = Blas::new(&gpu).expect("cuBLASLt");
+    let s = gpu.stream();
+    let cfg = presets::preset("bert-base").unwrap();
+    let w = EncoderWeights::random(&cfg, 3).unwrap();
+    let lens = presets::bench_lengths(16, 128, true).unwrap();
+    let mut r = rng("int8_bert_base_shape");
+    let b = batch(&mut r, &cfg, &lens);
+    let float = EncoderModel::<f16>::new(s, &cfg, &w).unwrap();
+    let want = gpu_states(&gpu, &mut blas, &float, &b);
+    let calibration = float
+        .calibrate(s, &mut blas, std::slice::from_ref(&b), 99.99)
+        .unwrap();
+    drop(float);
+    let m = EncoderModel::<f16>::new_quant(s, &cfg, &w, EncoderQuant::Int8).unwrap();
+    check_int8(
+        &gpu,
+        &mut blas,
+        &m,
+        &b,
+        &want,
+        0.99,
+        "bert-base int8 per-token",
+    );
+    let q = EncoderQuant::Int8Calibrated {
+        calibration,
+        kind: AmaxKind::Percentile,
+    };
+    let m = EncoderModel::<f16>::new_quant(s, &cfg, &w, q).unwrap();
+    check_int8(
+        &gpu,
+        &mut blas,
+        &m,
+        &b,
+        &want,
+        0.99,
+        "bert-base int8 calibrated p99.99",
+    );
+}
+
+#[test]
+fn int8_refusals_name_the_argument() {
+    let Some(gpu) = gpu_or_skip("int8_refusals_name_the_argument") else {
+        return;
+    };
+    let s = gpu.stream();
+    let (cfg, w, _) = setup(0);
+    let e = EncoderModel::<f32>::new_quant(s, &cfg, &w, EncoderQuant::Int8).unwrap_err();
+    assert!(e.to_string().contains("quant"), "{e}");
+    // An intermediate size cuBLASLt's INT8 GEMMs do not take.
+    let spec = Spec {
+        model_type: "bert",
+        hidden: 64,
+        heads: 2,
+        intermediate: 130,
+        act: "gelu",
+    };
+    let cfg2 = config(&spec);
+    let w2 = weights(&mut rng("int8_refusals"), &cfg2);
+    let e = EncoderModel::<f16>::new_quant(s, &cfg2, &w2, EncoderQuant::Int8).unwrap_err();
+    assert!(e.to_string().contains("intermediate_size"), "{e}");
+    // A calibration of another depth.
+    let mut blas = Blas::new(&gpu).unwrap();
+    let float = EncoderModel::<f16>::new(s, &cfg, &w).unwrap();
+    let b = batch(&mut rng("int8_refusals_batch"), &cfg, &[5, 9]);
+    let mut calibration = float.calibrate(s, &mut blas, &[b], 99.0).unwrap();
+    calibration.layers.pop();
+    let q = EncoderQuant::Int8Calibrated {
+        calibration,
+        kind: AmaxKind::Absmax,
+    };
+    let e = EncoderModel::<f16>::new_quant(s, &cfg, &w, q).unwrap_err();
+    assert!(e.to_string().contains("layers"), "{e}");
+    assert!(float
+        .calibrate(s, &mut blas, &[], 99.0)
+        .unwrap_err()
+        .to_string()
+        .contains("batches"));
 }

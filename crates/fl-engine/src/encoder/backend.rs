@@ -30,7 +30,7 @@ use crate::checkpoint::Checkpoint;
 use crate::dtype::RunDType;
 use crate::encoder::batch::PackedBatch;
 use crate::encoder::config::{EncoderArch, EncoderConfig};
-use crate::encoder::gpu::{open_gpu, EncoderModel};
+use crate::encoder::gpu::{open_gpu, EncoderModel, EncoderQuant};
 use crate::encoder::pooling_config::sentence_transformers_max_len;
 use crate::encoder::reference;
 use crate::encoder::tokenize::EncoderTokenizer;
@@ -114,10 +114,24 @@ impl<T: RunDType> GpuEncoder<T> {
     /// No GPU; those of [`EncoderModel::new`] (an unsupported head dim names
     /// `hidden_size / num_attention_heads`).
     pub fn new(ordinal: usize, cfg: &EncoderConfig, weights: &EncoderWeights) -> Result<Self> {
+        Self::new_quant(ordinal, cfg, weights, EncoderQuant::None)
+    }
+
+    /// [`GpuEncoder::new`] with the projections run as `quant` says
+    /// ([`EncoderModel::new_quant`]).
+    ///
+    /// # Errors
+    /// Those of [`GpuEncoder::new`] and [`EncoderModel::new_quant`].
+    pub fn new_quant(
+        ordinal: usize,
+        cfg: &EncoderConfig,
+        weights: &EncoderWeights,
+        quant: EncoderQuant,
+    ) -> Result<Self> {
         EncoderModel::<T>::supports(cfg)?;
         let gpu = open_gpu(ordinal)?;
         let blas = Blas::new(&gpu)?;
-        let model = EncoderModel::<T>::new(gpu.stream(), cfg, weights)?;
+        let model = EncoderModel::<T>::new_quant(gpu.stream(), cfg, weights, quant)?;
         Ok(GpuEncoder { gpu, blas, model })
     }
 }

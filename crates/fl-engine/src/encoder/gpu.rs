@@ -25,7 +25,7 @@
 //! fields ([`EncoderModel::supports`]).
 //!
 //! ```no_run
-//! use fl_blas::Blas;
+//! use fl_blas::{Blas, QuantLinear};
 //! use fl_engine::checkpoint::Checkpoint;
 //! use fl_engine::encoder::{reference, EncoderConfig, EncoderModel, EncoderWeights};
 //! use fl_engine::encoder::{PackedBatch, Pooling};
@@ -45,25 +45,77 @@
 
 use std::sync::Arc;
 
-use fl_blas::Blas;
+use fl_blas::{Blas, QuantLinear};
 use fl_kernels::activation::{self, GeluKind};
 use fl_kernels::attention_prefill::{
     self, BidirectionalPrefillParams, PREFILL_BIDIRECTIONAL_HEAD_DIMS,
 };
 use fl_kernels::cudarc::driver::CudaStream;
 use fl_kernels::embedding::{self, DeviceStatus};
+use fl_kernels::quant::{self, Dequant, LayerNormParams, QuantOut};
 use fl_kernels::{elementwise, norm, DeviceTensor, Gpu};
 
 use crate::dtype::RunDType;
 use crate::encoder::batch::PackedBatch;
+use crate::encoder::calibrate::{AmaxKind, Calibration, Calibrator, Site};
 use crate::encoder::config::EncoderConfig;
 use crate::encoder::weights::{Dense, EncoderWeights, LayerNorm};
 use crate::error::{EngineError, Result};
 
-/// A linear layer on the device: `weight` `[out, in]`, `bias` `[out]`.
+/// A linear layer on the device: `weight` `[out, in]` in the run dtype or INT8 (per output
+/// channel), `bias` `[out]`.
 struct DeviceDense<T: RunDType> {
-    weight: DeviceTensor<T>,
+    weight: Proj<T>,
     bias: DeviceTensor<T>,
+}
+
+/// A projection's weight.
+enum Proj<T: RunDType> {
+    Float(DeviceTensor<T>),
+    Int8(QuantLinear),
+}
+
+impl<T: RunDType> DeviceDense<T> {
+    fn float(&self) -> Result<&DeviceTensor<T>> {
+        match &self.weight {
+            Proj::Float(w) => Ok(w),
+            Proj::Int8(_) => Err(EngineError::invalid(
+                "quant",
+                "an INT8 weight in the float forward",
+            )),
+        }
+    }
+
+    fn int8(&self) -> Result<&QuantLinear> {
+        match &self.weight {
+            Proj::Int8(w) => Ok(w),
+            Proj::Float(_) => Err(EngineError::invalid(
+                "quant",
+                "a float weight in the INT8 forward",
+            )),
+        }
+    }
+}
+
+/// How an [`EncoderModel`]'s six projections per layer run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum EncoderQuant {
+    /// In the run dtype on cuBLASLt (f32 accumulation).
+    #[default]
+    None,
+    /// FasterTransformer 3.0's INT8 path (f16 / bf16 runs): weights INT8 per output channel,
+    /// each GEMM input quantised per token by the kernel that produces it (dynamic scales,
+    /// no calibration), INT8 GEMMs with INT32 accumulation; the attention, the embeddings
+    /// and every LayerNorm stay in the run dtype.
+    Int8,
+    /// [`EncoderQuant::Int8`] with static per-tensor activation scales from a
+    /// [`Calibration`] (its `kind` amax of each GEMM input).
+    Int8Calibrated {
+        /// The amax of every GEMM input.
+        calibration: Calibration,
+        /// Which of its figures.
+        kind: AmaxKind,
+    },
 }
 
 /// LayerNorm's affine parameters on the device, each `[hidden]`.
@@ -94,9 +146,19 @@ fn upload<T: RunDType>(
 }
 
 impl<T: RunDType> DeviceDense<T> {
-    fn upload(stream: &Arc<CudaStream>, d: &Dense) -> Result<Self> {
+    fn upload(stream: &Arc<CudaStream>, d: &Dense, int8: bool) -> Result<Self> {
+        let weight = if int8 {
+            Proj::Int8(QuantLinear::from_f32_host(
+                stream,
+                &d.weight,
+                d.out_features,
+                d.in_features,
+            )?)
+        } else {
+            Proj::Float(upload(stream, &d.weight, &[d.out_features, d.in_features])?)
+        };
         Ok(DeviceDense {
-            weight: upload(stream, &d.weight, &[d.out_features, d.in_features])?,
+            weight,
             bias: upload(stream, &d.bias, &[d.out_features])?,
         })
     }
@@ -274,9 +336,27 @@ pub fn open_gpu(ordinal: usize) -> Result<Gpu> {
     Ok(gpu)
 }
 
+/// A calibration tap: `(layer, site, tensor)` for each quantisable GEMM input.
+pub type Tap<'a, T> = dyn FnMut(usize, Site, &DeviceTensor<T>) -> Result<()> + 'a;
+
+/// The quantised output of a kernel: per-token scales, or the calibrated amax when given.
+fn quant_out<'a>(
+    q: &'a mut DeviceTensor<i8>,
+    scale: &'a mut DeviceTensor<f32>,
+    amax: Option<&'a DeviceTensor<f32>>,
+) -> QuantOut<'a> {
+    match amax {
+        Some(a) => QuantOut::calibrated(q, scale, a),
+        None => QuantOut::per_token(q, scale),
+    }
+}
+
 /// A scratch tensor, uninitialised (stream-ordered): every element is written before it is
 /// read.
-fn scratch<T: RunDType>(stream: &Arc<CudaStream>, shape: &[usize]) -> Result<DeviceTensor<T>> {
+fn scratch<T: fl_kernels::DType>(
+    stream: &Arc<CudaStream>,
+    shape: &[usize],
+) -> Result<DeviceTensor<T>> {
     let n: usize = shape.iter().product();
     // SAFETY: the forward writes every element of each scratch tensor (a gather, a GEMM or
     // the attention over tokens that the batch's cu_seqlens cover completely) before reading.
@@ -297,12 +377,16 @@ pub struct EncoderModel<T: RunDType> {
     embeddings_norm: DeviceNorm<T>,
     layers: Vec<DeviceLayer<T>>,
     eps: f32,
+    quant: EncoderQuant,
+    /// INT8 calibrated: per layer, per [`Site`], the amax (`f32 [1]` on the device).
+    amax: Vec<[DeviceTensor<f32>; 4]>,
 }
 
 impl<T: RunDType> std::fmt::Debug for EncoderModel<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EncoderModel")
             .field("dtype", &T::NAME)
+            .field("quant", &self.quant)
             .field("cfg", &self.cfg)
             .finish_non_exhaustive()
     }
@@ -344,25 +428,101 @@ impl<T: RunDType> EncoderModel<T> {
 
     /// Uploads `w` (checked against `cfg`) to the device on `stream`, each value rounded
     /// from f32 to `T`. The pooler and classification head stay on the host (in `w`).
+    /// [`EncoderModel::new_quant`] with [`EncoderQuant::None`].
     ///
     /// # Errors
     /// Those of [`EncoderModel::supports`]; [`EngineError::Invalid`] naming the `weights`
     /// field that does not match `cfg` ([`EncoderWeights::check`]); allocation and copy
     /// errors.
     pub fn new(stream: &Arc<CudaStream>, cfg: &EncoderConfig, w: &EncoderWeights) -> Result<Self> {
+        Self::new_quant(stream, cfg, w, EncoderQuant::None)
+    }
+
+    /// [`EncoderModel::new`] with the projections as `quant` says: INT8 quantises each
+    /// projection's weight per output channel on the host while uploading.
+    ///
+    /// # Errors
+    /// Those of [`EncoderModel::new`]; for INT8, [`EngineError::Invalid`] naming `quant` for
+    /// an f32 run (INT8 runs f16 / bf16), `hidden_size` or `intermediate_size` not a
+    /// multiple of 4 (cuBLASLt's INT8 GEMMs), or a calibration of another number of layers.
+    ///
+    /// # Example
+    /// ```no_run
+    /// use fl_engine::encoder::gpu::{open_gpu, EncoderModel, EncoderQuant};
+    /// use fl_engine::encoder::{presets, EncoderWeights};
+    /// use fl_kernels::f16;
+    /// let cfg = presets::preset("bge-small").unwrap();
+    /// let w = EncoderWeights::random(&cfg, 1)?;
+    /// let gpu = open_gpu(0)?;
+    /// let model = EncoderModel::<f16>::new_quant(gpu.stream(), &cfg, &w, EncoderQuant::Int8)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new_quant(
+        stream: &Arc<CudaStream>,
+        cfg: &EncoderConfig,
+        w: &EncoderWeights,
+        quant: EncoderQuant,
+    ) -> Result<Self> {
         Self::supports(cfg)?;
         w.check(cfg)?;
+        let int8 = quant != EncoderQuant::None;
+        if int8 {
+            if T::NAME == "f32" {
+                return Err(EngineError::invalid(
+                    "quant",
+                    "INT8 runs with f16 or bf16 activations, not f32",
+                ));
+            }
+            for (name, v) in [
+                ("hidden_size", cfg.hidden_size),
+                ("intermediate_size", cfg.intermediate_size),
+            ] {
+                if v % 4 != 0 {
+                    return Err(EngineError::invalid(
+                        name,
+                        format!("{v} is not a multiple of 4, which cuBLASLt's INT8 GEMMs need"),
+                    ));
+                }
+            }
+        }
+        let mut amax = Vec::new();
+        if let EncoderQuant::Int8Calibrated { calibration, kind } = &quant {
+            if calibration.layers.len() != cfg.num_hidden_layers {
+                return Err(EngineError::invalid(
+                    "quant",
+                    format!(
+                        "the calibration has {} layers, the model {}",
+                        calibration.layers.len(),
+                        cfg.num_hidden_layers
+                    ),
+                ));
+            }
+            for l in &calibration.layers {
+                let mut one = Vec::with_capacity(4);
+                for s in Site::ALL {
+                    one.push(DeviceTensor::from_host(
+                        stream,
+                        &[l[s as usize].get(*kind)],
+                        &[1],
+                    )?);
+                }
+                amax.push(
+                    one.try_into()
+                        .map_err(|_| EngineError::invalid("quant", "four sites per layer"))?,
+                );
+            }
+        }
         let h = cfg.hidden_size;
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
             layers.push(DeviceLayer {
-                query: DeviceDense::upload(stream, &lw.query)?,
-                key: DeviceDense::upload(stream, &lw.key)?,
-                value: DeviceDense::upload(stream, &lw.value)?,
-                attn_out: DeviceDense::upload(stream, &lw.attn_out)?,
+                query: DeviceDense::upload(stream, &lw.query, int8)?,
+                key: DeviceDense::upload(stream, &lw.key, int8)?,
+                value: DeviceDense::upload(stream, &lw.value, int8)?,
+                attn_out: DeviceDense::upload(stream, &lw.attn_out, int8)?,
                 attn_norm: DeviceNorm::upload(stream, &lw.attn_norm, h)?,
-                intermediate: DeviceDense::upload(stream, &lw.intermediate)?,
-                output: DeviceDense::upload(stream, &lw.output)?,
+                intermediate: DeviceDense::upload(stream, &lw.intermediate, int8)?,
+                output: DeviceDense::upload(stream, &lw.output, int8)?,
                 output_norm: DeviceNorm::upload(stream, &lw.output_norm, h)?,
             });
         }
@@ -382,7 +542,14 @@ impl<T: RunDType> EncoderModel<T> {
             embeddings_norm: DeviceNorm::upload(stream, &w.embeddings_norm, h)?,
             layers,
             eps: cfg.layer_norm_eps as f32,
+            quant,
+            amax,
         })
+    }
+
+    /// How the projections run.
+    pub fn quant(&self) -> &EncoderQuant {
+        &self.quant
     }
 
     /// The configuration.
@@ -407,8 +574,48 @@ impl<T: RunDType> EncoderModel<T> {
         batch: &mut DeviceBatch,
         out: &mut DeviceTensor<T>,
     ) -> Result<()> {
-        let cfg = &self.cfg;
-        let (t, h) = (batch.tokens, cfg.hidden_size);
+        self.check_forward(stream, blas, batch, out)?;
+        if self.quant == EncoderQuant::None {
+            self.forward_float(stream, blas, batch, out, None)
+        } else {
+            self.forward_int8(stream, blas, batch, out)
+        }
+    }
+
+    /// [`EncoderModel::forward`] (float projections only) handing `tap` every quantisable
+    /// GEMM input as it is produced: `(layer, site, tensor [tokens, width])`. For
+    /// calibration ([`Calibrator`](crate::encoder::calibrate::Calibrator)); the tap may read
+    /// the tensor back (and so wait for the device).
+    ///
+    /// # Errors
+    /// Those of [`EncoderModel::forward`]; [`EngineError::Invalid`] naming `quant` on an
+    /// INT8 model; the tap's.
+    pub fn forward_tapped(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batch: &mut DeviceBatch,
+        out: &mut DeviceTensor<T>,
+        tap: &mut Tap<'_, T>,
+    ) -> Result<()> {
+        self.check_forward(stream, blas, batch, out)?;
+        if self.quant != EncoderQuant::None {
+            return Err(EngineError::invalid(
+                "quant",
+                "calibration taps the float forward; load the model without INT8",
+            ));
+        }
+        self.forward_float(stream, blas, batch, out, Some(tap))
+    }
+
+    fn check_forward(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &Blas,
+        batch: &DeviceBatch,
+        out: &DeviceTensor<T>,
+    ) -> Result<()> {
+        let (t, h) = (batch.tokens, self.cfg.hidden_size);
         if out.shape() != [t, h] {
             return Err(EngineError::invalid(
                 "out",
@@ -424,77 +631,99 @@ impl<T: RunDType> EncoderModel<T> {
                 "queues on another stream than `stream`; the forward's launches would race",
             ));
         }
-        let (heads, d) = (cfg.num_attention_heads, cfg.head_dim());
+        Ok(())
+    }
+
+    /// x = LayerNorm(word[id] + token_type[type] + position[pos]), `a` and `b` scratch
+    /// `[tokens, hidden]`.
+    fn embeddings(
+        &self,
+        stream: &Arc<CudaStream>,
+        batch: &mut DeviceBatch,
+        a: &mut DeviceTensor<T>,
+        b: &mut DeviceTensor<T>,
+        x: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        let s = &mut batch.status;
+        embedding::lookup(stream, &batch.ids, &self.word_embeddings, a, s)?;
+        embedding::lookup(
+            stream,
+            &batch.token_types,
+            &self.token_type_embeddings,
+            b,
+            s,
+        )?;
+        elementwise::add_assign(stream, a, b)?;
+        embedding::lookup(stream, &batch.positions, &self.position_embeddings, b, s)?;
+        let en = &self.embeddings_norm;
+        norm::add_bias_layer_norm(stream, a, None, b, &en.weight, Some(&en.bias), self.eps, x)?;
+        Ok(())
+    }
+
+    /// The non-causal attention over the packed batch: `ctx` from `q`, `k`, `v` (each
+    /// `[tokens, hidden]`, viewed as heads for the call).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        stream: &Arc<CudaStream>,
+        batch: &DeviceBatch,
+        q: &mut DeviceTensor<T>,
+        k: &mut DeviceTensor<T>,
+        v: &mut DeviceTensor<T>,
+        ctx: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (t, h) = (batch.tokens, cfg.hidden_size);
+        let params = BidirectionalPrefillParams {
+            scale: cfg.attention_scale() as f32,
+            max_seq_len: batch.max_seqlen,
+        };
+        let head_shape = [t, cfg.num_attention_heads, cfg.head_dim()];
+        for b in [&mut *q, &mut *k, &mut *v, &mut *ctx] {
+            b.set_shape(&head_shape)?;
+        }
+        attention_prefill::prefill_bidirectional(stream, q, k, v, &batch.cu_seqlens, ctx, &params)?;
+        for b in [q, k, v, ctx] {
+            b.set_shape(&[t, h])?;
+        }
+        Ok(())
+    }
+
+    fn forward_float(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batch: &mut DeviceBatch,
+        x: &mut DeviceTensor<T>,
+        mut tap: Option<&mut Tap<'_, T>>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (t, h) = (batch.tokens, cfg.hidden_size);
         let z = |shape: &[usize]| scratch::<T>(stream, shape);
-        // `x` lives in `out`: the running hidden states, replaced by each LayerNorm.
-        let x = out;
         let mut tmp = z(&[t, h])?;
         let mut q = z(&[t, h])?;
         let mut k = z(&[t, h])?;
         let mut v = z(&[t, h])?;
         let mut ctx = z(&[t, h])?;
         let mut inter = z(&[t, cfg.intermediate_size])?;
-
-        // Embeddings: three gathers summed, then LayerNorm into x.
-        let s = &mut batch.status;
-        embedding::lookup(stream, &batch.ids, &self.word_embeddings, &mut tmp, s)?;
-        embedding::lookup(
-            stream,
-            &batch.positions,
-            &self.position_embeddings,
-            &mut q,
-            s,
-        )?;
-        embedding::lookup(
-            stream,
-            &batch.token_types,
-            &self.token_type_embeddings,
-            &mut k,
-            s,
-        )?;
-        elementwise::add_assign(stream, &mut tmp, &k)?;
-        let en = &self.embeddings_norm;
-        norm::add_bias_layer_norm(
-            stream,
-            &tmp,
-            None,
-            &q,
-            &en.weight,
-            Some(&en.bias),
-            self.eps,
-            x,
-        )?;
-
-        let params = BidirectionalPrefillParams {
-            scale: cfg.attention_scale() as f32,
-            max_seq_len: batch.max_seqlen,
-        };
+        self.embeddings(stream, batch, &mut tmp, &mut q, x)?;
         let act: GeluKind = cfg.hidden_act;
-        let head_shape = [t, heads, d];
-        for lw in &self.layers {
+        for (l, lw) in self.layers.iter().enumerate() {
+            if let Some(tap) = tap.as_mut() {
+                tap(l, Site::QkvIn, x)?;
+            }
             // Separate Q, K, V GEMMs (bias in cuBLASLt's epilogue): the attention reads three
             // packed tensors, which one stacked GEMM would only give after a split.
-            blas.linear(x, &lw.query.weight, Some(&lw.query.bias), &mut q)?;
-            blas.linear(x, &lw.key.weight, Some(&lw.key.bias), &mut k)?;
-            blas.linear(x, &lw.value.weight, Some(&lw.value.bias), &mut v)?;
-            for b in [&mut q, &mut k, &mut v, &mut ctx] {
-                b.set_shape(&head_shape)?;
-            }
-            attention_prefill::prefill_bidirectional(
-                stream,
-                &q,
-                &k,
-                &v,
-                &batch.cu_seqlens,
-                &mut ctx,
-                &params,
-            )?;
-            for b in [&mut q, &mut k, &mut v, &mut ctx] {
-                b.set_shape(&[t, h])?;
+            blas.linear(x, lw.query.float()?, Some(&lw.query.bias), &mut q)?;
+            blas.linear(x, lw.key.float()?, Some(&lw.key.bias), &mut k)?;
+            blas.linear(x, lw.value.float()?, Some(&lw.value.bias), &mut v)?;
+            self.attention(stream, batch, &mut q, &mut k, &mut v, &mut ctx)?;
+            if let Some(tap) = tap.as_mut() {
+                tap(l, Site::AttnOutIn, &ctx)?;
             }
             // x = LayerNorm(ctx Woᵀ + bo + x): the bias and the residual fused into the norm.
             let (wa, n) = (&lw.attn_out, &lw.attn_norm);
-            blas.linear(&ctx, &wa.weight, None, &mut tmp)?;
+            blas.linear(&ctx, wa.float()?, None, &mut tmp)?;
             norm::add_bias_layer_norm_inplace(
                 stream,
                 &tmp,
@@ -504,11 +733,17 @@ impl<T: RunDType> EncoderModel<T> {
                 Some(&n.bias),
                 self.eps,
             )?;
+            if let Some(tap) = tap.as_mut() {
+                tap(l, Site::InterIn, x)?;
+            }
             // x = LayerNorm(gelu(x Wiᵀ + bi) Wo2ᵀ + bo2 + x): bias + GELU in one pass.
             let (wi, wo, n) = (&lw.intermediate, &lw.output, &lw.output_norm);
-            blas.linear(x, &wi.weight, None, &mut inter)?;
+            blas.linear(x, wi.float()?, None, &mut inter)?;
             activation::gelu_inplace(stream, &mut inter, Some(&wi.bias), act)?;
-            blas.linear(&inter, &wo.weight, None, &mut tmp)?;
+            if let Some(tap) = tap.as_mut() {
+                tap(l, Site::OutputIn, &inter)?;
+            }
+            blas.linear(&inter, wo.float()?, None, &mut tmp)?;
             norm::add_bias_layer_norm_inplace(
                 stream,
                 &tmp,
@@ -517,6 +752,160 @@ impl<T: RunDType> EncoderModel<T> {
                 &n.weight,
                 Some(&n.bias),
                 self.eps,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Calibrates INT8 activation scales: runs every batch through this (float) model,
+    /// collecting the amax figures of each GEMM input ([`Site`]), and returns them at
+    /// `percentile`. Waits for the device after each GEMM input (it reads them back).
+    ///
+    /// # Errors
+    /// [`EngineError::Invalid`] naming `batches` (none), `quant` (an INT8 model),
+    /// `percentile` (not in `(0, 100]`) or `values` (a non-finite activation); those of
+    /// [`EncoderModel::forward`].
+    pub fn calibrate(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batches: &[PackedBatch],
+        percentile: f64,
+    ) -> Result<Calibration> {
+        if batches.is_empty() {
+            return Err(EngineError::invalid(
+                "batches",
+                "none given; calibration needs text",
+            ));
+        }
+        let mut cal = Calibrator::new(self.layers.len());
+        cal.finish(percentile)?;
+        for b in batches {
+            let mut dev = DeviceBatch::upload(stream, &self.cfg, b)?;
+            let mut out = scratch::<T>(stream, &[dev.tokens, self.cfg.hidden_size])?;
+            let mut tap = |l: usize, site: Site, t: &DeviceTensor<T>| -> Result<()> {
+                let v: Vec<f32> = t.to_host(stream)?.into_iter().map(|x| x.to_f32()).collect();
+                cal.observe(l, site, &v)
+            };
+            self.forward_tapped(stream, blas, &mut dev, &mut out, &mut tap)?;
+            dev.check(stream)?;
+            cal.add_tokens(dev.tokens);
+        }
+        cal.finish(percentile)
+    }
+
+    /// The amax of `site` in `layer` for a calibrated model; `None` (per-token scales) else.
+    fn site_amax(&self, layer: usize, site: Site) -> Option<&DeviceTensor<f32>> {
+        self.amax.get(layer).map(|a| &a[site as usize])
+    }
+
+    fn forward_int8(
+        &self,
+        stream: &Arc<CudaStream>,
+        blas: &mut Blas,
+        batch: &mut DeviceBatch,
+        x: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let (t, h, ni) = (batch.tokens, cfg.hidden_size, cfg.intermediate_size);
+        let z = |shape: &[usize]| scratch::<T>(stream, shape);
+        let mut q = z(&[t, h])?;
+        let mut k = z(&[t, h])?;
+        let mut v = z(&[t, h])?;
+        let mut ctx = z(&[t, h])?;
+        let mut xq = scratch::<i8>(stream, &[t, h])?;
+        let mut xs = scratch::<f32>(stream, &[t])?;
+        let mut cq = scratch::<i8>(stream, &[t, h])?;
+        let mut cs = scratch::<f32>(stream, &[t])?;
+        let mut iq = scratch::<i8>(stream, &[t, ni])?;
+        let mut is = scratch::<f32>(stream, &[t])?;
+        let mut acc = scratch::<i32>(stream, &[t, h])?;
+        let mut acc_i = scratch::<i32>(stream, &[t, ni])?;
+        self.embeddings(stream, batch, &mut q, &mut k, x)?;
+        match self.site_amax(0, Site::QkvIn) {
+            Some(a) => quant::quantize_calibrated(stream, T::half(x)?, a, &mut xq, &mut xs)?,
+            None => quant::quantize_per_token(stream, T::half(x)?, &mut xq, &mut xs)?,
+        }
+        let act: GeluKind = cfg.hidden_act;
+        let nl = self.layers.len();
+        for (l, lw) in self.layers.iter().enumerate() {
+            for (d, y) in [(&lw.query, &mut q), (&lw.key, &mut k), (&lw.value, &mut v)] {
+                let w = d.int8()?;
+                blas.gemm_i8(&xq, &w.weight, &mut acc)?;
+                let deq = Dequant {
+                    acc: &acc,
+                    act_scale: &xs,
+                    weight_scale: &w.scales,
+                };
+                quant::dequantize(stream, deq, Some(T::half(&d.bias)?), T::half_mut(y)?)?;
+            }
+            self.attention(stream, batch, &mut q, &mut k, &mut v, &mut ctx)?;
+            // The context is quantised on its own (the attention writes it in the run dtype).
+            match self.site_amax(l, Site::AttnOutIn) {
+                Some(a) => quant::quantize_calibrated(stream, T::half(&ctx)?, a, &mut cq, &mut cs)?,
+                None => quant::quantize_per_token(stream, T::half(&ctx)?, &mut cq, &mut cs)?,
+            }
+            // x = LayerNorm(deq(ctx_q Woᵀ) + bo + x), quantised for the intermediate GEMM.
+            let (wa, n) = (&lw.attn_out, &lw.attn_norm);
+            let w = wa.int8()?;
+            blas.gemm_i8(&cq, &w.weight, &mut acc)?;
+            let deq = Dequant {
+                acc: &acc,
+                act_scale: &cs,
+                weight_scale: &w.scales,
+            };
+            quant::dequant_bias_add_layer_norm_quant(
+                stream,
+                deq,
+                Some(T::half(&wa.bias)?),
+                T::half_mut(x)?,
+                LayerNormParams {
+                    weight: T::half(&n.weight)?,
+                    bias: Some(T::half(&n.bias)?),
+                    eps: self.eps,
+                },
+                quant_out(&mut xq, &mut xs, self.site_amax(l, Site::InterIn)),
+            )?;
+            // inter = quant(gelu(deq(x_q Wiᵀ) + bi))
+            let (wi, wo, n) = (&lw.intermediate, &lw.output, &lw.output_norm);
+            let w = wi.int8()?;
+            blas.gemm_i8(&xq, &w.weight, &mut acc_i)?;
+            let deq = Dequant {
+                acc: &acc_i,
+                act_scale: &xs,
+                weight_scale: &w.scales,
+            };
+            quant::dequant_bias_gelu_quant(
+                stream,
+                deq,
+                Some(T::half(&wi.bias)?),
+                act,
+                quant_out(&mut iq, &mut is, self.site_amax(l, Site::OutputIn)),
+            )?;
+            // x = LayerNorm(deq(inter_q Wo2ᵀ) + bo2 + x), quantised for the next layer's QKV.
+            let w = wo.int8()?;
+            blas.gemm_i8(&iq, &w.weight, &mut acc)?;
+            let deq = Dequant {
+                acc: &acc,
+                act_scale: &is,
+                weight_scale: &w.scales,
+            };
+            let next = if l + 1 < nl {
+                self.site_amax(l + 1, Site::QkvIn)
+            } else {
+                None
+            };
+            quant::dequant_bias_add_layer_norm_quant(
+                stream,
+                deq,
+                Some(T::half(&wo.bias)?),
+                T::half_mut(x)?,
+                LayerNormParams {
+                    weight: T::half(&n.weight)?,
+                    bias: Some(T::half(&n.bias)?),
+                    eps: self.eps,
+                },
+                quant_out(&mut xq, &mut xs, next),
             )?;
         }
         Ok(())

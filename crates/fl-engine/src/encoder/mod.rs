@@ -27,6 +27,7 @@
 
 pub mod backend;
 mod batch;
+pub mod calibrate;
 pub mod config;
 pub mod gpu;
 pub mod pooling_config;

@@ -8,6 +8,8 @@ use fl_engine::dtype::RunDType;
 use fl_engine::encoder::backend::{
     rank, scores_from_logits, EncoderBackend, EncoderHead, EncoderModelDir, GpuEncoder,
 };
+use fl_engine::encoder::calibrate::encoder_quant;
+use fl_engine::encoder::gpu::EncoderQuant;
 use fl_engine::encoder::pooling_config::PoolingConfig;
 use fl_engine::encoder::{reference, EncoderConfig, EncoderTokenizer, EncoderWeights};
 use fl_engine::encoder::{Encoded, PackedBatch, Pooling};
@@ -33,6 +35,31 @@ pub struct EncoderArgs {
     /// Texts (or pairs) one forward takes at most.
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    #[command(flatten)]
+    quant: EncoderQuantArgs,
+}
+
+/// INT8 flags of the encoder commands.
+#[derive(clap::Args)]
+pub struct EncoderQuantArgs {
+    /// Projections in the run dtype (none) or INT8 (FasterTransformer 3.0: per-channel
+    /// weights, INT8 GEMMs; f16 / bf16 only).
+    #[arg(long, default_value = "none", value_parser = ["none", "int8"])]
+    pub quant: String,
+    /// With --quant int8: static activation scales from this file (`fl calibrate`); without
+    /// it, per-token scales.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Which calibrated amax: the percentile `fl calibrate` took, or the absolute maximum.
+    #[arg(long, default_value = "percentile", value_parser = ["percentile", "absmax"])]
+    pub amax: String,
+}
+
+impl EncoderQuantArgs {
+    /// The encoder quantisation these flags name.
+    pub fn resolve(&self) -> Result<EncoderQuant> {
+        encoder_quant(&self.quant, self.calibration.as_deref(), &self.amax)
+    }
 }
 
 /// `fl embed`'s options.
@@ -156,11 +183,12 @@ fn write_lines(output: &Option<PathBuf>, lines: impl Iterator<Item = String>) ->
 /// errors carry its index) in batches of `batch_size`, handing `f` each batch's states.
 fn run_batches<T: RunDType>(
     m: &Loaded,
+    quant: EncoderQuant,
     batch_size: usize,
     enc: &Encoded,
     mut f: impl FnMut(&[f32], &PackedBatch) -> Result<()>,
 ) -> Result<()> {
-    let mut model = GpuEncoder::<T>::new(0, &m.cfg, &m.weights)?;
+    let mut model = GpuEncoder::<T>::new_quant(0, &m.cfg, &m.weights, quant)?;
     for (ids, types) in enc
         .ids
         .chunks(batch_size)
@@ -177,14 +205,20 @@ fn embed_with<T: RunDType>(a: &EmbedArgs, m: &Loaded, p: PoolingConfig) -> Resul
     let h = m.cfg.hidden_size;
     let mut out = Vec::with_capacity(m.texts.len() * h);
     let enc = m.tokenizer.encode_texts(&m.texts)?;
-    run_batches::<T>(m, a.common.batch_size, &enc, |states, batch| {
-        let mut e = reference::pool(states, batch, h, p.pooling)?;
-        if p.normalize {
-            reference::l2_normalize(&mut e, h)?;
-        }
-        out.extend_from_slice(&e);
-        Ok(())
-    })?;
+    run_batches::<T>(
+        m,
+        a.common.quant.resolve()?,
+        a.common.batch_size,
+        &enc,
+        |states, batch| {
+            let mut e = reference::pool(states, batch, h, p.pooling)?;
+            if p.normalize {
+                reference::l2_normalize(&mut e, h)?;
+            }
+            out.extend_from_slice(&e);
+            Ok(())
+        },
+    )?;
     Ok(out)
 }
 
@@ -214,11 +248,17 @@ fn rerank_with<T: RunDType>(a: &RerankArgs, m: &Loaded) -> Result<Vec<f32>> {
         .head
         .as_ref()
         .ok_or_else(|| EngineError::invalid("--model", "has no classification head"))?;
-    run_batches::<T>(m, a.common.batch_size, &enc, |states, batch| {
-        let logits = head.logits(states, batch)?;
-        scores.extend(scores_from_logits(&logits, m.cfg.num_labels)?);
-        Ok(())
-    })?;
+    run_batches::<T>(
+        m,
+        a.common.quant.resolve()?,
+        a.common.batch_size,
+        &enc,
+        |states, batch| {
+            let logits = head.logits(states, batch)?;
+            scores.extend(scores_from_logits(&logits, m.cfg.num_labels)?);
+            Ok(())
+        },
+    )?;
     Ok(scores)
 }
 

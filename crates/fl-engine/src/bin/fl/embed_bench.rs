@@ -38,6 +38,8 @@ pub struct EmbedBenchArgs {
     /// One JSON line per shape instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    quant: crate::embed::EncoderQuantArgs,
 }
 
 fn list(arg: &'static str, s: &str) -> Result<Vec<usize>> {
@@ -79,11 +81,19 @@ fn run<T: RunDType>(a: &EmbedBenchArgs, cfg: &EncoderConfig, w: &EncoderWeights)
     let gpu = fl_engine::encoder::gpu::open_gpu(0)?;
     let stream = gpu.stream();
     let mut blas = Blas::new(&gpu)?;
-    let model = EncoderModel::<T>::new(stream, cfg, w)?;
+    let model = EncoderModel::<T>::new_quant(stream, cfg, w, a.quant.resolve()?)?;
     if !a.json {
         println!(
-            "{:<12} {:>5} {:>5} {:>7} {:>9} {:>10} {:>12} {:>9}",
-            "model", "dtype", "batch", "max_len", "tokens", "ms/batch", "sentences/s", "TFLOP/s"
+            "{:<12} {:>5} {:>5} {:>5} {:>7} {:>9} {:>10} {:>12} {:>9}",
+            "model",
+            "dtype",
+            "quant",
+            "batch",
+            "max_len",
+            "tokens",
+            "ms/batch",
+            "sentences/s",
+            "TFLOP/s"
         );
     }
     for &s in &seqs {
@@ -118,15 +128,16 @@ fn run<T: RunDType>(a: &EmbedBenchArgs, cfg: &EncoderConfig, w: &EncoderWeights)
             if a.json {
                 println!(
                     "{}",
-                    serde_json::json!({"model": a.model, "dtype": T::NAME, "batch": b,
+                    serde_json::json!({"model": a.model, "dtype": T::NAME, "quant": a.quant.quant, "batch": b,
                         "max_len": s, "tokens": tokens, "ragged": !a.full, "ms": sec * 1e3,
                         "sentences_per_s": b as f64 / sec, "tflops": tf})
                 );
             } else {
                 println!(
-                    "{:<12} {:>5} {:>5} {:>7} {:>9} {:>10.3} {:>12.0} {:>9.1}",
+                    "{:<12} {:>5} {:>5} {:>5} {:>7} {:>9} {:>10.3} {:>12.0} {:>9.1}",
                     a.model,
                     T::NAME,
+                    a.quant.quant,
                     b,
                     s,
                     tokens,

@@ -13,6 +13,7 @@ use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 
 mod bench;
+mod calibrate;
 mod embed;
 mod embed_bench;
 
@@ -209,6 +210,9 @@ enum Cmd {
     /// Time an encoder's forward over ragged batches (a preset shape with random weights, or
     /// a model directory): ms per batch, sentences/s, TFLOP/s.
     EmbedBench(embed_bench::EmbedBenchArgs),
+    /// INT8 activation scales of an encoder from sample text (absmax and a percentile of
+    /// every GEMM input), for `fl embed --quant int8 --calibration`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Run the kernel demo: elementwise kernels checked against the CPU and timed.
     Demo {
         /// Elements per call.
@@ -295,6 +299,7 @@ fn main() {
         Cmd::Embed(a) => embed::embed(&a),
         Cmd::Rerank(a) => embed::rerank(&a),
         Cmd::EmbedBench(a) => embed_bench::embed_bench(&a),
+        Cmd::Calibrate(a) => calibrate::calibrate(&a),
         Cmd::Generate {
             model,
             prompt,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use fl_engine::chat_template::ChatTemplate;
 use fl_engine::encoder::backend::{EncoderModelDir, GpuEncoder};
+use fl_engine::encoder::gpu::EncoderQuant;
 use fl_engine::encoder::pooling_config::PoolingConfig;
 use fl_engine::encoder::{EncoderModel, Pooling};
 use fl_engine::runner::RunnerConfig;
@@ -258,20 +259,23 @@ struct EncoderPlan {
     dir: PathBuf,
     info: EncoderInfo,
     service: EncoderServiceConfig,
+    quant: EncoderQuant,
 }
 
 /// Checks the encoder directory and the flags (no weights read): a wrong path, an unsupported
 /// head dim or a malformed sentence-transformers file fails at once.
 fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<EncoderPlan> {
-    if m.quant != load::QUANT_AUTO && m.quant != "none" {
-        return Err(EngineError::invalid(
-            "--quant",
-            format!(
-                "`{}`: encoder models run dense (--dtype f16, bf16 or f32)",
-                m.quant
-            ),
-        ));
-    }
+    let quant = match m.quant.as_str() {
+        q if q == load::QUANT_AUTO || q == "none" => EncoderQuant::None,
+        // Per-token activation scales: a server sees text no calibration saw.
+        "int8" => EncoderQuant::Int8,
+        q => {
+            return Err(EngineError::invalid(
+                "--quant",
+                format!("`{q}`: encoder models run dense or int8"),
+            ))
+        }
+    };
     let dir = PathBuf::from(&m.model);
     let (cfg, tokenizer, max_len) = EncoderModelDir::inspect(&dir)?;
     EncoderModel::<f32>::supports(&cfg)?;
@@ -306,28 +310,38 @@ fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<
             "must be at least 1",
         ));
     }
-    Ok(EncoderPlan { dir, info, service })
+    Ok(EncoderPlan {
+        dir,
+        info,
+        service,
+        quant,
+    })
 }
 
 /// Reads the weights and starts the encoder's worker on GPU 0 (blocking until uploaded).
-fn load_encoder(dir: &Path, dtype: &str, scfg: EncoderServiceConfig) -> Result<EncoderService> {
+fn load_encoder(
+    dir: &Path,
+    dtype: &str,
+    quant: EncoderQuant,
+    scfg: EncoderServiceConfig,
+) -> Result<EncoderService> {
     let m = EncoderModelDir::load(dir)?;
     let head = m.head();
     let (cfg, weights) = (m.config, m.weights);
     // The host weights move into the worker and are freed once uploaded.
     match dtype {
         "f32" => EncoderService::spawn(
-            move || GpuEncoder::<f32>::new(0, &cfg, &weights),
+            move || GpuEncoder::<f32>::new_quant(0, &cfg, &weights, quant),
             head,
             scfg,
         ),
         "bf16" => EncoderService::spawn(
-            move || GpuEncoder::<fl_kernels::bf16>::new(0, &cfg, &weights),
+            move || GpuEncoder::<fl_kernels::bf16>::new_quant(0, &cfg, &weights, quant),
             head,
             scfg,
         ),
         _ => EncoderService::spawn(
-            move || GpuEncoder::<fl_kernels::f16>::new(0, &cfg, &weights),
+            move || GpuEncoder::<fl_kernels::f16>::new_quant(0, &cfg, &weights, quant),
             head,
             scfg,
         ),
@@ -347,8 +361,8 @@ async fn serve_encoder(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Res
         "fl serve: listening on http://{addr}; loading the encoder {} (/health answers 503 until it is ready)",
         m.model
     );
-    let (dir, dtype, scfg) = (plan.dir, m.dtype.clone(), plan.service);
-    let loading = tokio::task::spawn_blocking(move || load_encoder(&dir, &dtype, scfg));
+    let (dir, dtype, scfg, quant) = (plan.dir, m.dtype.clone(), plan.service, plan.quant);
+    let loading = tokio::task::spawn_blocking(move || load_encoder(&dir, &dtype, quant, scfg));
     let service = tokio::select! {
         r = loading => r.map_err(|e| EngineError::invalid("--model", format!("the loading thread failed: {e}")))??,
         _ = tokio::signal::ctrl_c() => {
