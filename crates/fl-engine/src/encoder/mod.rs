@@ -9,6 +9,12 @@
 //!   classification heads; the GPU path is checked against it;
 //! - [`tokenize`]: [`EncoderTokenizer`], texts and (query, passage) pairs to ids and token
 //!   types, truncated to the model's length.
+//! - [`gpu`]: [`EncoderModel`], the forward on the GPU (f32 / f16 / bf16, or INT8 projections:
+//!   [`gpu::EncoderQuant`]); [`calibrate`]: INT8 activation amax from sample text;
+//! - [`backend`]: the model behind a trait (GPU or CPU reference) for `fl serve` and the
+//!   commands, the model directory and the classification head; [`pooling_config`]:
+//!   sentence-transformers' pooling defaults; [`presets`]: benchmark shapes with random
+//!   weights.
 //!
 //! ```no_run
 //! use fl_engine::checkpoint::Checkpoint;
