@@ -584,7 +584,7 @@ impl<T: RunDType> EncoderModel<T> {
 
     /// [`EncoderModel::forward`] (float projections only) handing `tap` every quantisable
     /// GEMM input as it is produced: `(layer, site, tensor [tokens, width])`. For
-    /// calibration ([`Calibrator`](crate::encoder::calibrate::Calibrator)); the tap may read
+    /// calibration ([`Calibrator`]); the tap may read
     /// the tensor back (and so wait for the device).
     ///
     /// # Errors
