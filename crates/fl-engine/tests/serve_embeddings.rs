@@ -7,8 +7,7 @@
 
 #![cfg(feature = "serve")]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +25,14 @@ use fl_kernels::testing::rel_l2;
 use serde_json::{json, Value};
 
 /// Longest any single wait may take.
+mod http_client;
+use http_client::Resp;
+
+/// [`http_client::call`] with this file's timeout.
+fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    http_client::call(addr, WAIT, method, path, headers, body)
+}
+
 const WAIT: Duration = Duration::from_secs(20);
 const MODEL: &str = "enc";
 /// transformers vs the reference, as tests/encoder_reference.rs holds it.
@@ -270,110 +277,6 @@ impl Drop for TestServer {
             let _ = s.send(());
         }
         let _ = &self.rt;
-    }
-}
-
-// ---------------------------------------------------------------- a small HTTP/1.1 client
-
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "{e}: status {} body {:?}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    fn ok(&self) -> Value {
-        assert_eq!(
-            self.status,
-            200,
-            "{:?}",
-            String::from_utf8_lossy(&self.body)
-        );
-        self.json()
-    }
-}
-
-fn call(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req += &format!("{k}: {v}\r\n");
-    }
-    req += "\r\n";
-    let mut bytes = req.into_bytes();
-    bytes.extend_from_slice(body);
-    s.write_all(&bytes).expect("send");
-    let mut raw = vec![];
-    s.read_to_end(&mut raw).expect("read the response");
-    parse_response(&raw)
-}
-
-fn parse_response(raw: &[u8]) -> Resp {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
-    let head = std::str::from_utf8(&raw[..split]).expect("ASCII head");
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let mut rest = &raw[split + 4..];
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        let mut body = vec![];
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .expect("chunk size line");
-            let size =
-                usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16)
-                    .expect("chunk size");
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        body
-    } else {
-        rest.to_vec()
-    };
-    Resp {
-        status,
-        headers,
-        body,
     }
 }
 

@@ -25,6 +25,9 @@ use fl_sampling::SamplingParams;
 use serde_json::{json, Value};
 
 /// Longest any single wait may take.
+mod http_client;
+use http_client::{connect, parse_response, raw_request, Resp};
+
 const WAIT: Duration = Duration::from_secs(20);
 const BOS: u32 = 1;
 const EOS: u32 = 2;
@@ -375,127 +378,9 @@ impl Drop for TestServer {
     }
 }
 
-// ---------------------------------------------------------------- a small HTTP/1.1 client
-
-struct Resp {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Resp {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "{e}: status {} body {:?}",
-                self.status,
-                String::from_utf8_lossy(&self.body)
-            )
-        })
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.body.clone()).expect("UTF-8 body")
-    }
-
-    /// The `data:` payloads of an SSE body, in order.
-    fn events(&self) -> Vec<String> {
-        let text = self.text();
-        assert!(text.ends_with("\n\n"), "{text:?}");
-        text.split("\n\n")
-            .filter(|e| !e.is_empty())
-            .map(|e| {
-                e.strip_prefix("data: ")
-                    .unwrap_or_else(|| panic!("not a data event: {e:?}"))
-                    .to_string()
-            })
-            .collect()
-    }
-}
-
-fn raw_request(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req += &format!("{k}: {v}\r\n");
-    }
-    req += "\r\n";
-    let mut bytes = req.into_bytes();
-    bytes.extend_from_slice(body);
-    bytes
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    s
-}
-
-fn parse_response(raw: &[u8]) -> Resp {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(raw)));
-    let head = std::str::from_utf8(&raw[..split]).expect("ASCII head");
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect();
-    let mut rest = &raw[split + 4..];
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
-    let body = if chunked {
-        let mut body = vec![];
-        loop {
-            let eol = rest
-                .windows(2)
-                .position(|w| w == b"\r\n")
-                .expect("chunk size line");
-            let size =
-                usize::from_str_radix(std::str::from_utf8(&rest[..eol]).expect("hex").trim(), 16)
-                    .expect("chunk size");
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        body
-    } else {
-        rest.to_vec()
-    };
-    Resp {
-        status,
-        headers,
-        body,
-    }
-}
-
 impl TestServer {
     fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-        let mut s = connect(self.addr);
-        s.write_all(&raw_request(method, path, headers, body))
-            .expect("send");
-        let mut raw = vec![];
-        s.read_to_end(&mut raw).expect("read the response");
-        parse_response(&raw)
+        http_client::call(self.addr, WAIT, method, path, headers, body)
     }
 
     fn post(&self, path: &str, body: &Value) -> Resp {
@@ -979,7 +864,7 @@ fn a_client_that_goes_away_aborts_its_request() {
     t.ctl.delay_us.store(2000, Ordering::Relaxed);
     // Streaming: read the first content chunk, then hang up.
     let body = json!({"prompt": "abcdef", "max_tokens": 3000, "stream": true}).to_string();
-    let mut s = connect(t.addr);
+    let mut s = connect(t.addr, WAIT);
     s.write_all(&raw_request(
         "POST",
         "/v1/completions",
@@ -1004,7 +889,7 @@ fn a_client_that_goes_away_aborts_its_request() {
     // Not streaming, still waiting in the queue: hanging up aborts it too.
     t.ctl.hold.store(true, Ordering::Relaxed);
     let body = json!({"prompt": "abcdef", "max_tokens": 3000}).to_string();
-    let mut s = connect(t.addr);
+    let mut s = connect(t.addr, WAIT);
     s.write_all(&raw_request(
         "POST",
         "/v1/completions",
@@ -1033,7 +918,7 @@ fn a_full_queue_answers_503_with_retry_after() {
     let body = json!({"prompt": "abc", "max_tokens": 4, "stream": true}).to_string();
     let mut waiting: Vec<TcpStream> = (0..2)
         .map(|_| {
-            let mut s = connect(t.addr);
+            let mut s = connect(t.addr, WAIT);
             s.write_all(&raw_request(
                 "POST",
                 "/v1/completions",
@@ -1194,7 +1079,7 @@ fn a_shutdown_ends_open_streams_with_an_error_event() {
     let t = start(Opts::default());
     t.ctl.delay_us.store(2000, Ordering::Relaxed);
     let body = json!({"prompt": "abc", "max_tokens": 3000, "stream": true}).to_string();
-    let mut s = connect(t.addr);
+    let mut s = connect(t.addr, WAIT);
     s.write_all(&raw_request(
         "POST",
         "/v1/completions",
@@ -1227,7 +1112,7 @@ fn a_shutdown_ends_open_streams_with_an_error_event() {
 fn idle_connections_do_not_block_others() {
     let t = start(Opts::default());
     // Connections that never send a request hold no thread and no engine slot.
-    let idle: Vec<TcpStream> = (0..256).map(|_| connect(t.addr)).collect();
+    let idle: Vec<TcpStream> = (0..256).map(|_| connect(t.addr, WAIT)).collect();
     let r = t.post(
         "/v1/completions",
         &json!({"prompt": "abc", "max_tokens": 3}),
@@ -1382,7 +1267,7 @@ fn a_client_that_goes_away_aborts_all_its_choices() {
     let t = start(Opts::default());
     t.ctl.delay_us.store(2000, Ordering::Relaxed);
     let body = json!({"prompt": "abcdef", "max_tokens": 3000, "n": 2, "stream": true}).to_string();
-    let mut s = connect(t.addr);
+    let mut s = connect(t.addr, WAIT);
     s.write_all(&raw_request(
         "POST",
         "/v1/completions",
