@@ -217,11 +217,12 @@ impl Percentiles {
     }
 }
 
-/// SplitMix64: a small, fixed generator, so a trace is the same on every machine.
-struct SplitMix64(u64);
+/// SplitMix64: a small, fixed generator, so a trace (or random weights) is the same on every
+/// machine.
+pub(crate) struct SplitMix64(pub(crate) u64);
 
 impl SplitMix64 {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -261,6 +261,21 @@ pub fn encoder_quant(
     }
 }
 
+/// `percentile` is in `(0, 100]`.
+///
+/// # Errors
+/// [`EngineError::Invalid`] naming `percentile`.
+pub fn check_percentile(percentile: f64) -> Result<()> {
+    if percentile > 0.0 && percentile <= 100.0 {
+        Ok(())
+    } else {
+        Err(EngineError::invalid(
+            "percentile",
+            format!("{percentile} is not in (0, 100]"),
+        ))
+    }
+}
+
 const BINS_PER_OCTAVE: f64 = 64.0;
 const MIN_LOG2: f64 = -24.0;
 const OCTAVES: usize = 48;
@@ -341,12 +356,7 @@ impl Calibrator {
     /// # Errors
     /// [`EngineError::Invalid`] naming `percentile`.
     pub fn finish(&self, percentile: f64) -> Result<Calibration> {
-        if !(percentile > 0.0 && percentile <= 100.0) {
-            return Err(EngineError::invalid(
-                "percentile",
-                format!("{percentile} is not in (0, 100]"),
-            ));
-        }
+        check_percentile(percentile)?;
         let layers = self
             .hist
             .iter()

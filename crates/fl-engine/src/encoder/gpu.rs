@@ -57,7 +57,7 @@ use fl_kernels::{elementwise, norm, DeviceTensor, Gpu};
 
 use crate::dtype::RunDType;
 use crate::encoder::batch::PackedBatch;
-use crate::encoder::calibrate::{AmaxKind, Calibration, Calibrator, Site};
+use crate::encoder::calibrate::{check_percentile, AmaxKind, Calibration, Calibrator, Site};
 use crate::encoder::config::EncoderConfig;
 use crate::encoder::weights::{Dense, EncoderWeights, LayerNorm};
 use crate::error::{EngineError, Result};
@@ -351,6 +351,21 @@ fn quant_out<'a>(
     }
 }
 
+/// Quantises `x` into `q` / `scale`: with the calibrated `amax` when given, else per token.
+fn quantize<H: fl_kernels::HalfDType>(
+    stream: &CudaStream,
+    x: &DeviceTensor<H>,
+    amax: Option<&DeviceTensor<f32>>,
+    q: &mut DeviceTensor<i8>,
+    scale: &mut DeviceTensor<f32>,
+) -> Result<()> {
+    match amax {
+        Some(a) => quant::quantize_calibrated(stream, x, a, q, scale)?,
+        None => quant::quantize_per_token(stream, x, q, scale)?,
+    }
+    Ok(())
+}
+
 /// A scratch tensor, uninitialised (stream-ordered): every element is written before it is
 /// read.
 fn scratch<T: fl_kernels::DType>(
@@ -498,18 +513,9 @@ impl<T: RunDType> EncoderModel<T> {
                 ));
             }
             for l in &calibration.layers {
-                let mut one = Vec::with_capacity(4);
-                for s in Site::ALL {
-                    one.push(DeviceTensor::from_host(
-                        stream,
-                        &[l[s as usize].get(*kind)],
-                        &[1],
-                    )?);
-                }
-                amax.push(
-                    one.try_into()
-                        .map_err(|_| EngineError::invalid("quant", "four sites per layer"))?,
-                );
+                let [a, b, c, d] = Site::ALL
+                    .map(|s| DeviceTensor::from_host(stream, &[l[s as usize].get(*kind)], &[1]));
+                amax.push([a?, b?, c?, d?]);
             }
         }
         let h = cfg.hidden_size;
@@ -778,8 +784,8 @@ impl<T: RunDType> EncoderModel<T> {
                 "none given; calibration needs text",
             ));
         }
+        check_percentile(percentile)?;
         let mut cal = Calibrator::new(self.layers.len());
-        cal.finish(percentile)?;
         for b in batches {
             let mut dev = DeviceBatch::upload(stream, &self.cfg, b)?;
             let mut out = scratch::<T>(stream, &[dev.tokens, self.cfg.hidden_size])?;
@@ -822,10 +828,13 @@ impl<T: RunDType> EncoderModel<T> {
         let mut acc = scratch::<i32>(stream, &[t, h])?;
         let mut acc_i = scratch::<i32>(stream, &[t, ni])?;
         self.embeddings(stream, batch, &mut q, &mut k, x)?;
-        match self.site_amax(0, Site::QkvIn) {
-            Some(a) => quant::quantize_calibrated(stream, T::half(x)?, a, &mut xq, &mut xs)?,
-            None => quant::quantize_per_token(stream, T::half(x)?, &mut xq, &mut xs)?,
-        }
+        quantize(
+            stream,
+            T::half(x)?,
+            self.site_amax(0, Site::QkvIn),
+            &mut xq,
+            &mut xs,
+        )?;
         let act: GeluKind = cfg.hidden_act;
         let nl = self.layers.len();
         for (l, lw) in self.layers.iter().enumerate() {
@@ -841,10 +850,8 @@ impl<T: RunDType> EncoderModel<T> {
             }
             self.attention(stream, batch, &mut q, &mut k, &mut v, &mut ctx)?;
             // The context is quantised on its own (the attention writes it in the run dtype).
-            match self.site_amax(l, Site::AttnOutIn) {
-                Some(a) => quant::quantize_calibrated(stream, T::half(&ctx)?, a, &mut cq, &mut cs)?,
-                None => quant::quantize_per_token(stream, T::half(&ctx)?, &mut cq, &mut cs)?,
-            }
+            let amax = self.site_amax(l, Site::AttnOutIn);
+            quantize(stream, T::half(&ctx)?, amax, &mut cq, &mut cs)?;
             // x = LayerNorm(deq(ctx_q Woᵀ) + bo + x), quantised for the intermediate GEMM.
             let (wa, n) = (&lw.attn_out, &lw.attn_norm);
             let w = wa.int8()?;

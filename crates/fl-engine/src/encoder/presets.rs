@@ -13,6 +13,7 @@
 use crate::encoder::config::EncoderConfig;
 use crate::encoder::weights::{Dense, EncoderLayerWeights, EncoderWeights, LayerNorm};
 use crate::error::{EngineError, Result};
+use crate::trace::SplitMix64;
 
 /// The preset names [`preset`] knows.
 pub const PRESETS: &[&str] = &["bert-base", "bert-large", "bge-base", "bge-small"];
@@ -42,27 +43,14 @@ pub fn preset(name: &str) -> Option<EncoderConfig> {
     EncoderConfig::from_json_str(&json).ok()
 }
 
-/// A fixed generator (SplitMix64), so random weights are the same on every machine.
-struct SplitMix64(u64);
+/// Uniform in `[-a, a)` from the top 24 bits of the next draw.
+fn uniform(rng: &mut SplitMix64, a: f32) -> f32 {
+    let u = (rng.next() >> 40) as f32 / (1u64 << 24) as f32;
+    (2.0 * u - 1.0) * a
+}
 
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[-a, a)`.
-    fn uniform(&mut self, a: f32) -> f32 {
-        let u = (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32;
-        (2.0 * u - 1.0) * a
-    }
-
-    fn vec(&mut self, n: usize, a: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(a)).collect()
-    }
+fn uniform_vec(rng: &mut SplitMix64, n: usize, a: f32) -> Vec<f32> {
+    (0..n).map(|_| uniform(rng, a)).collect()
 }
 
 impl EncoderWeights {
@@ -88,8 +76,8 @@ impl EncoderWeights {
         let h = cfg.hidden_size;
         let a = 0.02 * 3f32.sqrt();
         let mut dense = |out: usize, inp: usize| Dense {
-            weight: rng.vec(out * inp, a),
-            bias: rng.vec(out, a),
+            weight: uniform_vec(&mut rng, out * inp, a),
+            bias: uniform_vec(&mut rng, out, a),
             out_features: out,
             in_features: inp,
         };
@@ -113,8 +101,8 @@ impl EncoderWeights {
             });
         }
         let norm = |rng: &mut SplitMix64| LayerNorm {
-            weight: (0..h).map(|_| 1.0 + rng.uniform(0.1)).collect(),
-            bias: rng.vec(h, 0.05),
+            weight: (0..h).map(|_| 1.0 + uniform(rng, 0.1)).collect(),
+            bias: uniform_vec(rng, h, 0.05),
         };
         for l in &mut layers {
             l.attn_norm = norm(&mut rng);
@@ -122,9 +110,9 @@ impl EncoderWeights {
         }
         let embeddings_norm = norm(&mut rng);
         Ok(EncoderWeights {
-            word_embeddings: rng.vec(cfg.vocab_size * h, a),
-            position_embeddings: rng.vec(cfg.max_position_embeddings * h, a),
-            token_type_embeddings: rng.vec(cfg.type_vocab_size * h, a),
+            word_embeddings: uniform_vec(&mut rng, cfg.vocab_size * h, a),
+            position_embeddings: uniform_vec(&mut rng, cfg.max_position_embeddings * h, a),
+            token_type_embeddings: uniform_vec(&mut rng, cfg.type_vocab_size * h, a),
             embeddings_norm,
             layers,
             pooler: None,
