@@ -2,7 +2,7 @@
 """Checks the engine against Hugging Face transformers on small random LLaMA models.
 
 Run on the GPU machine (PyTorch + transformers, CUDA):
-    python3 check_transformers.py --fl path/to/fl [--workdir DIR]
+    python3 check_transformers.py --fl path/to/fl [--workdir DIR] [--tp 2]
 
 For each config (LLaMA-2 style with GQA; LLaMA-3 style with llama3 rope scaling and tied
 embeddings; Qwen2 style with QKV bias) it builds a random LlamaForCausalLM / Qwen2ForCausalLM
@@ -104,8 +104,10 @@ def margin(logits):
 
 
 def run_fl(args, d, inp, outp, dt):
-    r = subprocess.run([args.fl, "logits", "--model", d, "--input", inp, "--out", outp,
-                        "--dtype", dt], capture_output=True, text=True)
+    cmd = [args.fl, "logits", "--model", d, "--input", inp, "--out", outp, "--dtype", dt]
+    if args.tp > 1:
+        cmd += ["--tp", str(args.tp)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         return None, r.stderr.strip()
     with open(outp) as f:
@@ -155,6 +157,8 @@ def main():
     ap.add_argument("--fl", required=True)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--dtypes", default="f16,bf16,f32")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="run fl split over this many GPUs (tensor parallelism)")
     args = ap.parse_args()
     # The reference is fp32: no TF32 in matmuls or convolutions.
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -18,6 +18,7 @@ use crate::dtype::RunDType;
 use crate::error::{EngineError, Result};
 use crate::linear::Quant;
 use crate::model::{AttnMode, Model};
+use crate::tp::{Shard, TpComm};
 use crate::weights::{Progress, WeightSource, Weights};
 
 /// A model on a GPU with its own stream and cuBLASLt handle.
@@ -28,6 +29,18 @@ pub struct Engine<T: RunDType> {
     pub model: Model<T>,
     /// Capture the decode step in a CUDA graph (default on).
     pub use_graph: bool,
+}
+
+/// [`EngineError::Invalid`] naming `--quant` for the modes that do not run tensor-parallel
+/// yet: W8A8 (its fused norms sit where the all-reduce goes) and a GGUF file's own blocks
+/// (requantise them: `q8_0`, `q4_0`, `int8`, `int4`).
+pub fn tp_quant_check(quant: Quant) -> Result<()> {
+    let why = match quant {
+        Quant::W8A8 => "w8a8 does not run tensor-parallel yet (its fused norms sit where the all-reduce goes); use int8, int4, q8_0 or q4_0",
+        Quant::Gguf => "a GGUF file's own blocks are not split across GPUs yet: pass --quant q8_0, q4_0, int8 or int4 (requantised from its values) or none",
+        _ => return Ok(()),
+    };
+    Err(EngineError::invalid("--quant", why))
 }
 
 /// One generation request: prompts (token ids), how many tokens to add, how to sample.
@@ -109,9 +122,48 @@ impl<T: RunDType> Engine<T> {
         quant: Quant,
         progress: Option<Progress<'_>>,
     ) -> Result<Self> {
+        Self::load_inner(ordinal, cfg, src, quant, None, progress)
+    }
+
+    /// Rank `comm.rank()`'s engine of a tensor-parallel model ([`crate::tp`]) on device
+    /// `ordinal`: its shard of `cfg`'s weights ([`Weights::load_shard`]) and a model that
+    /// all-reduces and all-gathers through `comm` ([`Model::new_shard`]). `cfg` is the whole
+    /// model's config; [`Model::cfg`] is then the rank's ([`Shard::local_config`]).
+    ///
+    /// Errors: those of [`Engine::load_quant`] and [`Model::new_shard`].
+    ///
+    /// [`Shard::local_config`]: crate::tp::Shard::local_config
+    pub fn load_shard(
+        ordinal: usize,
+        cfg: ModelConfig,
+        src: WeightSource<'_>,
+        quant: Quant,
+        comm: TpComm,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
+        Self::load_inner(ordinal, cfg, src, quant, Some(comm), progress)
+    }
+
+    fn load_inner(
+        ordinal: usize,
+        cfg: ModelConfig,
+        src: WeightSource<'_>,
+        quant: Quant,
+        comm: Option<TpComm>,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
         cfg.validate()?;
+        let shard = match &comm {
+            Some(c) => Shard::new(c.rank(), c.size())?,
+            None => Shard::SINGLE,
+        };
+        shard.check(&cfg)?;
+        let local = shard.local_config(&cfg);
         quant.check_dtype(<T as fl_kernels::DType>::NAME)?;
-        quant.check(&cfg)?;
+        quant.check(&local)?;
+        if !shard.is_single() {
+            tp_quant_check(quant)?;
+        }
         let base = Gpu::new(ordinal)?;
         // One stream, so cudarc's cross-stream event tracking only costs time, and its
         // event waits are not allowed inside a graph capture.
@@ -119,21 +171,29 @@ impl<T: RunDType> Engine<T> {
         // buffer below is used on the engine's one stream only.
         unsafe { base.context().disable_event_tracking() };
         let gpu = base.with_new_stream()?;
-        let need = quant.weight_bytes(&cfg, std::mem::size_of::<T>());
+        let need = quant.weight_bytes(&local, std::mem::size_of::<T>());
         let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
         if need as u128 > free as u128 {
             return Err(EngineError::invalid(
                 "--model",
                 format!(
-                    "the weights need {:.2} GB in {} (--quant {quant}), the GPU has {:.2} GB free",
+                    "the weights need {:.2} GB in {} (--quant {quant}{}), the GPU has {:.2} GB free",
                     need as f64 / 1e9,
                     <T as fl_kernels::DType>::NAME,
+                    if shard.is_single() {
+                        String::new()
+                    } else {
+                        format!(", rank {} of --tp {}", shard.rank, shard.size)
+                    },
                     free as f64 / 1e9
                 ),
             ));
         }
-        let weights = Weights::<T>::load_quant(gpu.stream(), &cfg, src, quant, progress)?;
-        let model = Model::new(cfg, weights)?;
+        let weights = Weights::<T>::load_shard(gpu.stream(), &cfg, src, quant, shard, progress)?;
+        let model = match comm {
+            Some(c) => Model::new_shard(&cfg, weights, shard, c)?,
+            None => Model::new(cfg, weights)?,
+        };
         let blas = Blas::new(&gpu)?;
         gpu.synchronize()?;
         Ok(Engine {

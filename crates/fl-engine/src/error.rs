@@ -46,6 +46,25 @@ pub enum EngineError {
         /// What the tokenizers crate said.
         detail: String,
     },
+    /// An NCCL call of a tensor-parallel group failed (or its communicator was aborted
+    /// because another rank failed).
+    #[error("NCCL {op}: {detail}")]
+    Nccl {
+        /// The call (`init`, `all_reduce`, `all_gather`).
+        op: &'static str,
+        /// What NCCL said.
+        detail: String,
+    },
+    /// One rank of a tensor-parallel group failed; the whole group was stopped.
+    #[error("tensor-parallel rank {rank} (GPU {device}): {source}")]
+    Rank {
+        /// The rank that failed first.
+        rank: usize,
+        /// Its device ordinal.
+        device: usize,
+        /// Its error.
+        source: Box<EngineError>,
+    },
     /// A file the engine reads or writes (other than the checkpoint).
     #[error("{path}: {detail}")]
     File {

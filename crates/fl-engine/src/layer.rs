@@ -35,6 +35,7 @@ use crate::dtype::RunDType;
 use crate::error::Result;
 use crate::linear::{self, Linear};
 use crate::model::AttnMode;
+use crate::tp::TpComm;
 use crate::weights::LayerWeights;
 
 /// What every layer of one forward pass shares: the model's constants and the choices made
@@ -58,6 +59,9 @@ pub(crate) struct Pass<'a> {
     pub fuse_rope: bool,
     /// The cache is paged (`buf.block_table` maps each sequence's positions to blocks).
     pub paged: bool,
+    /// Tensor parallelism: this rank's communicator. The o and down projections are
+    /// row-parallel: their partial sums are all-reduced before the residual add.
+    pub tp: Option<&'a TpComm>,
 }
 
 /// Whether a layer's RMSNorms can run inside its GEMVs: every projection dense and no
@@ -162,7 +166,9 @@ pub(crate) fn forward<T: RunDType>(
     // h += attn·Woᵀ (+ bo); x = rms_norm(h, ffn_norm).
     match (&lw.wo, pass.gemv && lw.bo.is_none()) {
         (Linear::Dense(w), true) => {
-            T::dense_linear_add(stream, &buf.attn, w, &mut buf.h)?;
+            row_parallel_add(pass, &mut buf.h, |h| {
+                T::dense_linear_add(stream, &buf.attn, w, h)
+            })?;
             if !fuse_norm {
                 norm::rms_norm(stream, &buf.h, &lw.ffn_norm, eps, &mut buf.x)?;
             }
@@ -190,6 +196,9 @@ pub(crate) fn forward<T: RunDType>(
                 &mut buf.tmp,
                 &mut buf.quant,
             )?;
+            if let Some(c) = pass.tp {
+                c.all_reduce_sum(stream, &mut buf.tmp)?;
+            }
             norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, &lw.ffn_norm, eps, &mut buf.x)?;
         }
     }
@@ -227,7 +236,9 @@ pub(crate) fn forward<T: RunDType>(
     let next_norm = next.map_or(final_norm, |n| &n.attn_norm);
     match (&lw.w_down, pass.gemv && lw.b_down.is_none()) {
         (Linear::Dense(w), true) => {
-            T::dense_linear_add(stream, &buf.act, w, &mut buf.h)?;
+            row_parallel_add(pass, &mut buf.h, |h| {
+                T::dense_linear_add(stream, &buf.act, w, h)
+            })?;
             if !fuse_norm {
                 norm::rms_norm(stream, &buf.h, next_norm, eps, &mut buf.x)?;
             }
@@ -258,10 +269,34 @@ pub(crate) fn forward<T: RunDType>(
                 &mut buf.tmp,
                 &mut buf.quant,
             )?;
+            if let Some(c) = pass.tp {
+                c.all_reduce_sum(stream, &mut buf.tmp)?;
+            }
             norm::add_rms_norm(stream, &buf.tmp, &mut buf.h, next_norm, eps, &mut buf.x)?;
         }
     }
     Ok(())
+}
+
+/// `h += x·Wᵀ` for a row-parallel projection whose kernel adds into `h` (`add`): alone, just
+/// that. Tensor-parallel, every rank but 0 first zeroes its `h` (rank 0's copy carries the
+/// residual), adds its partial product, and the all-reduce sums the ranks' `h` into
+/// `h + Σ partials` on every rank: the fused GEMV + add stays one kernel.
+fn row_parallel_add<T: RunDType>(
+    pass: &Pass<'_>,
+    h: &mut DeviceTensor<T>,
+    add: impl FnOnce(&mut DeviceTensor<T>) -> fl_kernels::Result<()>,
+) -> Result<()> {
+    let Some(c) = pass.tp else {
+        return Ok(add(h)?);
+    };
+    if c.rank() != 0 {
+        pass.stream
+            .memset_zeros(h.as_slice_mut())
+            .map_err(fl_kernels::Error::from)?;
+    }
+    add(h)?;
+    c.all_reduce_sum(pass.stream, h)
 }
 
 /// The head counts of the model's QKV rows.

@@ -69,6 +69,7 @@ pub mod scheduler;
 pub mod serve;
 pub mod service;
 pub mod tokenizer;
+pub mod tp;
 pub mod trace;
 pub mod weights;
 

@@ -3,6 +3,7 @@
 //! from the file) or a preset name with dummy weights.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -14,6 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::linear::Quant;
 use crate::presets;
 use crate::tokenizer::Tokenizer;
+use crate::tp::{AnyEngine, Shard, TpEngine, TpOptions};
 use crate::weights::WeightSource;
 
 /// A resolved `--model`: its config, and for a directory its checkpoint and tokenizer.
@@ -149,13 +151,87 @@ pub fn resolve(model: &str, quant: &str) -> Result<Loaded> {
 /// does not run as stored ([`crate::gguf::native::notices`]); in `f32` it loads dense (the
 /// quantised kernels are 16-bit only; f32 runs are checks against an fp32 reference).
 pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
+    let (quant, total) = load_plan::<T>(m, Shard::SINGLE)?;
+    let bar = progress_bar(total);
+    let mut tick = |done: u64, _total: u64| bar.set_position(done);
+    let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), source(m), quant, Some(&mut tick))?;
+    bar.finish_and_clear();
+    e.use_graph = graph;
+    Ok(e)
+}
+
+/// [`engine`] on one GPU (`tp` = 1), or split over GPUs `0..tp` ([`crate::tp`]): each rank
+/// reads its shard of the same checkpoint (memory-mapped, shared by the rank threads);
+/// rank 0 draws the progress bar.
+///
+/// Errors: those of [`engine`] and [`TpEngine::load`] (`--tp` naming what does not split,
+/// NCCL missing, a rank's load error).
+pub fn any_engine<T: RunDType>(m: &Arc<Loaded>, tp: usize, graph: bool) -> Result<AnyEngine<T>> {
+    if tp <= 1 {
+        return Ok(AnyEngine::One(engine(m, graph)?));
+    }
+    Shard::new(0, tp)?.check(&m.cfg)?;
+    let (quant, total) = load_plan::<T>(m, Shard::new(0, tp)?)?;
+    crate::engine::tp_quant_check(quant)?;
+    let bar = progress_bar(total);
+    let shared = Arc::clone(m);
+    let bar_rank0 = bar.clone();
+    let opts = TpOptions {
+        devices: (0..tp).collect(),
+        quant,
+    };
+    let tpe = TpEngine::<T>::load(m.cfg.clone(), opts, move |dev, comm| {
+        let rank0 = comm.rank() == 0;
+        let mut tick = |done: u64, _total: u64| {
+            if rank0 {
+                bar_rank0.set_position(done)
+            }
+        };
+        let mut e = Engine::<T>::load_shard(
+            dev,
+            shared.cfg.clone(),
+            source(&shared),
+            quant,
+            comm,
+            Some(&mut tick),
+        )?;
+        e.use_graph = graph;
+        Ok(e)
+    })?;
+    bar.finish_and_clear();
+    Ok(AnyEngine::Tp(tpe))
+}
+
+/// Where `m`'s weights come from.
+fn source(m: &Loaded) -> WeightSource<'_> {
+    match &m.checkpoint {
+        Some(ck) => WeightSource::Checkpoint(ck),
+        None => match &m.gguf {
+            Some(f) => WeightSource::Gguf(f),
+            None => WeightSource::Dummy { seed: 1 },
+        },
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// The mode `m`'s projections load in and the bytes one rank loads (GGUF native blocks only
+/// in 16-bit runs; notices about them printed).
+fn load_plan<T: RunDType>(m: &Loaded, shard: Shard) -> Result<(Quant, u64)> {
     let dtype_bytes = std::mem::size_of::<T>();
     let f32_run = <T as fl_kernels::DType>::NAME == "f32";
     let plan = match (m.quant, &m.gguf) {
         (Quant::Gguf, Some(f)) if !f32_run => Some(crate::gguf::native::plan(f, &m.cfg)?),
         _ => None,
     };
-    let (quant, total) = match &plan {
+    Ok(match &plan {
         Some(p) => {
             for line in crate::gguf::native::notices(p) {
                 eprintln!("note: {line}");
@@ -169,24 +245,7 @@ pub fn engine<T: RunDType>(m: &Loaded, graph: bool) -> Result<Engine<T>> {
             } else {
                 m.quant
             };
-            (q, q.weight_bytes(&m.cfg, dtype_bytes))
+            (q, q.weight_bytes(&shard.local_config(&m.cfg), dtype_bytes))
         }
-    };
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    let mut tick = |done: u64, _total: u64| bar.set_position(done);
-    let src = match &m.checkpoint {
-        Some(ck) => WeightSource::Checkpoint(ck),
-        None => match &m.gguf {
-            Some(f) => WeightSource::Gguf(f),
-            None => WeightSource::Dummy { seed: 1 },
-        },
-    };
-    let mut e = Engine::<T>::load_quant(0, m.cfg.clone(), src, quant, Some(&mut tick))?;
-    bar.finish_and_clear();
-    e.use_graph = graph;
-    Ok(e)
+    })
 }

@@ -28,7 +28,8 @@
 //! with the (de)quantisation fused into the kernels around them). The embedding, the LM head
 //! and the norms stay dense. Buffers for a quantised model come from [`Model::buffers`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use fl_blas::Blas;
 use fl_kernels::attention;
@@ -46,6 +47,7 @@ use crate::dtype::RunDType;
 use crate::error::{EngineError, Result};
 use crate::layer::{self, Pass};
 use crate::linear::QuantBuffers;
+use crate::tp::{Shard, TpComm};
 use crate::weights::Weights;
 
 /// How the attention of a forward pass reads its keys.
@@ -129,6 +131,22 @@ pub struct Model<T: RunDType> {
     /// [`DEFAULT_FUSE_NORM_MAX_M`]: past one token every CTA recomputes each row's rstd, and
     /// the separate norm kernel is faster.
     pub fuse_norm_max_m: usize,
+    /// With tensor parallelism: this rank's communicator and LM-head scratch.
+    pub(crate) tp: Option<ModelTp<T>>,
+}
+
+/// The vocabulary-parallel LM head's buffers for one row count: this rank's logits and the
+/// gather of every rank's.
+type LmScratch<T> = (DeviceTensor<T>, DeviceTensor<T>);
+
+/// One rank's part of a tensor-parallel model ([`crate::tp`]).
+pub(crate) struct ModelTp<T: RunDType> {
+    pub comm: TpComm,
+    pub shard: Shard,
+    /// Vocabulary rows per rank when the LM head is split (`None`: replicated).
+    vocab_per_rank: Option<usize>,
+    /// Per row count: this rank's logits `[rows, V / N]` and the gather `[N * rows * V / N]`.
+    scratch: Mutex<HashMap<usize, LmScratch<T>>>,
 }
 
 impl<T: RunDType> Model<T> {
@@ -148,14 +166,80 @@ impl<T: RunDType> Model<T> {
             ));
         }
         let eps = cfg.rms_norm_eps as f32;
+        // The dense GEMV reads rows of whole 16-byte vectors: every projection's input width
+        // (hidden, q heads * head_dim, intermediate) a multiple of 8. A tensor-parallel shard
+        // of an intermediate width like 344 (172 a rank) is not: cuBLASLt runs it.
+        let gemv_fits = [cfg.hidden_size, cfg.q_size(), cfg.intermediate_size]
+            .iter()
+            .all(|&k| k % gemv_dense::K_MULTIPLE == 0);
+        let gemv_max_m = if gemv_fits {
+            DEFAULT_GEMV_MAX_M.min(Self::max_gemv_m())
+        } else {
+            0
+        };
         Ok(Model {
             cfg,
             weights,
             rope,
             eps,
-            gemv_max_m: DEFAULT_GEMV_MAX_M.min(Self::max_gemv_m()),
+            gemv_max_m,
             fuse_norm_max_m: DEFAULT_FUSE_NORM_MAX_M,
+            tp: None,
         })
+    }
+
+    /// Rank `shard.rank`'s part of a tensor-parallel model: `cfg` is the whole model's config
+    /// (the model keeps [`Shard::local_config`] of it as [`Model::cfg`]), `weights` this
+    /// rank's shard ([`Weights::load_shard`]), `comm` its communicator. The forward pass then
+    /// all-reduces the o and down projections' outputs and all-gathers the LM head's logits.
+    ///
+    /// Errors: as [`Model::new`]; [`EngineError::Invalid`] naming `--tp` when `comm`'s rank or
+    /// size is not `shard`'s, or `shard` does not split `cfg` ([`Shard::check`]), or naming
+    /// `--quant` for W8A8 (not sharded yet).
+    pub fn new_shard(
+        cfg: &ModelConfig,
+        weights: Weights<T>,
+        shard: Shard,
+        comm: TpComm,
+    ) -> Result<Self> {
+        shard.check(cfg)?;
+        if comm.rank() != shard.rank || comm.size() != shard.size {
+            return Err(EngineError::invalid(
+                "--tp",
+                format!(
+                    "communicator of rank {} of {} for shard {} of {}",
+                    comm.rank(),
+                    comm.size(),
+                    shard.rank,
+                    shard.size
+                ),
+            ));
+        }
+        if weights.layers.iter().any(|l| l.wqkv.is_w8a8()) {
+            return Err(EngineError::invalid(
+                "--quant",
+                "w8a8 does not run tensor-parallel yet (its fused norms sit where the all-reduce goes); use int8, int4, q8_0 or q4_0",
+            ));
+        }
+        let vocab_per_rank = shard.vocab(cfg).map(|r| r.len());
+        let mut m = Model::new(shard.local_config(cfg), weights)?;
+        m.tp = Some(ModelTp {
+            comm,
+            shard,
+            vocab_per_rank,
+            scratch: Mutex::new(HashMap::new()),
+        });
+        Ok(m)
+    }
+
+    /// This rank's communicator, with tensor parallelism.
+    pub fn comm(&self) -> Option<&TpComm> {
+        self.tp.as_ref().map(|t| &t.comm)
+    }
+
+    /// Which part of the model this is ([`Shard::SINGLE`] without tensor parallelism).
+    pub fn shard(&self) -> Shard {
+        self.tp.as_ref().map_or(Shard::SINGLE, |t| t.shard)
     }
 
     /// The largest [`Model::gemv_max_m`] `T` can run.
@@ -264,6 +348,7 @@ impl<T: RunDType> Model<T> {
                 && w.layers.iter().all(|l| layer::fuses_norms(l)),
             fuse_rope: gemv && mode == AttnMode::Decode,
             paged: cache.is_paged(),
+            tp: self.tp.as_ref().map(|t| &t.comm),
         };
         embedding::lookup(stream, &buf.ids, &w.embed, &mut buf.h, &mut buf.status)?;
         // x = rms_norm(h) for the first layer, unless it normalises h itself (in its GEMVs, or
@@ -295,10 +380,60 @@ impl<T: RunDType> Model<T> {
     ) -> Result<()> {
         self.check_gemv_max_m()?;
         let w = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
-        if rows.shape().first().is_some_and(|&r| r <= self.gemv_max_m) {
-            T::dense_linear(stream, rows, w, None, logits)?;
+        let gemv = rows.shape().first().is_some_and(|&r| r <= self.gemv_max_m);
+        let tp = self
+            .tp
+            .as_ref()
+            .and_then(|t| t.vocab_per_rank.map(|v| (t, v)));
+        let Some((tp, per)) = tp else {
+            if gemv {
+                T::dense_linear(stream, rows, w, None, logits)?;
+            } else {
+                blas.linear(rows, w, None, logits)?;
+            }
+            return Ok(());
+        };
+        // Vocabulary-parallel: this rank's [r, V/N] slice, all-gathered as N blocks of
+        // [r, V/N], then each block copied into its columns of [r, V].
+        let r = rows.shape().first().copied().unwrap_or(0);
+        let n = tp.shard.size;
+        let want = [r, per * n];
+        if logits.shape() != want {
+            return Err(EngineError::invalid(
+                "logits",
+                format!("shape {:?}, the LM head writes {want:?}", logits.shape()),
+            ));
+        }
+        let mut scratch = tp.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let (local, gather) = match scratch.entry(r) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert((
+                DeviceTensor::<T>::zeros(stream, &[r, per])?,
+                DeviceTensor::<T>::zeros(stream, &[n * r * per])?,
+            )),
+        };
+        if gemv {
+            T::dense_linear(stream, rows, w, None, local)?;
         } else {
-            blas.linear(rows, w, None, logits)?;
+            blas.linear(rows, w, None, local)?;
+        }
+        if r == 1 {
+            // One row: the gather is already [1, V].
+            return tp.comm.all_gather(stream, local, logits);
+        }
+        tp.comm.all_gather(stream, local, gather)?;
+        for k in 0..n {
+            crate::tp::copy_2d(
+                stream,
+                gather,
+                k * r * per,
+                per,
+                logits,
+                k * per,
+                n * per,
+                per,
+                r,
+            )?;
         }
         Ok(())
     }

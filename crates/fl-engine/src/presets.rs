@@ -20,8 +20,10 @@ pub fn preset_names() -> &'static [&'static str] {
     &[
         "llama-2-7b",
         "llama-2-13b",
+        "llama-2-70b",
         "llama-3-8b",
         "llama-3.1-8b",
+        "llama-3-70b",
         "tiny",
     ]
 }
@@ -67,6 +69,11 @@ pub fn preset(name: &str) -> Result<ModelConfig, UnknownPreset> {
     Ok(match name {
         "llama-2-7b" => llama2(4096, 11_008, 32, 32),
         "llama-2-13b" => llama2(5120, 13_824, 40, 40),
+        // 64 query heads over 8 key/value heads (GQA); 140 GB in f16: `--tp` or `--quant`.
+        "llama-2-70b" => ModelConfig {
+            num_key_value_heads: 8,
+            ..llama2(8192, 28_672, 80, 64)
+        },
         "llama-3-8b" => ModelConfig {
             intermediate_size: 14_336,
             num_key_value_heads: 8,
@@ -88,6 +95,15 @@ pub fn preset(name: &str) -> Result<ModelConfig, UnknownPreset> {
                 original_max_position_embeddings: 8192,
             },
             eos_token_ids: vec![128_001, 128_008, 128_009],
+            ..preset("llama-3-8b")?
+        },
+        "llama-3-70b" => ModelConfig {
+            hidden_size: 8192,
+            intermediate_size: 28_672,
+            num_hidden_layers: 80,
+            num_attention_heads: 64,
+            num_key_value_heads: 8,
+            head_dim: 128,
             ..preset("llama-3-8b")?
         },
         "tiny" => ModelConfig {

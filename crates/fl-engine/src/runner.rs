@@ -293,35 +293,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let max_blocks_per_seq = max_model_len.div_ceil(cfg.block_size);
         let num_blocks = match cfg.num_blocks {
             Some(n) => n,
-            None => {
-                // Reserve the activations of the largest step by allocating its buffers first.
-                let probe = Cache::<T>::new_paged(
-                    &stream,
-                    &mcfg,
-                    1,
-                    cfg.block_size,
-                    cfg.max_num_seqs,
-                    max_blocks_per_seq,
-                )?;
-                let mode = AttnMode::Paged { max_q_len: 1 };
-                let m = bucket(cfg.max_batched_tokens);
-                let reserve = engine.model.buffers(&stream, m, &probe, mode)?;
-                // A sync first: memory freed by an earlier runner's drop goes back to the
-                // driver only at a synchronisation, and would not count as free otherwise.
-                stream.synchronize()?;
-                let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
-                drop(reserve);
-                let per_block = kv::bytes_per_block(
-                    mcfg.num_hidden_layers as u64,
-                    mcfg.num_key_value_heads as u64,
-                    mcfg.head_dim as u64,
-                    std::mem::size_of::<T>() as u64,
-                    cfg.block_size as u64,
-                );
-                kv::blocks_for_memory(free as u64, cfg.kv_memory, per_block)
-                    .map_err(|e| EngineError::invalid("kv_memory", e.to_string()))?
-                    as usize
-            }
+            None => Self::pool_blocks(engine, cfg)?,
         };
         let cache = Cache::<T>::new_paged(
             &stream,
@@ -362,6 +334,52 @@ impl<'e, T: RunDType> Runner<'e, T> {
             ],
             last: StepStats::default(),
         })
+    }
+
+    /// The KV blocks [`Runner::new`] gives the pool when `cfg.num_blocks` is `None`:
+    /// `cfg.kv_memory` of the memory free after reserving the activations of a full step
+    /// (`cfg.max_batched_tokens` tokens). A tensor-parallel group takes the smallest of its
+    /// ranks' counts, so that every rank schedules alike.
+    ///
+    /// Errors: [`EngineError::Invalid`] naming `kv_memory` (no block fits, or outside
+    /// `(0, 1]`) or `max_model_len`; allocation errors.
+    pub fn pool_blocks(engine: &Engine<T>, cfg: &RunnerConfig) -> Result<usize> {
+        let mcfg = &engine.model.cfg;
+        let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position_embeddings);
+        if max_model_len == 0 || cfg.block_size == 0 {
+            return Err(EngineError::invalid(
+                "max_model_len",
+                "max_model_len and block_size must be at least 1",
+            ));
+        }
+        let stream = engine.gpu.stream().clone();
+        let max_blocks_per_seq = max_model_len.div_ceil(cfg.block_size);
+        // Reserve the activations of the largest step by allocating its buffers first.
+        let probe = Cache::<T>::new_paged(
+            &stream,
+            mcfg,
+            1,
+            cfg.block_size,
+            cfg.max_num_seqs,
+            max_blocks_per_seq,
+        )?;
+        let mode = AttnMode::Paged { max_q_len: 1 };
+        let m = bucket(cfg.max_batched_tokens);
+        let reserve = engine.model.buffers(&stream, m, &probe, mode)?;
+        // A sync first: memory freed by an earlier runner's drop goes back to the driver
+        // only at a synchronisation, and would not count as free otherwise.
+        stream.synchronize()?;
+        let (free, _) = fl_kernels::cudarc::driver::result::mem_get_info()?;
+        drop(reserve);
+        let per_block = kv::bytes_per_block(
+            mcfg.num_hidden_layers as u64,
+            mcfg.num_key_value_heads as u64,
+            mcfg.head_dim as u64,
+            std::mem::size_of::<T>() as u64,
+            cfg.block_size as u64,
+        );
+        Ok(kv::blocks_for_memory(free as u64, cfg.kv_memory, per_block)
+            .map_err(|e| EngineError::invalid("kv_memory", e.to_string()))? as usize)
     }
 
     /// The scheduler (queue lengths, KV statistics, preemptions).

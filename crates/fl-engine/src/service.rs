@@ -107,6 +107,7 @@ use crate::runner::{Runner, RunnerConfig};
 use crate::scheduler::{
     Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage,
 };
+use crate::tp::AnyEngine;
 
 /// What the service loop needs from a model runner. Implemented by [`Runner`]; tests
 /// implement it on a CPU mock.
@@ -458,15 +459,29 @@ impl Service {
         T: RunDType,
         F: FnOnce() -> Result<Engine<T>> + Send + 'static,
     {
+        Self::spawn_any(move || load().map(AnyEngine::One), cfg)
+    }
+
+    /// [`spawn`](Self::spawn) for a model on one GPU or split over several
+    /// ([`crate::tp::AnyEngine`]): `load` runs on the worker thread (a tensor-parallel engine
+    /// starts its rank threads from there), and the runner is [`AnyEngine::runner`].
+    ///
+    /// Errors: as [`spawn`](Self::spawn).
+    pub fn spawn_any<T, F>(load: F, cfg: RunnerConfig) -> std::result::Result<Service, ServiceError>
+    where
+        T: RunDType,
+        F: FnOnce() -> Result<AnyEngine<T>> + Send + 'static,
+    {
         Self::start(move |w: &mut Worker| {
             let mut engine = match load() {
                 Ok(e) => e,
                 Err(e) => return w.init_failed(e),
             };
-            match Runner::new(&mut engine, &cfg) {
+            let opened = engine.runner(&cfg);
+            match opened {
                 Ok(mut runner) => w.serve(&mut runner),
                 Err(e) => w.init_failed(e),
-            }
+            };
         })
     }
 

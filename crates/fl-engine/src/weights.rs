@@ -21,6 +21,7 @@ use crate::config::ModelConfig;
 use crate::dtype::RunDType;
 use crate::error::Result;
 use crate::linear::{self, Linear, Quant};
+use crate::tp::Shard;
 
 /// The weights of one decoder layer, on the device: norms and biases in the run dtype, the
 /// four projections as [`Linear`]s (dense in the run dtype, or quantised per [`Quant`]; all
@@ -120,6 +121,8 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 struct Loader<'a, 'p> {
     stream: &'a Arc<CudaStream>,
     src: WeightSource<'a>,
+    /// Which part of each weight this device holds.
+    shard: Shard,
     /// Rows per attention head (the GGUF q/k row order is per head).
     head_dim: usize,
     chunk: Vec<f32>,
@@ -154,11 +157,18 @@ impl<'a> Loader<'a, '_> {
         Ok(v)
     }
 
-    /// The dummy values of tensor `name` (`n` of them).
+    /// The dummy values of tensor `name` (`n` of them), copied out of the repeating chunk
+    /// a slice at a time.
     fn dummy(&self, name: &str, n: usize) -> impl Iterator<Item = f32> + '_ {
         let c = &self.chunk;
-        let off = (name.len() * 7919) % c.len();
-        (0..n).map(move |i| c[(off + i) % c.len()])
+        let mut v = Vec::with_capacity(n);
+        let mut off = (name.len() * 7919) % c.len();
+        while v.len() < n {
+            let take = (c.len() - off).min(n - v.len());
+            v.extend_from_slice(&c[off..off + take]);
+            off = 0;
+        }
+        v.into_iter()
     }
 
     /// A linear weight's values in f32 (the checkpoint's widened exactly), for quantisation.
@@ -176,33 +186,59 @@ impl<'a> Loader<'a, '_> {
     }
 
     /// Weights of shapes `[rows_i, k]` stacked along the first dimension, as a [`Linear`] in
-    /// mode `quant` (dense: exactly [`Loader::stacked`]; quantised: from the f32 values).
-    /// `order`: the row order on the device ([`qkv_row_order`]), `None` to keep the stacking's.
+    /// mode `quant` (dense: exactly [`Loader::stacked`]; quantised: from the f32 values of
+    /// this device's part, so a shard's quantisation groups start at its own first column).
+    /// `sel`: the rows (in the device's order, [`qkv_row_order`]) and columns kept.
     fn linear<T: RunDType>(
         &mut self,
         parts: &[(String, Vec<usize>)],
         quant: Quant,
-        order: Option<&[usize]>,
+        sel: &Select,
     ) -> Result<Linear<T>> {
         if quant == Quant::Gguf {
-            return self.gguf_linear(parts, order);
+            return self.gguf_linear(parts, sel);
         }
         if quant.is_dense() {
-            return Ok(Linear::Dense(self.stacked(parts, order)?));
+            return Ok(Linear::Dense(self.stacked(parts, sel)?));
         }
-        let mut v = Vec::new();
-        let mut rows = 0;
-        for (name, shape) in parts {
-            v.extend(self.host_f32(name, shape)?);
-            rows += shape[0];
-        }
-        if let Some(o) = order {
-            v = reorder_rows(&v, o);
-        }
-        let k = parts[0].1[1];
+        let (v, rows, k) = self.selected(parts, sel, |ld, name, shape| ld.host_f32(name, shape))?;
         let lin = linear::quantize_linear(self.stream, &v, rows, k, quant)?;
         self.tick(lin.num_bytes());
         Ok(lin)
+    }
+
+    /// The stack of `parts` (each `[rows_i, k]`, or `[rows_i]`), read by `read`, with `sel`
+    /// applied: `(values, rows, columns)`. Dummy values are drawn at the selected size
+    /// directly (a shard of a 70B preset never makes the whole tensor).
+    #[allow(clippy::type_complexity)]
+    fn selected<E: Copy>(
+        &mut self,
+        parts: &[(String, Vec<usize>)],
+        sel: &Select,
+        read: impl Fn(&mut Self, &str, &[usize]) -> Result<Vec<E>>,
+    ) -> Result<(Vec<E>, usize, usize)> {
+        let total: usize = parts.iter().map(|(_, s)| s[0]).sum();
+        let k = parts[0].1.get(1).copied().unwrap_or(1);
+        let rows = sel.rows.map_or(total, |r| r.len());
+        let cols = sel.cols.clone().unwrap_or(0..k);
+        if matches!(self.src, WeightSource::Dummy { .. }) && !self.shard.is_single() {
+            let shape = [rows, cols.len()];
+            return Ok((read(self, &parts[0].0, &shape)?, rows, cols.len()));
+        }
+        let mut v = Vec::new();
+        for (name, shape) in parts {
+            v.extend(read(self, name, shape)?);
+        }
+        if let Some(o) = sel.rows {
+            v = reorder_rows(&v, k, o);
+        }
+        if cols.len() != k {
+            v = v
+                .chunks_exact(k)
+                .flat_map(|row| row[cols.clone()].iter().copied())
+                .collect();
+        }
+        Ok((v, rows, cols.len()))
     }
 
     /// [`Loader::linear`] in [`Quant::Gguf`]: the stack in
@@ -210,7 +246,7 @@ impl<'a> Loader<'a, '_> {
     fn gguf_linear<T: RunDType>(
         &mut self,
         parts: &[(String, Vec<usize>)],
-        order: Option<&[usize]>,
+        sel: &Select,
     ) -> Result<Linear<T>> {
         use crate::gguf::native::{self, Form};
         let WeightSource::Gguf(f) = &self.src else {
@@ -224,9 +260,14 @@ impl<'a> Loader<'a, '_> {
             types.push(f.hf_tensor(name)?.ggml_type);
         }
         match native::stack_form(&types) {
-            Form::Dense => Ok(Linear::Dense(self.stacked(parts, order)?)),
+            Form::Dense => Ok(Linear::Dense(self.stacked(parts, sel)?)),
+            Form::Native(_) if !self.shard.is_single() => Err(crate::EngineError::invalid(
+                "--tp",
+                "`--quant gguf` keeps the file's blocks, which are not split across GPUs yet: \
+                 load the GGUF with --quant q8_0, q4_0, int8 or int4 (requantised from its values)",
+            )),
             Form::Native(format) => {
-                let q = native::stacked_host(f, parts, format, order, self.head_dim)?;
+                let q = native::stacked_host(f, parts, format, sel.rows, self.head_dim)?;
                 let w = QuantWeight::upload(self.stream, &q)?;
                 self.tick(w.num_bytes());
                 Ok(Linear::WeightOnly(w))
@@ -253,28 +294,44 @@ impl<'a> Loader<'a, '_> {
         }
     }
 
-    /// Tensors of shapes `[rows_i, cols...]` stacked along the first dimension, then (with
-    /// `order`) their rows reordered as [`reorder_rows`] does.
+    /// Tensors of shapes `[rows_i, k]` (or `[rows_i]`) stacked along the first dimension,
+    /// then `sel` applied ([`Loader::selected`]), in dtype `T`.
     fn stacked<T: RunDType>(
         &mut self,
         parts: &[(String, Vec<usize>)],
-        order: Option<&[usize]>,
+        sel: &Select,
     ) -> Result<DeviceTensor<T>> {
-        let mut v = Vec::new();
-        let mut rows = 0;
-        for (name, shape) in parts {
-            v.extend(self.host::<T>(name, shape, false)?);
-            rows += shape[0];
-        }
-        if let Some(o) = order {
-            v = reorder_rows(&v, o);
-        }
-        let mut s = parts[0].1.clone();
-        s[0] = rows;
-        let t = DeviceTensor::from_host(self.stream, &v, &s)?;
+        let (v, rows, cols) = self.selected(parts, sel, |ld, name, shape| {
+            ld.host::<T>(name, shape, false)
+        })?;
+        let shape = if parts[0].1.len() == 1 {
+            vec![rows]
+        } else {
+            vec![rows, cols]
+        };
+        let t = DeviceTensor::from_host(self.stream, &v, &shape)?;
         self.tick(t.num_bytes());
         Ok(t)
     }
+
+    /// A `[n]` bias that only rank 0 of a row-parallel projection adds (the others hold
+    /// zeros, so the all-reduce adds it once and every rank runs the same kernels).
+    fn row_parallel_bias<T: RunDType>(&mut self, name: &str, n: usize) -> Result<DeviceTensor<T>> {
+        if self.shard.rank == 0 {
+            self.tensor(name, &[n], false)
+        } else {
+            let t = DeviceTensor::zeros(self.stream, &[n])?;
+            self.tick(t.num_bytes());
+            Ok(t)
+        }
+    }
+}
+
+/// Which rows (in the device's order) and columns of a stacked weight one device keeps.
+#[derive(Default)]
+struct Select<'a> {
+    rows: Option<&'a [usize]>,
+    cols: Option<std::ops::Range<usize>>,
 }
 
 fn dummy_chunk(seed: u64) -> Vec<f32> {
@@ -328,8 +385,33 @@ impl<T: RunDType> Weights<T> {
         quant: Quant,
         progress: Option<Progress<'_>>,
     ) -> Result<Self> {
+        Self::load_shard(stream, cfg, src, quant, Shard::SINGLE, progress)
+    }
+
+    /// [`Weights::load_quant`] for one rank of a tensor-parallel model ([`crate::tp`]): only
+    /// `shard`'s part of each weight reaches the device. QKV keeps the rank's q heads and kv
+    /// heads, gate|up its intermediate rows, o and down the matching columns (with the biases
+    /// of o and down on rank 0 only), the LM head its vocabulary rows when `shard` splits the
+    /// vocabulary ([`Shard::vocab`]; the whole LM head otherwise); the embedding and the norms
+    /// are whole on every rank. Quantised modes quantise each rank's part, so a group never
+    /// straddles two ranks (`quant` is checked against the rank's shapes). `cfg` is the whole
+    /// model's config.
+    ///
+    /// Errors: those of [`Weights::load_quant`]; [`EngineError::Invalid`](crate::EngineError::Invalid)
+    /// naming `--tp` when `shard` does not split `cfg` ([`Shard::check`]) or for `--quant gguf`'s
+    /// native blocks on more than one rank.
+    pub fn load_shard(
+        stream: &Arc<CudaStream>,
+        cfg: &ModelConfig,
+        src: WeightSource<'_>,
+        quant: Quant,
+        shard: Shard,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
+        shard.check(cfg)?;
+        let local = shard.local_config(cfg);
         quant.check_dtype(<T as fl_kernels::DType>::NAME)?;
-        quant.check(cfg)?;
+        quant.check(&local)?;
         if quant == Quant::Gguf && !matches!(src, WeightSource::Gguf(_)) {
             return Err(crate::EngineError::invalid(
                 "--quant",
@@ -346,11 +428,12 @@ impl<T: RunDType> Weights<T> {
                 cfg,
                 std::mem::size_of::<T>(),
             ),
-            _ => quant.weight_bytes(cfg, std::mem::size_of::<T>()),
+            _ => quant.weight_bytes(&local, std::mem::size_of::<T>()),
         };
         let mut ld = Loader {
             stream,
             src,
+            shard,
             head_dim: cfg.head_dim,
             chunk,
             done: 0,
@@ -365,6 +448,31 @@ impl<T: RunDType> Weights<T> {
             cfg.vocab_size,
         );
         let qkv_order = qkv_row_order(cfg)?;
+        let single = shard.is_single();
+        let qkv_rows = if single {
+            qkv_order.clone()
+        } else {
+            shard.qkv_rows(cfg, &qkv_order)
+        };
+        let gate_up_rows = shard.gate_up_rows(cfg);
+        let d = cfg.head_dim;
+        let qkv_sel = Select {
+            rows: Some(&qkv_rows),
+            cols: None,
+        };
+        let gate_up_sel = Select {
+            rows: (!single).then_some(&gate_up_rows[..]),
+            cols: None,
+        };
+        let q_cols = shard.q_heads(cfg);
+        let o_sel = Select {
+            rows: None,
+            cols: (!single).then(|| q_cols.start * d..q_cols.end * d),
+        };
+        let down_sel = Select {
+            rows: None,
+            cols: (!single).then(|| shard.intermediate(cfg)),
+        };
         let embed = ld.tensor("model.embed_tokens.weight", &[v, h], false)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -373,12 +481,9 @@ impl<T: RunDType> Weights<T> {
             let m = format!("{p}.mlp");
             let part = |what: &str, rows: usize| (format!("{a}.{what}_proj.bias"), vec![rows]);
             let [qkv, o, gate_up, down] = projection_parts(cfg, l);
-            let wqkv = ld.linear(&qkv, quant, Some(&qkv_order))?;
+            let wqkv = ld.linear(&qkv, quant, &qkv_sel)?;
             let bqkv = if cfg.qkv_bias {
-                Some(ld.stacked(
-                    &[part("q", q), part("k", kv), part("v", kv)],
-                    Some(&qkv_order),
-                )?)
+                Some(ld.stacked(&[part("q", q), part("k", kv), part("v", kv)], &qkv_sel)?)
             } else {
                 None
             };
@@ -386,38 +491,51 @@ impl<T: RunDType> Weights<T> {
                 attn_norm: ld.tensor(&format!("{p}.input_layernorm.weight"), &[h], true)?,
                 wqkv,
                 bqkv,
-                wo: ld.linear(&o, quant, None)?,
+                wo: ld.linear(&o, quant, &o_sel)?,
                 bo: if cfg.o_bias {
-                    Some(ld.tensor(&format!("{a}.o_proj.bias"), &[h], false)?)
+                    Some(ld.row_parallel_bias(&format!("{a}.o_proj.bias"), h)?)
                 } else {
                     None
                 },
                 ffn_norm: ld.tensor(&format!("{p}.post_attention_layernorm.weight"), &[h], true)?,
-                w_gate_up: ld.linear(&gate_up, quant, None)?,
+                w_gate_up: ld.linear(&gate_up, quant, &gate_up_sel)?,
                 b_gate_up: if cfg.mlp_bias {
                     Some(ld.stacked(
                         &[
                             (format!("{m}.gate_proj.bias"), vec![i]),
                             (format!("{m}.up_proj.bias"), vec![i]),
                         ],
-                        None,
+                        &gate_up_sel,
                     )?)
                 } else {
                     None
                 },
-                w_down: ld.linear(&down, quant, None)?,
+                w_down: ld.linear(&down, quant, &down_sel)?,
                 b_down: if cfg.mlp_bias {
-                    Some(ld.tensor(&format!("{m}.down_proj.bias"), &[h], false)?)
+                    Some(ld.row_parallel_bias(&format!("{m}.down_proj.bias"), h)?)
                 } else {
                     None
                 },
             });
         }
         let final_norm = ld.tensor("model.norm.weight", &[h], true)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            None
+        let head_name = if cfg.tie_word_embeddings {
+            "model.embed_tokens.weight"
         } else {
-            Some(ld.tensor("lm_head.weight", &[v, h], false)?)
+            "lm_head.weight"
+        };
+        let lm_head = match shard.vocab(cfg) {
+            // A vocabulary slice: its own tensor, also when tied to the embedding.
+            Some(rows) => {
+                let r: Vec<usize> = rows.collect();
+                let sel = Select {
+                    rows: Some(&r),
+                    cols: None,
+                };
+                Some(ld.stacked(&[(head_name.to_string(), vec![v, h])], &sel)?)
+            }
+            None if cfg.tie_word_embeddings => None,
+            None => Some(ld.tensor("lm_head.weight", &[v, h], false)?),
         };
         Ok(Weights {
             embed,
@@ -475,11 +593,10 @@ pub fn qkv_row_order(cfg: &ModelConfig) -> Result<Vec<usize>> {
     Ok(order)
 }
 
-/// `v` (`rows` rows of equal length) with its rows reordered: row `i` of the result is row
-/// `order[i]` of `v`.
-fn reorder_rows<E: Copy>(v: &[E], order: &[usize]) -> Vec<E> {
-    let row = v.len() / order.len().max(1);
-    let mut out = Vec::with_capacity(v.len());
+/// The rows `order` of `v` (rows of `row` elements): row `i` of the result is row `order[i]`
+/// of `v` (a permutation, or with fewer entries a selection).
+fn reorder_rows<E: Copy>(v: &[E], row: usize, order: &[usize]) -> Vec<E> {
+    let mut out = Vec::with_capacity(row * order.len());
     for &r in order {
         out.extend_from_slice(&v[r * row..(r + 1) * row]);
     }

@@ -227,8 +227,10 @@ fn presets_known_counts_and_unknown_name() {
         [
             "llama-2-7b",
             "llama-2-13b",
+            "llama-2-70b",
             "llama-3-8b",
             "llama-3.1-8b",
+            "llama-3-70b",
             "tiny"
         ]
     );
@@ -244,6 +246,10 @@ fn presets_known_counts_and_unknown_name() {
     assert_eq!(p("llama-3-8b").weight_bytes(2), 16_060_522_496);
     assert_eq!(p("llama-3.1-8b").param_count(), 8_030_261_248);
     assert_eq!(p("llama-3.1-8b").max_position_embeddings, 131_072);
+    // The published counts of the 70B checkpoints.
+    assert_eq!(p("llama-2-70b").param_count(), 68_976_648_192);
+    assert_eq!(p("llama-3-70b").param_count(), 70_553_706_496);
+    assert_eq!(p("llama-3-70b").group_size(), 8);
     let tiny = p("tiny");
     assert!(tiny.num_key_value_heads < tiny.num_attention_heads);
     assert!(tiny.param_count() < 1_000_000);

@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use fl_engine::dtype::RunDType;
 use fl_engine::engine::{Engine, Request, StepNeeds};
-use fl_engine::runner::{Runner, RunnerConfig};
+use fl_engine::runner::RunnerConfig;
 use fl_engine::scheduler::Event;
+use fl_engine::tp::{AnyEngine, AnyRunner};
 use fl_engine::trace::{Percentiles, TraceRequest};
 use fl_engine::{EngineError, Result};
 use fl_sampling::SamplingParams;
@@ -123,25 +124,46 @@ pub fn fixed<T: RunDType>(
 /// each (end ids ignored), greedy. Decode-only steps are timed against the bandwidth floor
 /// (weights + the KV the step's attention reads, over the device copy bandwidth).
 pub fn runner<T: RunDType>(
-    e: &mut Engine<T>,
+    e: &mut AnyEngine<T>,
     batch: usize,
     prompt_len: usize,
     gen_len: usize,
     json: bool,
     rcfg: &RunnerConfig,
 ) -> Result<()> {
-    let vocab = e.model.cfg.vocab_size as u32;
+    let vocab = e.config().vocab_size as u32;
+    // Per GPU: a rank holds its share of the KV heads and of the weights.
     let kv_token = e
-        .model
-        .cfg
+        .rank_config()
         .kv_cache_bytes_per_token(std::mem::size_of::<T>()) as f64;
-    let weight_bytes = e.model.weights.bytes_per_step() as f64;
+    let weight_bytes = e.weight_bytes_per_step() as f64;
     let bw = e.copy_bandwidth()?;
+    // Tensor-parallel: the all-reduces of a decode step (two per layer over [batch, hidden])
+    // join the floor, timed on this group.
+    let tp = e.tp();
+    let layers = e.config().num_hidden_layers;
+    let hidden = e.config().hidden_size;
+    let all_reduce_s = match e {
+        AnyEngine::Tp(t) => t.time_all_reduce(batch.max(1) * hidden, 50)?,
+        AnyEngine::One(_) => 0.0,
+    };
+    let step_comm_s = 2.0 * layers as f64 * all_reduce_s;
+    if tp > 1 && !json {
+        let bytes = (batch.max(1) * hidden * std::mem::size_of::<T>()) as f64;
+        println!(
+            "tensor-parallel over {tp} GPUs: all-reduce of [{batch}, {hidden}] ({:.1} KB) {:.1} us, bus bandwidth {:.1} GB/s; {} per decode step = {:.3} ms",
+            bytes / 1e3,
+            all_reduce_s * 1e6,
+            2.0 * (tp - 1) as f64 / tp as f64 * bytes / all_reduce_s.max(1e-12) / 1e9,
+            2 * layers,
+            step_comm_s * 1e3
+        );
+    }
     let cfg = RunnerConfig {
         max_num_seqs: batch.max(1),
         ..rcfg.clone()
     };
-    let mut r = Runner::new(e, &cfg)?;
+    let mut r = e.runner(&cfg)?;
     // Request b gets the static run's prompt b.
     let request = |id: u64, new: usize| {
         greedy_request(
@@ -186,7 +208,7 @@ pub fn runner<T: RunDType>(
             graphs += st.graph as usize;
             aheads += st.ahead as usize;
             let kv: usize = ctx.iter().take(st.decode_tokens).sum();
-            let floor = (weight_bytes + kv as f64 * kv_token) / bw;
+            let floor = (weight_bytes + kv as f64 * kv_token) / bw + step_comm_s;
             floor_s += floor;
             if st.decode_tokens == batch {
                 full.0 += dt;
@@ -217,10 +239,10 @@ pub fn runner<T: RunDType>(
     let pct = 100.0 * floor_s / decode_s.max(1e-12);
     let full_ms = 1e3 * full.0 / full.2.max(1) as f64;
     let full_pct = 100.0 * full.1 / full.0.max(1e-12);
-    let preempt = r.scheduler().num_preemptions();
+    let preempt = r.stats().preemptions;
     if json {
         println!(
-            "{{\"runner\":true,\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            "{{\"runner\":true,\"tp\":{tp},\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
             full.2,
             ttft_all * 1e3
         );
@@ -240,7 +262,7 @@ pub fn runner<T: RunDType>(
 /// prefill rows) and the ratio beams / sampled: what beam search costs over the same number of
 /// sequences (the beam step kernel, block forks, the host search).
 pub fn beams<T: RunDType>(
-    e: &mut Engine<T>,
+    e: &mut AnyEngine<T>,
     requests: usize,
     k: usize,
     prompt_len: usize,
@@ -248,14 +270,14 @@ pub fn beams<T: RunDType>(
     json: bool,
     rcfg: &RunnerConfig,
 ) -> Result<()> {
-    let vocab = e.model.cfg.vocab_size as u32;
+    let vocab = e.config().vocab_size as u32;
     let seqs = requests * k;
     let cfg = RunnerConfig {
         max_num_seqs: seqs.max(1),
         ..rcfg.clone()
     };
-    let mut r = Runner::new(e, &cfg)?;
-    let beam_req = |r: &mut Runner<'_, T>, id: u64, prompt: Vec<u32>, new: usize| {
+    let mut r = e.runner(&cfg)?;
+    let beam_req = |r: &mut AnyRunner<'_, T>, id: u64, prompt: Vec<u32>, new: usize| {
         let req = greedy_request(id, prompt, new);
         r.add_beam_request(req, fl_engine::beam::BeamParams::new(k, new))
     };
@@ -276,7 +298,7 @@ pub fn beams<T: RunDType>(
     }
     r.run_to_completion()?;
     // (decode-only seconds, steps) of one run.
-    let measure = |r: &mut Runner<'_, T>| -> Result<(f64, usize, f64)> {
+    let measure = |r: &mut AnyRunner<'_, T>| -> Result<(f64, usize, f64)> {
         let (mut s, mut n) = (0f64, 0usize);
         let t0 = Instant::now();
         while r.has_unfinished() {
@@ -347,8 +369,12 @@ impl TraceRun<'_> {
 /// when their arrival time has passed; dummy prompt ids, greedy, end ids ignored) and prints
 /// throughput and latency percentiles. Requests the runner refuses (longer than the context)
 /// are counted and skipped.
-pub fn trace<T: RunDType>(e: &mut Engine<T>, t: &TraceRun<'_>, rcfg: &RunnerConfig) -> Result<()> {
-    let vocab = e.model.cfg.vocab_size as u32;
+pub fn trace<T: RunDType>(
+    e: &mut AnyEngine<T>,
+    t: &TraceRun<'_>,
+    rcfg: &RunnerConfig,
+) -> Result<()> {
+    let vocab = e.config().vocab_size as u32;
     let trace = t.requests;
     if t.shared_prefix > 0 && trace.iter().any(|q| q.prompt_len <= t.shared_prefix) {
         return Err(EngineError::invalid(
@@ -359,7 +385,7 @@ pub fn trace<T: RunDType>(e: &mut Engine<T>, t: &TraceRun<'_>, rcfg: &RunnerConf
             ),
         ));
     }
-    let mut r = Runner::new(e, rcfg)?;
+    let mut r = e.runner(rcfg)?;
     // Warm-up: one short request (module loading, cuBLASLt plans), then its blocks freed
     // (its prompt shares nothing with the trace's).
     r.add_request(greedy_request(
@@ -434,8 +460,8 @@ pub fn trace<T: RunDType>(e: &mut Engine<T>, t: &TraceRun<'_>, rcfg: &RunnerConf
         ms(Percentiles::of(&itl)),
     );
     let ttft_mean = 1e3 * ttft.iter().sum::<f64>() / ttft.len().max(1) as f64;
-    let preempt = r.scheduler().num_preemptions();
-    let hits = r.scheduler().kv_stats().prefix_hit_tokens;
+    let preempt = r.stats().preemptions;
+    let hits = r.stats().kv.prefix_hit_tokens;
     if t.json {
         println!(
             "{{\"trace\":true,\"requests\":{n},\"refused\":{refused},\"seconds\":{total:.3},\"output_tokens\":{tokens},\"output_tokens_per_s\":{:.1},\"requests_per_s\":{:.2},\"ttft_mean_ms\":{ttft_mean:.2},\"ttft_ms\":[{:.2},{:.2},{:.2},{:.2}],\"tpot_ms\":[{:.3},{:.3},{:.3},{:.3}],\"itl_ms\":[{:.3},{:.3},{:.3},{:.3}],\"steps\":{steps},\"preemptions\":{preempt},\"prefix_hit_tokens\":{hits}}}",

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 use fl_engine::beam::{BeamParams, EarlyStopping};
 use fl_engine::dtype::RunDType;
-use fl_engine::engine::Engine;
-use fl_engine::runner::{RequestOptions, Runner, RunnerConfig};
+use fl_engine::runner::{RequestOptions, RunnerConfig};
 use fl_engine::scheduler::{Event, Request, RequestParams};
+use fl_engine::tp::AnyEngine;
 use fl_engine::{load, EngineError, Loaded, Result};
 use fl_sampling::SamplingParams;
 
@@ -30,20 +30,20 @@ macro_rules! dispatch {
     ($m:expr, |$e:ident, $l:ident| $body:expr) => {{
         let m = $m;
         (|| -> Result<()> {
-            let $l = load::resolve(&m.model, &m.quant)?;
+            let $l = std::sync::Arc::new(load::resolve(&m.model, &m.quant)?);
             match m.dtype.as_str() {
                 "f32" => {
-                    let mut $e = load::engine::<f32>(&$l, !m.no_graph)?;
+                    let mut $e = load::any_engine::<f32>(&$l, m.tp, !m.no_graph)?;
                     let $e = &mut $e;
                     $body
                 }
                 "bf16" => {
-                    let mut $e = load::engine::<fl_kernels::bf16>(&$l, !m.no_graph)?;
+                    let mut $e = load::any_engine::<fl_kernels::bf16>(&$l, m.tp, !m.no_graph)?;
                     let $e = &mut $e;
                     $body
                 }
                 _ => {
-                    let mut $e = load::engine::<fl_kernels::f16>(&$l, !m.no_graph)?;
+                    let mut $e = load::any_engine::<fl_kernels::f16>(&$l, m.tp, !m.no_graph)?;
                     let $e = &mut $e;
                     $body
                 }
@@ -230,7 +230,7 @@ enum Cmd {
 #[derive(clap::Args)]
 struct ModelArgs {
     /// A model directory (config.json + safetensors) or a preset name for dummy weights
-    /// (llama-2-7b, llama-2-13b, llama-3-8b, llama-3.1-8b, tiny).
+    /// (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, llama-3-70b, tiny).
     #[arg(long)]
     model: String,
     /// Run dtype: weights, activations and KV cache (f32 runs every projection on cuBLASLt in
@@ -249,6 +249,19 @@ struct ModelArgs {
     /// Decode without the CUDA graph (each kernel launched every step).
     #[arg(long)]
     no_graph: bool,
+    /// Tensor parallelism: split the model over GPUs 0..N (one rank per GPU, NCCL between
+    /// them; CUDA_VISIBLE_DEVICES picks which). Heads, intermediate width and (when it
+    /// divides) the vocabulary are split; key/value heads are split or replicated.
+    #[arg(long, default_value_t = 1, value_parser = parse_tp)]
+    tp: usize,
+}
+
+/// `--tp`: a GPU count, 1 to 64.
+fn parse_tp(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=64) => Ok(n),
+        _ => Err(format!("`{s}` is not a GPU count from 1 to 64")),
+    }
 }
 
 /// How the continuous-batching runner sizes its KV pool and its steps.
@@ -386,7 +399,13 @@ fn main() {
                     json,
                 };
                 if trace_static {
-                    bench::trace_static(e, &t, rcfg.max_num_seqs)?;
+                    let one = e.single().ok_or_else(|| {
+                        EngineError::invalid(
+                            "--trace-static",
+                            "the static engine runs on one GPU: drop --tp",
+                        )
+                    })?;
+                    bench::trace_static(one, &t, rcfg.max_num_seqs)?;
                 }
                 return bench::trace(e, &t, &rcfg);
             }
@@ -401,8 +420,12 @@ fn main() {
                 return Ok(());
             }
             for (b, p, g) in list {
-                let mut results = vec![bench::fixed(e, b, p, g, json)];
-                if runner {
+                // The static engine runs on one GPU; tensor-parallel runs go through the runner.
+                let mut results = match e.single() {
+                    Some(one) => vec![bench::fixed(one, b, p, g, json)],
+                    None => vec![],
+                };
+                if runner || e.tp() > 1 {
                     results.push(bench::runner(e, b, p, g, json, &rcfg));
                 }
                 for res in results {
@@ -515,7 +538,7 @@ fn parse_ids(arg: &'static str, s: &str) -> Result<Vec<u32>> {
 }
 
 fn generate<T: RunDType>(
-    e: &mut Engine<T>,
+    e: &mut AnyEngine<T>,
     m: &Loaded,
     g: &GenArgs,
     rcfg: &RunnerConfig,
@@ -528,7 +551,7 @@ fn generate<T: RunDType>(
                 .map(|p| parse_ids("--prompt-ids", p))
                 .collect::<Result<Vec<_>>>()?;
             let mut b = b.clone();
-            b.eos_token_ids = e.model.cfg.eos_token_ids.clone();
+            b.eos_token_ids = e.config().eos_token_ids.clone();
             return generate_beams(e, tok, prompts, b, g, rcfg);
         }
     }
@@ -556,7 +579,7 @@ fn generate<T: RunDType>(
             ))
         }
     };
-    let eos = e.model.cfg.eos_token_ids.clone();
+    let eos = e.config().eos_token_ids.clone();
     let n_prompt = prompt.len();
     if let Some(b) = &g.beam {
         let mut b = b.clone();
@@ -569,7 +592,7 @@ fn generate<T: RunDType>(
         num_blocks: Some((n_prompt + g.max_new_tokens).div_ceil(rcfg.block_size.max(1))),
         ..rcfg.clone()
     };
-    let mut r = Runner::new(e, &cfg)?;
+    let mut r = e.runner(&cfg)?;
     let mut params = RequestParams::<SamplingParams>::new(g.max_new_tokens);
     params.eos_token_ids = eos;
     params.seed = g.sampling.seed;
@@ -619,7 +642,7 @@ fn generate<T: RunDType>(
 /// `fl generate --num-beams N`: one beam request per prompt, run together; the hypotheses
 /// printed after the search (prefixed by the prompt's index when there are several).
 fn generate_beams<T: RunDType>(
-    e: &mut Engine<T>,
+    e: &mut AnyEngine<T>,
     tok: Option<&fl_engine::tokenizer::Tokenizer>,
     prompts: Vec<Vec<u32>>,
     beam: BeamParams,
@@ -638,7 +661,7 @@ fn generate_beams<T: RunDType>(
         num_blocks: Some(blocks),
         ..rcfg.clone()
     };
-    let mut r = Runner::new(e, &cfg)?;
+    let mut r = e.runner(&cfg)?;
     for (i, prompt) in prompts.iter().enumerate() {
         let mut params = RequestParams::<SamplingParams>::new(beam.max_new_tokens);
         params.sampling = g.sampling;
@@ -681,7 +704,7 @@ fn generate_beams<T: RunDType>(
 }
 
 fn logits<T: RunDType>(
-    e: &mut Engine<T>,
+    e: &mut AnyEngine<T>,
     input: &PathBuf,
     out_path: &PathBuf,
     rcfg: &RunnerConfig,
@@ -724,7 +747,7 @@ fn logits<T: RunDType>(
         ),
         ..rcfg.clone()
     };
-    let mut r = Runner::new(e, &cfg)?;
+    let mut r = e.runner(&cfg)?;
     for (b, p) in prompts.iter().enumerate() {
         let mut params = RequestParams::<SamplingParams>::new(steps + 1);
         params.ignore_eos = true;

@@ -114,19 +114,23 @@ fn resolve(m: &ModelArgs) -> Result<Resolved> {
 fn load_service(
     r: Resolved,
     dtype: &str,
+    tp: usize,
     graph: bool,
     rcfg: &RunnerConfig,
 ) -> Result<(Service, ModelInfo)> {
     let cfg = r.loaded.cfg.clone();
-    let loaded = r.loaded;
+    let loaded = Arc::new(r.loaded);
     let service = match dtype {
-        "f32" => Service::spawn(move || load::engine::<f32>(&loaded, graph), rcfg.clone()),
-        "bf16" => Service::spawn(
-            move || load::engine::<fl_kernels::bf16>(&loaded, graph),
+        "f32" => Service::spawn_any(
+            move || load::any_engine::<f32>(&loaded, tp, graph),
             rcfg.clone(),
         ),
-        _ => Service::spawn(
-            move || load::engine::<fl_kernels::f16>(&loaded, graph),
+        "bf16" => Service::spawn_any(
+            move || load::any_engine::<fl_kernels::bf16>(&loaded, tp, graph),
+            rcfg.clone(),
+        ),
+        _ => Service::spawn_any(
+            move || load::any_engine::<fl_kernels::f16>(&loaded, tp, graph),
             rcfg.clone(),
         ),
     }
@@ -200,7 +204,9 @@ async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> 
     eprintln!("fl serve: listening on http://{addr}{auth}; loading {} (/health answers 503 until it is ready)", m.model);
 
     let (dtype, graph) = (m.dtype.clone(), !m.no_graph);
-    let loading = tokio::task::spawn_blocking(move || load_service(resolved, &dtype, graph, &rcfg));
+    let tp = m.tp;
+    let loading =
+        tokio::task::spawn_blocking(move || load_service(resolved, &dtype, tp, graph, &rcfg));
     let (service, info) = tokio::select! {
         r = loading => r.map_err(|e| EngineError::invalid("--model", format!("the loading thread failed: {e}")))??,
         _ = tokio::signal::ctrl_c() => {
