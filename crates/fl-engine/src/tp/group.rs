@@ -47,6 +47,8 @@ const MIN_STRAGGLE: Duration = Duration::from_secs(30);
 /// How long the other ranks may take to answer after one rank failed, before the
 /// communicators are aborted.
 const ERROR_GRACE: Duration = Duration::from_secs(5);
+/// How long the ranks may take to answer once their communicators were aborted.
+const ABORT_WAIT: Duration = Duration::from_secs(30);
 
 /// Which GPUs a [`TpEngine`] spans.
 #[derive(Debug, Clone)]
@@ -310,6 +312,7 @@ impl<T: RunDType> TpEngine<T> {
         let mut first_at: Option<Duration> = None;
         let mut got = 0;
         let mut grace: Option<Instant> = None;
+        let mut aborted_at: Option<Instant> = None;
         while got < n {
             let wait = match first_at {
                 None => Duration::MAX,
@@ -320,7 +323,10 @@ impl<T: RunDType> TpEngine<T> {
             if let Some(g) = grace {
                 deadline = deadline.min(ERROR_GRACE.saturating_sub(g.elapsed()));
             }
-            let msg = if wait == Duration::MAX && grace.is_none() {
+            if let Some(a) = aborted_at {
+                deadline = ABORT_WAIT.saturating_sub(a.elapsed());
+            }
+            let msg = if wait == Duration::MAX && grace.is_none() && aborted_at.is_none() {
                 self.replies
                     .recv()
                     .map_err(|_| RecvTimeoutError::Disconnected)
@@ -352,12 +358,26 @@ impl<T: RunDType> TpEngine<T> {
                         }
                     }
                 }
+                Err(RecvTimeoutError::Timeout) if aborted_at.is_some() => {
+                    // Even the abort did not bring the rank back: give up on it (its thread is
+                    // left detached) rather than hang.
+                    let late = (0..n).find(|&r| out[r].is_none()).unwrap_or(0);
+                    let e = EngineError::invalid(
+                        "--tp",
+                        format!(
+                            "rank {late} did not return {} s after its communicator was aborted",
+                            ABORT_WAIT.as_secs()
+                        ),
+                    );
+                    let (rank, e) = first_err.unwrap_or((late, e));
+                    return Err(self.stop(rank, e, true));
+                }
                 Err(RecvTimeoutError::Timeout) if first_err.is_some() => {
                     // A rank failed and another is still busy, likely blocked in a collective
                     // the failed rank never joined: abort the communicators so it returns.
                     self.abort_all();
                     grace = None;
-                    first_at = None;
+                    aborted_at = Some(Instant::now());
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let late = (0..n).find(|&r| out[r].is_none()).unwrap_or(0);
@@ -370,8 +390,8 @@ impl<T: RunDType> TpEngine<T> {
                     );
                     self.abort_all();
                     first_err.get_or_insert((late, e));
-                    // The aborted ranks answer now; wait for them without a deadline.
-                    first_at = None;
+                    // The aborted ranks answer now (within ABORT_WAIT).
+                    aborted_at = Some(Instant::now());
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let e = EngineError::invalid("--tp", "every rank thread has exited");
@@ -705,5 +725,106 @@ impl<T: RunDType> Backend for TpRunner<'_, T> {
 
     fn stats(&self) -> BackendStats {
         TpRunner::stats(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The controller's reply collection without GPUs: fake ranks that answer on the reply
+    //! channel after a delay, or fail.
+    use super::*;
+
+    /// A group of `n` fake ranks (no threads, no communicators) and the sender its replies
+    /// come on.
+    fn fake(n: usize) -> (TpEngine<f32>, Sender<(usize, Reply)>) {
+        let (reply_tx, replies) = mpsc::channel();
+        let ranks = (0..n)
+            .map(|device| Rank {
+                tx: mpsc::channel().0,
+                device,
+                thread: None,
+            })
+            .collect();
+        let tp = TpEngine {
+            cfg: crate::presets::preset("tiny").unwrap_or_else(|e| panic!("{e}")),
+            ranks,
+            replies,
+            aborts: Vec::new(),
+            failed: None,
+            aborted: false,
+            weight_bytes_per_step: 0,
+        };
+        (tp, reply_tx)
+    }
+
+    fn answer(tx: &Sender<(usize, Reply)>, rank: usize, after_ms: u64, reply: Reply) {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(after_ms));
+            let _ = tx.send((rank, reply));
+        });
+    }
+
+    #[test]
+    fn replies_come_back_in_rank_order() {
+        let (mut tp, tx) = fake(3);
+        for (rank, ms) in [(2, 0), (0, 30), (1, 10)] {
+            answer(&tx, rank, ms, Ok(Box::new(rank * 10)));
+        }
+        let got = tp.collect::<usize>().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got, vec![0, 10, 20]);
+        assert!(tp.failed.is_none() && !tp.aborted);
+    }
+
+    #[test]
+    fn an_error_every_rank_meets_stops_the_group_without_an_abort() {
+        let (mut tp, tx) = fake(2);
+        answer(&tx, 1, 0, Err(EngineError::invalid("x", "rank 1 fails")));
+        answer(
+            &tx,
+            0,
+            300,
+            Err(EngineError::invalid("x", "rank 0 fails too")),
+        );
+        let t0 = Instant::now();
+        match tp.collect::<()>() {
+            Err(EngineError::Rank { rank: 1, .. }) => {}
+            other => panic!("expected rank 1's error, got {other:?}"),
+        }
+        // Both answered inside the grace: no abort, and the threads may be joined.
+        assert!(t0.elapsed() < ERROR_GRACE);
+        assert!(!tp.aborted);
+        let again = tp.on_engines(|_| Ok(()));
+        assert!(
+            matches!(&again, Err(e) if e.to_string().contains("stopped")),
+            "a stopped group took a call: {again:?}"
+        );
+    }
+
+    #[test]
+    fn a_rank_still_busy_after_another_failed_is_aborted_after_the_grace() {
+        let (mut tp, tx) = fake(2);
+        answer(&tx, 1, 0, Err(EngineError::invalid("x", "rank 1 fails")));
+        // Rank 0 stands for one blocked in a collective: it answers only after the abort.
+        let late = ERROR_GRACE.as_millis() as u64 + 800;
+        answer(&tx, 0, late, Ok(Box::new(())));
+        let t0 = Instant::now();
+        match tp.collect::<()>() {
+            Err(EngineError::Rank { rank: 1, .. }) => {}
+            other => panic!("expected rank 1's error, got {other:?}"),
+        }
+        let took = t0.elapsed();
+        assert!(tp.aborted, "the communicators were not aborted");
+        assert!(
+            took >= ERROR_GRACE && took < ERROR_GRACE + ABORT_WAIT,
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_type_is_an_error_not_a_panic() {
+        let (mut tp, tx) = fake(1);
+        answer(&tx, 0, 0, Ok(Box::new("text")));
+        assert!(tp.collect::<u64>().is_err());
     }
 }

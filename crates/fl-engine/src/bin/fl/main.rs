@@ -419,6 +419,9 @@ fn main() {
                 }
                 return Ok(());
             }
+            if e.tp() > 1 && !runner {
+                eprintln!("fl bench: with --tp the shapes run through the runner (the static engine runs on one GPU)");
+            }
             for (b, p, g) in list {
                 // The static engine runs on one GPU; tensor-parallel runs go through the runner.
                 let mut results = match e.single() {
