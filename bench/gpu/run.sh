@@ -15,6 +15,10 @@
 #   compare-torch generate [RUNS] transformers' generate on the engine shapes (torch_generate.py)
 #   compare-torch check           the engine's logits against transformers (check_transformers.py)
 #   compare-llamacpp              how the llama.cpp figures of PEERS.md are taken (not on this machine)
+#   tp [check|bench]              tensor parallelism over the machine's first 2 GPUs (nvidia-h100-x2):
+#                                 check = tp_gpu tests (FL_REQUIRE_TP=1) + check_transformers --tp 2;
+#                                 bench = --tp 1 / 2 on llama-2-13b b1 and 64 x 1024, llama-2-70b
+#                                 int4 b1 (--tp 2), torch_allreduce.py; default both (two calls)
 #   floor                         the 1 GiB copy bandwidth, the read-only floor (read_floor.cu),
 #                                 cuBLAS f16 / int8 GEMM at 4096^3 through PyTorch
 #   ab A B [-n N] -- CMD...       CMD in bundle A's folder, then B's, N rounds (default 3), then each
@@ -135,6 +139,39 @@ t_compare_torch() {
       awk -F'|' '/x \|$/ { r++; v = $(NF-1) + 0; if (v < 1) s++; if (lo == "" || v < lo) lo = v }
                  END { printf "%d\t%d\t%sx\n", r, s, lo }' "$LOGS/compare.md"; } | show_table ;;
   esac
+}
+
+# NCCL as cudarc loads it (libnccl.so), multicast off as the multi-GPU machines require.
+tp_env() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  local lib; lib=$(ls /usr/lib/x86_64-linux-gnu/libnccl.so.2 /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null | head -1)
+  if [ -n "$lib" ]; then mkdir -p "$LOGS/nccl"; ln -sf "$lib" "$LOGS/nccl/libnccl.so"
+    export LD_LIBRARY_PATH="$LOGS/nccl:$LD_LIBRARY_PATH"; fi
+}
+
+t_tp() {
+  tp_env
+  local what="${1:-all}" rows=() line
+  if [ "$what" = all ] || [ "$what" = check ]; then
+    FL_REQUIRE_TP=1 timeout 300 "$B/tests/fl-engine__tp_gpu" --test-threads=1 --nocapture 2>&1 | tee "$LOGS/tp-tests.log" |
+      grep --line-buffered -E "^test |worst|surfaced|test result"
+    python3 -u "$B/scripts/check_transformers.py" --fl "$B/bin/fl" --tp 2 --dtypes f32,f16 --workdir "$LOGS/check-tp" 2>&1 |
+      grep --line-buffered -E "PASS|FAIL"
+  fi
+  [ "$what" = all ] || [ "$what" = bench ] || return 0
+  tp_row() {  # MODEL QUANT BATCH PROMPT GEN TP
+    timeout 200 "$B/bin/fl" bench --json --runner --max-model-len 2048 --model "$1" --quant "$2" --batch "$3" \
+      --prompt-len "$4" --gen-len "$5" --tp "$6" 2>&1 | tee -a "$LOGS/tp-bench.log" | grep '"runner":true' |
+      while IFS= read -r line; do echo "$1$TAB$2$TAB$3 x $4, $5$TAB$6$TAB$(jget output_tokens_per_s "$line")$TAB$(jget decode_ms_per_step "$line")$TAB$(jget pct_of_floor "$line")%$TAB$(jget all_reduce_us "$line")$TAB$(jget preemptions "$line")"; done
+  }
+  for tp in 1 2; do
+    mapfile -t -O "${#rows[@]}" rows < <(tp_row llama-2-13b none 1 128 256 "$tp")
+    mapfile -t -O "${#rows[@]}" rows < <(tp_row llama-2-13b none 64 1024 128 "$tp")
+  done
+  mapfile -t -O "${#rows[@]}" rows < <(tp_row llama-2-70b int4 1 128 128 2)
+  timeout 120 python3 "$B/scripts/torch_allreduce.py" 2>&1 | grep -E "^\||^torch"
+  { echo "model${TAB}quant${TAB}batch x prompt, gen${TAB}--tp${TAB}output tok/s${TAB}decode ms/step${TAB}% of floor${TAB}all-reduce us${TAB}preemptions"
+    printf '%s\n' "${rows[@]}"; } | show_table
 }
 
 t_compare_llamacpp() {
@@ -260,6 +297,7 @@ case "$target" in
   compare-torch) t_compare_torch "$@" ;;
   compare-llamacpp) t_compare_llamacpp ;;
   floor) t_floor ;;
+  tp) t_tp "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
 esac

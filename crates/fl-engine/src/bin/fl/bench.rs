@@ -242,9 +242,10 @@ pub fn runner<T: RunDType>(
     let preempt = r.stats().preemptions;
     if json {
         println!(
-            "{{\"runner\":true,\"tp\":{tp},\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
-            full.2,
-            ttft_all * 1e3
+            "{{\"runner\":true,\"tp\":{tp},\"all_reduce_us\":{:.2},\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            all_reduce_s * 1e6,
+            ttft_all * 1e3,
+            full.2
         );
     } else {
         println!(
