@@ -19,11 +19,19 @@
 //! - output tokens: the final usage chunk's `completion_tokens`, else the content chunk count;
 //!   throughputs divide by the time from the first request sent to the last one finished.
 //!
+//! `--embeddings` loads an embedding server instead (`fl serve` with an encoder, or any
+//! OpenAI-compatible `/v1/embeddings`): each request carries `--inputs-per-request` token-id
+//! inputs of the drawn prompt length, is not streamed, and counts as one latency sample (E2E,
+//! also reported as TTFT); the report adds inputs per second (sentences/s). A response must
+//! hold one embedding per input, each a non-empty array, or the request counts as failed.
+//!
 //! ```text
 //! fl serve --model DIR --port 8000 &
 //! fl_loadgen --base-url http://127.0.0.1:8000 --num-prompts 512 --concurrency 64 \
 //!     --prompt-lens 512 --output-lens 256
 //! fl_loadgen --rate 8 --prompt-lens 64-2048 --output-lens 16-512 --shared-prefix 32 --json
+//! fl_loadgen --embeddings --inputs-per-request 32 --prompt-lens 16-128 --concurrency 8 \
+//!     --num-prompts 400 --vocab-size 30522
 //! ```
 //!
 //! Against one warm server, change `--seed` between runs: the same seed sends the same prompts,
@@ -53,6 +61,8 @@ use tokio::time::{sleep_until, timeout_at, Instant};
 const MAX_LINE_BYTES: usize = 8 << 20;
 /// Error bodies and `/v1/models` are read up to this size.
 const MAX_SMALL_BODY: usize = 1 << 20;
+/// Input `j` of embeddings request `i` draws from stream `i * EMBED_STREAMS + j`.
+const EMBED_STREAMS: u64 = 1 << 20;
 /// Token ids are drawn from `FIRST_ID..vocab`, past llama's `<unk>`, `<s>`, `</s>`.
 const FIRST_ID: u32 = 3;
 /// Words of `--text` / `--chat` prompts: common English words, one token each in LLaMA
@@ -85,6 +95,13 @@ struct Args {
     /// /v1/completions prompts of synthetic words instead of token-id lists.
     #[arg(long)]
     text: bool,
+    /// POST /v1/embeddings (an embedding server): token-id inputs, not streamed; the output
+    /// lengths are not used.
+    #[arg(long, conflicts_with_all = ["chat", "text"])]
+    embeddings: bool,
+    /// With --embeddings: inputs (sentences) per request, each of the request's drawn length.
+    #[arg(long, default_value_t = 1)]
+    inputs_per_request: usize,
     /// Requests in the run.
     #[arg(long, default_value_t = 200)]
     num_prompts: usize,
@@ -327,12 +344,23 @@ enum Mode {
     Text,
     /// /v1/chat/completions with one user message of words.
     Chat,
+    /// /v1/embeddings with `"input": [[ids], ...]`, `inputs` lists per request, not streamed.
+    Embed { vocab: u32, inputs: usize },
 }
 
 impl Mode {
+    /// Inputs (prompts) per request: `inputs` for embeddings, else 1.
+    fn inputs(self) -> usize {
+        match self {
+            Mode::Embed { inputs, .. } => inputs,
+            _ => 1,
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Mode::Chat => "/v1/chat/completions",
+            Mode::Embed { .. } => "/v1/embeddings",
             _ => "/v1/completions",
         }
     }
@@ -349,7 +377,7 @@ fn draws(seed: u64, stream: u64, len: usize, shared: usize) -> impl Iterator<Ite
 /// The prompt value of a request: a list of ids, or a string of words.
 fn prompt_value(mode: Mode, seed: u64, stream: u64, len: usize, shared: usize) -> Value {
     match mode {
-        Mode::Ids { vocab } => {
+        Mode::Ids { vocab } | Mode::Embed { vocab, .. } => {
             let span = u64::from(vocab - FIRST_ID);
             Value::from(
                 draws(seed, stream, len, shared)
@@ -381,6 +409,17 @@ struct Job {
 impl Job {
     /// The JSON body of a request on `stream` (`shared` prefix tokens) for `max_tokens`.
     fn body(&self, stream: u64, prompt_len: usize, shared: usize, max_tokens: usize) -> Bytes {
+        if let Mode::Embed { inputs, .. } = self.mode {
+            // Input j of request `stream` draws from its own stream (the shared prefix too).
+            let input: Vec<Value> = (0..inputs as u64)
+                .map(|j| {
+                    let st = stream.wrapping_mul(EMBED_STREAMS).wrapping_add(j);
+                    prompt_value(self.mode, self.seed, st, prompt_len, shared)
+                })
+                .collect();
+            let b = json!({"model": self.model, "input": input});
+            return Bytes::from(b.to_string());
+        }
         let prompt = prompt_value(self.mode, self.seed, stream, prompt_len, shared);
         let mut b = json!({
             "model": self.model,
@@ -403,7 +442,13 @@ impl Job {
             .method(Method::POST)
             .uri(self.uri.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, "text/event-stream");
+            .header(
+                header::ACCEPT,
+                match self.mode {
+                    Mode::Embed { .. } => "application/json",
+                    _ => "text/event-stream",
+                },
+            );
         if let Some(a) = &self.auth {
             r = r.header(header::AUTHORIZATION, a);
         }
@@ -617,6 +662,67 @@ async fn small_body(resp: Response<Incoming>) -> Result<Bytes, String> {
         .map_err(|e| format!("reading the body: {e}"))
 }
 
+/// Sends one request (streamed, or for `/v1/embeddings` not) and measures it.
+async fn send(job: &Job, body: Bytes) -> Result<Sample, String> {
+    match job.mode {
+        Mode::Embed { inputs, .. } => embed_request(job, body, inputs).await,
+        _ => stream_request(job, body).await,
+    }
+}
+
+/// Sends one `/v1/embeddings` request and checks its answer ([`embed_sample`]).
+async fn embed_request(job: &Job, body: Bytes, inputs: usize) -> Result<Sample, String> {
+    let req = job.post(body)?;
+    let sent = Instant::now();
+    let resp = job
+        .client
+        .request(req)
+        .await
+        .map_err(|e| format!("connection: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = Limited::new(resp.into_body(), MAX_LINE_BYTES)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| format!("reading the body: {e}"))?;
+    if status != 200 {
+        return Err(http_failure(status, &body));
+    }
+    embed_sample(&body, sent.elapsed().as_secs_f64(), inputs)
+}
+
+/// The sample of an embeddings answer received `e2e` seconds after it was sent: `data` must
+/// hold `inputs` entries, each with a non-empty `embedding` array (or a base64 string);
+/// `usage.prompt_tokens` counts the input tokens.
+fn embed_sample(body: &[u8], e2e: f64, inputs: usize) -> Result<Sample, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("answer is not JSON: {e}"))?;
+    let data = v["data"]
+        .as_array()
+        .ok_or_else(|| "answer has no `data` array".to_string())?;
+    if data.len() != inputs {
+        return Err(format!("{} embeddings for {inputs} inputs", data.len()));
+    }
+    for (i, d) in data.iter().enumerate() {
+        let ok = match &d["embedding"] {
+            Value::Array(a) => !a.is_empty(),
+            Value::String(b64) => !b64.is_empty(),
+            _ => false,
+        };
+        if !ok {
+            return Err(format!("data[{i}] has no embedding"));
+        }
+    }
+    Ok(Sample {
+        ttft: e2e,
+        e2e,
+        tpot: None,
+        itl: Vec::new(),
+        output_tokens: 0,
+        prompt_tokens: v["usage"]["prompt_tokens"].as_u64().map(|n| n as usize),
+        usage_counted: true,
+    })
+}
+
 /// Sends one streaming request and reads its events to the end.
 async fn stream_request(job: &Job, body: Bytes) -> Result<Sample, String> {
     let req = job.post(body)?;
@@ -742,10 +848,17 @@ fn plan(a: &Args) -> Result<Plan, LoadgenError> {
     if a.threads == 0 {
         return Err(arg_err("--threads", "must be at least 1"));
     }
-    let mode = match (a.chat, a.text) {
-        (true, _) => Mode::Chat,
-        (false, true) => Mode::Text,
-        (false, false) => Mode::Ids {
+    if a.inputs_per_request == 0 {
+        return Err(arg_err("--inputs-per-request", "must be at least 1"));
+    }
+    let mode = match (a.chat, a.text, a.embeddings) {
+        (_, _, true) => Mode::Embed {
+            vocab: a.vocab_size,
+            inputs: a.inputs_per_request,
+        },
+        (true, _, _) => Mode::Chat,
+        (false, true, _) => Mode::Text,
+        (false, false, false) => Mode::Ids {
             vocab: a.vocab_size,
         },
     };
@@ -799,12 +912,15 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
                 tpot.extend(s.tpot);
                 itl.extend_from_slice(&s.itl);
                 output += s.output_tokens;
-                input += s.prompt_tokens.unwrap_or(q.prompt_len);
+                let per = plan.mode.inputs();
+                input += s.prompt_tokens.unwrap_or(q.prompt_len * per);
                 chunk_counted += usize::from(!s.usage_counted);
-                short_outputs += usize::from(s.usage_counted && s.output_tokens != q.output_len);
-                if matches!(plan.mode, Mode::Ids { .. }) {
+                let embed = matches!(plan.mode, Mode::Embed { .. });
+                short_outputs +=
+                    usize::from(!embed && s.usage_counted && s.output_tokens != q.output_len);
+                if matches!(plan.mode, Mode::Ids { .. } | Mode::Embed { .. }) {
                     prompt_mismatch +=
-                        usize::from(s.prompt_tokens.is_some_and(|p| p != q.prompt_len));
+                        usize::from(s.prompt_tokens.is_some_and(|p| p != q.prompt_len * per));
                 }
             }
             Outcome::Failed(why) => *errors.entry(why.as_str()).or_default() += 1,
@@ -817,7 +933,7 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
     json!({
         "base_url": plan.base,
         "endpoint": plan.mode.path(),
-        "prompts": match plan.mode { Mode::Ids { .. } => "token_ids", _ => "words" },
+        "prompts": match plan.mode { Mode::Ids { .. } | Mode::Embed { .. } => "token_ids", _ => "words" },
         "num_prompts": plan.trace.len(),
         "prompt_lens": args.prompt_lens,
         "output_lens": args.output_lens,
@@ -836,6 +952,8 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
         "request_throughput": round(ok as f64 / d, 1e3),
         "output_throughput": round(output as f64 / d, 1e2),
         "total_token_throughput": round((input + output) as f64 / d, 1e2),
+        "inputs_per_request": plan.mode.inputs(),
+        "input_throughput": round((ok * plan.mode.inputs()) as f64 / d, 1e2),
         "ttft_ms": ms_summary(&ttft),
         "tpot_ms": ms_summary(&tpot),
         "itl_ms": ms_summary(&itl),
@@ -877,6 +995,10 @@ fn print_table(v: &Value) {
         ("total_token_throughput", "Total token throughput (tok/s):"),
     ] {
         line(label, &v[k]);
+    }
+    if v["endpoint"] == "/v1/embeddings" {
+        line("Inputs per request:", &v["inputs_per_request"]);
+        line("Input throughput (inputs/s):", &v["input_throughput"]);
     }
     if let Some(errs) = v["errors"].as_object() {
         for (why, n) in errs.iter().take(10) {
@@ -955,7 +1077,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
     };
     // Warm-up (connection, first-use costs on the server): a short prompt of its own.
     let body = job.body(WARMUP_STREAM, 16, 0, 4);
-    timeout_at(deadline, stream_request(&job, body))
+    timeout_at(deadline, send(&job, body))
         .await
         .map_err(|_| timed_out())?
         .map_err(|e| LoadgenError::Server(format!("warm-up request failed: {e}")))?;
@@ -993,7 +1115,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         let body = job.body(i as u64, q.prompt_len, shared, q.output_len);
         tasks.spawn(async move {
             let _slot = permit;
-            let out = match timeout_at(deadline, stream_request(&job, body)).await {
+            let out = match timeout_at(deadline, send(&job, body)).await {
                 Ok(Ok(s)) => Outcome::Ok(s),
                 Ok(Err(why)) => Outcome::Failed(why),
                 Err(_) => Outcome::Cancelled,
@@ -1384,6 +1506,156 @@ mod tests {
         assert!(v.get("prompt").is_none());
     }
 
+    fn embed_job() -> Job {
+        Job {
+            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            uri: Uri::from_static("http://127.0.0.1:1/v1/embeddings"),
+            auth: None,
+            model: "m".into(),
+            mode: Mode::Embed {
+                vocab: 100,
+                inputs: 3,
+            },
+            temperature: 0.0,
+            seed: 1,
+            shared_prefix: 0,
+        }
+    }
+
+    #[test]
+    fn embeddings_bodies_carry_one_id_list_per_input() {
+        let job = embed_job();
+        let v: Value = serde_json::from_slice(&job.body(4, 7, 0, 99)).unwrap();
+        let input = v["input"].as_array().unwrap();
+        assert_eq!(input.len(), 3);
+        assert!(input.iter().all(|x| x.as_array().unwrap().len() == 7));
+        assert_ne!(input[0], input[1], "inputs of one request draw apart");
+        assert!(v.get("max_tokens").is_none() && v.get("stream").is_none());
+        let again: Value = serde_json::from_slice(&job.body(4, 7, 0, 99)).unwrap();
+        assert_eq!(v, again, "seeded");
+        assert_eq!(job.mode.path(), "/v1/embeddings");
+    }
+
+    #[test]
+    fn embeddings_answers_are_checked() {
+        let ok = br#"{"data":[{"embedding":[0.1,0.2]},{"embedding":"AAAA"}],"usage":{"prompt_tokens":14}}"#;
+        let s = embed_sample(ok, 0.25, 2).unwrap();
+        assert_eq!((s.e2e, s.ttft, s.prompt_tokens), (0.25, 0.25, Some(14)));
+        assert_eq!((s.output_tokens, s.tpot), (0, None));
+        let e = embed_sample(ok, 0.1, 3).unwrap_err();
+        assert!(e.contains("2 embeddings for 3 inputs"), "{e}");
+        let empty = br#"{"data":[{"embedding":[]}]}"#;
+        assert!(embed_sample(empty, 0.1, 1).unwrap_err().contains("data[0]"));
+        assert!(embed_sample(b"{}", 0.1, 1).is_err());
+        assert!(embed_sample(b"not json", 0.1, 1).is_err());
+    }
+
+    /// A loopback embeddings server: HTTP/1.1 keep-alive, one embedding of 4 floats per input,
+    /// `usage.prompt_tokens` = the ids sent. Answers until the test ends.
+    async fn fake_embedding_server() -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        // Headers, then Content-Length bytes of body.
+                        let end = loop {
+                            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break p + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap_or(0));
+                        while buf.len() < end + len {
+                            let mut chunk = [0u8; 4096];
+                            match sock.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let body: Value =
+                            serde_json::from_slice(&buf[end..end + len]).unwrap_or_default();
+                        buf.drain(..end + len);
+                        let inputs = body["input"].as_array().cloned().unwrap_or_default();
+                        let tokens: usize = inputs
+                            .iter()
+                            .map(|i| i.as_array().map_or(0, Vec::len))
+                            .sum();
+                        let data: Vec<Value> = (0..inputs.len())
+                            .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.5, 0.5, 0.5, 0.5]}))
+                            .collect();
+                        let answer = json!({"object": "list", "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}).to_string();
+                        let resp = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                            answer.len()
+                        );
+                        if sock.write_all(resp.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[test]
+    fn an_embeddings_run_against_a_loopback_server() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let url = rt.block_on(fake_embedding_server());
+        let a = Args::parse_from([
+            "fl_loadgen",
+            "--embeddings",
+            "--base-url",
+            &url,
+            "--model",
+            "m",
+            "--num-prompts",
+            "24",
+            "--inputs-per-request",
+            "3",
+            "--prompt-lens",
+            "5-9",
+            "--concurrency",
+            "4",
+            "--max-duration",
+            "20",
+        ]);
+        let p = plan(&a).unwrap();
+        let report = rt
+            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
+            .unwrap();
+        let v = summarize(&report, &p, &a);
+        assert_eq!(v["completed"], 24, "{v}");
+        assert_eq!(
+            (v["failed"].as_u64(), v["not_sent"].as_u64()),
+            (Some(0), Some(0))
+        );
+        let want: usize = p.trace.iter().map(|q| 3 * q.prompt_len).sum();
+        assert_eq!(v["input_tokens"].as_u64(), Some(want as u64));
+        assert_eq!(v["prompt_tokens_mismatch"], 0);
+        assert!(v["input_throughput"].as_f64().unwrap() > 0.0);
+        assert!(v["e2e_ms"]["p50"].as_f64().unwrap() > 0.0);
+    }
+
     #[test]
     fn plan_checks_arguments() {
         let base = Args::parse_from(["fl_loadgen"]);
@@ -1404,6 +1676,11 @@ mod tests {
         bad(&["--max-duration", "0"], "--max-duration");
         bad(&["--vocab-size", "3"], "--vocab-size");
         bad(&["--base-url", "http://192.168.1.2:8000"], "--base-url");
+        bad(
+            &["--embeddings", "--inputs-per-request", "0"],
+            "--inputs-per-request",
+        );
+        assert!(Args::try_parse_from(["fl_loadgen", "--embeddings", "--chat"]).is_err());
         let a = Args::parse_from([
             "fl_loadgen",
             "--rate",
