@@ -229,16 +229,7 @@ impl<'a> Loader<'a, '_> {
         for (name, shape) in parts {
             v.extend(read(self, name, shape)?);
         }
-        if let Some(o) = sel.rows {
-            v = reorder_rows(&v, k, o);
-        }
-        if cols.len() != k {
-            v = v
-                .chunks_exact(k)
-                .flat_map(|row| row[cols.clone()].iter().copied())
-                .collect();
-        }
-        Ok((v, rows, cols.len()))
+        Ok((sel.apply(v, k), rows, cols.len()))
     }
 
     /// [`Loader::linear`] in [`Quant::Gguf`]: the stack in
@@ -329,9 +320,91 @@ impl<'a> Loader<'a, '_> {
 
 /// Which rows (in the device's order) and columns of a stacked weight one device keeps.
 #[derive(Default)]
-struct Select<'a> {
-    rows: Option<&'a [usize]>,
-    cols: Option<std::ops::Range<usize>>,
+pub(crate) struct Select<'a> {
+    pub rows: Option<&'a [usize]>,
+    pub cols: Option<std::ops::Range<usize>>,
+}
+
+impl Select<'_> {
+    /// `v` (rows of `k` values) with the rows `self.rows` in that order, then the columns
+    /// `self.cols` of each.
+    pub fn apply<E: Copy>(&self, v: Vec<E>, k: usize) -> Vec<E> {
+        let v = match self.rows {
+            Some(o) => reorder_rows(&v, k, o),
+            None => v,
+        };
+        match &self.cols {
+            Some(c) if c.len() != k => v
+                .chunks_exact(k)
+                .flat_map(|row| row[c.clone()].iter().copied())
+                .collect(),
+            _ => v,
+        }
+    }
+}
+
+/// What one rank keeps of each stacked weight ([`Weights::load_shard`]): the QKV rows (the
+/// whole model's device order, [`qkv_row_order`], restricted to the rank's heads), the
+/// gate|up rows, the o and down columns, the LM head's vocabulary rows.
+pub(crate) struct ShardPlan {
+    pub qkv_rows: Vec<usize>,
+    pub gate_up_rows: Option<Vec<usize>>,
+    pub o_cols: Option<std::ops::Range<usize>>,
+    pub down_cols: Option<std::ops::Range<usize>>,
+    pub vocab_rows: Option<Vec<usize>>,
+}
+
+impl ShardPlan {
+    /// The plan of `shard` over `cfg` (the whole model's config; [`Shard::check`] first).
+    pub fn new(cfg: &ModelConfig, shard: Shard) -> Result<Self> {
+        let order = qkv_row_order(cfg)?;
+        if shard.is_single() {
+            return Ok(ShardPlan {
+                qkv_rows: order,
+                gate_up_rows: None,
+                o_cols: None,
+                down_cols: None,
+                vocab_rows: None,
+            });
+        }
+        let d = cfg.head_dim;
+        let q = shard.q_heads(cfg);
+        Ok(ShardPlan {
+            qkv_rows: shard.qkv_rows(cfg, &order),
+            gate_up_rows: Some(shard.gate_up_rows(cfg)),
+            o_cols: Some(q.start * d..q.end * d),
+            down_cols: Some(shard.intermediate(cfg)),
+            vocab_rows: shard.vocab(cfg).map(|r| r.collect()),
+        })
+    }
+
+    pub fn qkv(&self) -> Select<'_> {
+        Select {
+            rows: Some(&self.qkv_rows),
+            cols: None,
+        }
+    }
+
+    pub fn gate_up(&self) -> Select<'_> {
+        Select {
+            rows: self.gate_up_rows.as_deref(),
+            cols: None,
+        }
+    }
+
+    pub fn o(&self) -> Select<'_> {
+        Select {
+            rows: None,
+            cols: self.o_cols.clone(),
+        }
+    }
+
+    pub fn down(&self) -> Select<'_> {
+        Select {
+            rows: None,
+            cols: self.down_cols.clone(),
+        }
+    }
 }
 
 fn dummy_chunk(seed: u64) -> Vec<f32> {
@@ -447,32 +520,9 @@ impl<T: RunDType> Weights<T> {
             cfg.intermediate_size,
             cfg.vocab_size,
         );
-        let qkv_order = qkv_row_order(cfg)?;
-        let single = shard.is_single();
-        let qkv_rows = if single {
-            qkv_order.clone()
-        } else {
-            shard.qkv_rows(cfg, &qkv_order)
-        };
-        let gate_up_rows = shard.gate_up_rows(cfg);
-        let d = cfg.head_dim;
-        let qkv_sel = Select {
-            rows: Some(&qkv_rows),
-            cols: None,
-        };
-        let gate_up_sel = Select {
-            rows: (!single).then_some(&gate_up_rows[..]),
-            cols: None,
-        };
-        let q_cols = shard.q_heads(cfg);
-        let o_sel = Select {
-            rows: None,
-            cols: (!single).then(|| q_cols.start * d..q_cols.end * d),
-        };
-        let down_sel = Select {
-            rows: None,
-            cols: (!single).then(|| shard.intermediate(cfg)),
-        };
+        let plan = ShardPlan::new(cfg, shard)?;
+        let (qkv_sel, gate_up_sel, o_sel, down_sel) =
+            (plan.qkv(), plan.gate_up(), plan.o(), plan.down());
         let embed = ld.tensor("model.embed_tokens.weight", &[v, h], false)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -524,12 +574,11 @@ impl<T: RunDType> Weights<T> {
         } else {
             "lm_head.weight"
         };
-        let lm_head = match shard.vocab(cfg) {
+        let lm_head = match &plan.vocab_rows {
             // A vocabulary slice: its own tensor, also when tied to the embedding.
-            Some(rows) => {
-                let r: Vec<usize> = rows.collect();
+            Some(r) => {
                 let sel = Select {
-                    rows: Some(&r),
+                    rows: Some(r),
                     cols: None,
                 };
                 Some(ld.stacked(&[(head_name.to_string(), vec![v, h])], &sel)?)

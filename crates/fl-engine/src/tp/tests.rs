@@ -145,3 +145,140 @@ fn gate_up_rows_and_vocab_slices() {
         "a vocabulary that does not split is replicated"
     );
 }
+
+/// Row-major `[rows, k]` times `x [k]`.
+fn matvec(w: &[f64], k: usize, x: &[f64]) -> Vec<f64> {
+    w.chunks_exact(k)
+        .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+fn random(n: usize, seed: u64) -> Vec<f64> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        })
+        .collect()
+}
+
+/// Causal attention without RoPE over `t` tokens of one sequence: `qkv[t]` holds `hq` query
+/// heads, then `hkv` key heads, then `hkv` value heads of width `d`; out `[t, hq * d]`.
+fn attention(qkv: &[Vec<f64>], hq: usize, hkv: usize, d: usize) -> Vec<Vec<f64>> {
+    let g = hq / hkv;
+    (0..qkv.len())
+        .map(|i| {
+            let mut out = vec![0.0; hq * d];
+            for h in 0..hq {
+                let kv = h / g;
+                let q = &qkv[i][h * d..(h + 1) * d];
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let k = &qkv[j][(hq + kv) * d..(hq + kv + 1) * d];
+                        q.iter().zip(k).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, w) in e.iter().enumerate() {
+                    let v = &qkv[j][(hq + hkv + kv) * d..(hq + hkv + kv + 1) * d];
+                    for (o, vv) in out[h * d..(h + 1) * d].iter_mut().zip(v) {
+                        *o += w / z * vv;
+                    }
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// The loader's shard plans, applied to a layer's weights on the host, compute the layer's
+/// attention + o projection and SwiGLU MLP exactly as the whole weights do once the ranks'
+/// row-parallel outputs are summed (the all-reduce), and the LM head once its vocabulary
+/// slices are concatenated (the all-gather): GQA with kv heads split (2 ranks), replicated (4
+/// ranks over 2 kv heads), and multi-head.
+#[test]
+fn shard_plans_reassemble_the_layer_on_the_host() {
+    use crate::weights::ShardPlan;
+    for (hq, hkv, n) in [(4, 2, 2), (4, 2, 4), (4, 4, 2), (8, 1, 4)] {
+        let mut cfg = cfg("tiny");
+        let d = 8;
+        cfg.head_dim = d;
+        cfg.num_attention_heads = hq;
+        cfg.num_key_value_heads = hkv;
+        cfg.hidden_size = 32;
+        cfg.intermediate_size = 24;
+        cfg.vocab_size = 12;
+        let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let rows_qkv = (hq + 2 * hkv) * d;
+        let w_qkv = random(rows_qkv * h, 1); // checkpoint order [q; k; v]
+        let w_o = random(h * hq * d, 2);
+        let w_gu = random(2 * i * h, 3); // [gate; up]
+        let w_down = random(h * i, 4);
+        let w_lm = random(v * h, 5);
+        let xs: Vec<Vec<f64>> = (0..3).map(|t| random(h, 10 + t)).collect();
+        // The whole layer.
+        let qkv: Vec<Vec<f64>> = xs.iter().map(|x| matvec(&w_qkv, h, x)).collect();
+        let attn = attention(&qkv, hq, hkv, d);
+        let o_full: Vec<Vec<f64>> = attn.iter().map(|a| matvec(&w_o, hq * d, a)).collect();
+        let swiglu = |gu: &[f64]| -> Vec<f64> {
+            let half = gu.len() / 2;
+            (0..half)
+                .map(|j| gu[j] / (1.0 + (-gu[j]).exp()) * gu[half + j])
+                .collect()
+        };
+        let mlp_full: Vec<f64> = matvec(&w_down, i, &swiglu(&matvec(&w_gu, h, &xs[0])));
+        let lm_full = matvec(&w_lm, h, &xs[0]);
+        // The ranks.
+        let (mut o_sum, mut mlp_sum) = (vec![vec![0.0; h]; 3], vec![0.0; h]);
+        let mut lm_cat = Vec::new();
+        for r in 0..n {
+            let shard = Shard::new(r, n).unwrap_or(Shard::SINGLE);
+            let local = shard.local_config(&cfg);
+            let plan = ShardPlan::new(&cfg, shard).unwrap_or_else(|e| panic!("{e}"));
+            let wq = plan.qkv().apply(w_qkv.clone(), h);
+            let qkv_r: Vec<Vec<f64>> = xs.iter().map(|x| matvec(&wq, h, x)).collect();
+            let attn_r = attention(
+                &qkv_r,
+                local.num_attention_heads,
+                local.num_key_value_heads,
+                d,
+            );
+            let wo = plan.o().apply(w_o.clone(), hq * d);
+            for (t, a) in attn_r.iter().enumerate() {
+                for (s, y) in o_sum[t].iter_mut().zip(matvec(&wo, local.q_size(), a)) {
+                    *s += y;
+                }
+            }
+            let wgu = plan.gate_up().apply(w_gu.clone(), h);
+            let wd = plan.down().apply(w_down.clone(), i);
+            let act = swiglu(&matvec(&wgu, h, &xs[0]));
+            for (s, y) in mlp_sum
+                .iter_mut()
+                .zip(matvec(&wd, local.intermediate_size, &act))
+            {
+                *s += y;
+            }
+            let rows = plan.vocab_rows.clone().unwrap_or_else(|| (0..v).collect());
+            let wl = crate::weights::Select {
+                rows: Some(&rows),
+                cols: None,
+            }
+            .apply(w_lm.clone(), h);
+            lm_cat.extend(matvec(&wl, h, &xs[0]));
+        }
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+        for t in 0..3 {
+            assert!(
+                close(&o_sum[t], &o_full[t]),
+                "hq {hq} kv {hkv} n {n}: o, token {t}"
+            );
+        }
+        assert!(close(&mlp_sum, &mlp_full), "hq {hq} kv {hkv} n {n}: mlp");
+        assert!(close(&lm_cat, &lm_full), "hq {hq} kv {hkv} n {n}: lm head");
+    }
+}
