@@ -176,10 +176,7 @@ pub fn any_engine<T: RunDType>(m: &Arc<Loaded>, tp: usize, graph: bool) -> Resul
     let bar = progress_bar(total);
     let shared = Arc::clone(m);
     let bar_rank0 = bar.clone();
-    let opts = TpOptions {
-        devices: (0..tp).collect(),
-        quant,
-    };
+    let opts = TpOptions::first(tp);
     let tpe = TpEngine::<T>::load(m.cfg.clone(), opts, move |dev, comm| {
         let rank0 = comm.rank() == 0;
         let mut tick = |done: u64, _total: u64| {

@@ -3,9 +3,12 @@
 //!
 //! Each rank is a thread that owns its [`Engine`] (and, while one is open, its [`Runner`]).
 //! The controller (the caller's thread) sends every rank the same call and collects the
-//! replies on one channel, in whatever order they come: the first error aborts every
-//! communicator, so a rank blocked in a collective returns instead of waiting forever, and
-//! a rank that has not answered long after the others is treated as failed the same way.
+//! replies on one channel, in whatever order they come. The first error stops the group;
+//! when the other ranks have not answered [`ERROR_GRACE`] after it, the communicators are
+//! aborted so that a rank blocked in a collective returns instead of waiting forever. A rank
+//! that has not answered long after the others ([`STRAGGLE_FACTOR`], [`MIN_STRAGGLE`]) is
+//! treated as failed the same way, and after an abort the controller waits at most
+//! [`ABORT_WAIT`]: no call hangs.
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -23,7 +26,6 @@ use crate::config::ModelConfig;
 use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::linear::Quant;
 use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats};
 use crate::scheduler::{Event, Request, RequestId};
 use crate::service::{Backend, BackendStats};
@@ -56,16 +58,13 @@ pub struct TpOptions {
     /// Device ordinals, one per rank, rank 0 first (`CUDA_VISIBLE_DEVICES` applies, as for
     /// any CUDA program). Distinct; `--tp N` uses `0..N`.
     pub devices: Vec<usize>,
-    /// How the layers' projections are stored on every rank.
-    pub quant: Quant,
 }
 
 impl TpOptions {
-    /// Devices `0..n`, dense weights.
+    /// Devices `0..n`.
     pub fn first(n: usize) -> Self {
         TpOptions {
             devices: (0..n).collect(),
-            quant: Quant::None,
         }
     }
 }
