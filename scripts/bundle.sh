@@ -20,7 +20,7 @@ cargo test --workspace --release --no-run --message-format=json-render-diagnosti
 if [ "${FL_BUNDLE_BENCHES:-1}" != 0 ]; then
   cargo bench --workspace --no-run --message-format=json-render-diagnostics >> "$json"
 fi
-cargo build --release -p fl-engine --bin fl -p fl-bench --bin optable --message-format=json-render-diagnostics >> "$json"
+cargo build --release -p fl-engine --bin fl -p fl-bench --bin optable --bin fl_loadgen --message-format=json-render-diagnostics >> "$json"
 python3 - "$json" "$DIR" <<'PY'
 import json, os, shutil, sys
 src, out = sys.argv[1], sys.argv[2]

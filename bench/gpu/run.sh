@@ -19,6 +19,10 @@
 #                                 check = tp_gpu tests (FL_REQUIRE_TP=1) + check_transformers --tp 2;
 #                                 bench = --tp 1 / 2 on llama-2-13b b1 and 64 x 1024, llama-2-70b
 #                                 int4 b1 (--tp 2), torch_allreduce.py; default both (two calls)
+#   serve-load [MODEL]            fl serve MODEL on 127.0.0.1 (default bge-base: an encoder preset,
+#                                 random weights) and fl_loadgen at 1, 8 and 64 clients
+#                                 (--embeddings, 32 inputs of 16-128 tokens a request, for an
+#                                 encoder; else completions of 512 + 128 tokens)
 #   floor                         the 1 GiB copy bandwidth, the read-only floor (read_floor.cu),
 #                                 cuBLAS f16 / int8 GEMM at 4096^3 through PyTorch
 #   ab A B [-n N] -- CMD...       CMD in bundle A's folder, then B's, N rounds (default 3), then each
@@ -174,6 +178,39 @@ t_tp() {
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 
+t_serve_load() {
+  local model="${1:-bge-base}" port=8431 rows=() c line pid
+  local args=(--prompt-lens 512 --output-lens 128)
+  case "$model" in bert-*|bge-*) args=(--embeddings --inputs-per-request 32 --prompt-lens 16-128 --vocab-size 30522) ;; esac
+  "$B/bin/fl" serve --model "$model" --port "$port" > "$LOGS/serve-load.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 180); do
+    curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/health" 2>/dev/null | grep -q 200 && break
+    kill -0 "$pid" 2>/dev/null || break; sleep 1
+  done
+  for c in 1 8 64; do
+    line=$(timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency "$c" \
+      --num-prompts $((c * 16)) --max-duration 150 "${args[@]}" 2>&1 | tail -1)
+    echo "  $line" | tee -a "$LOGS/serve-load.log" >&2
+    rows+=("$(python3 - "$model" "$c" "$line" <<'PY'
+import json, sys
+m, c, line = sys.argv[1:4]
+try:
+    v = json.loads(line)
+except ValueError:
+    print(f"{m}\t{c}\tno report: {line[:80]}"); sys.exit()
+e = v.get("e2e_ms") or {}
+print("\t".join(str(x) for x in [m, c, v["completed"], v["failed"], v["request_throughput"],
+      v.get("input_throughput", "-"), v["output_throughput"], e.get("p50", "-"), e.get("p99", "-")]))
+PY
+)")
+  done
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  tail -3 "$LOGS/serve-load.log" | grep -v '^  {' >&2
+  { echo "model${TAB}clients${TAB}completed${TAB}failed${TAB}req/s${TAB}inputs/s${TAB}output tok/s${TAB}E2E p50 ms${TAB}E2E p99 ms"
+    printf '%s\n' "${rows[@]}"; } | show_table
+}
+
 t_compare_llamacpp() {
   cat <<'EOF2'
 llama.cpp is not on the GPU machine and this runner does not build it. PEERS.md's figures were
@@ -298,6 +335,7 @@ case "$target" in
   compare-llamacpp) t_compare_llamacpp ;;
   floor) t_floor ;;
   tp) t_tp "$@" ;;
+  serve-load) t_serve_load "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
 esac

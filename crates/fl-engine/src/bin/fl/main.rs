@@ -230,7 +230,8 @@ enum Cmd {
 #[derive(clap::Args)]
 struct ModelArgs {
     /// A model directory (config.json + safetensors) or a preset name for dummy weights
-    /// (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, llama-3-70b, tiny).
+    /// (llama-2-7b, llama-2-13b, llama-2-70b, llama-3-8b, llama-3.1-8b, llama-3-70b, tiny;
+    /// `fl serve` also takes the encoder presets bert-base, bert-large, bge-base, bge-small).
     #[arg(long)]
     model: String,
     /// Run dtype: weights, activations and KV cache (f32 runs every projection on cuBLASLt in

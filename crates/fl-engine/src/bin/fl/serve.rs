@@ -2,7 +2,7 @@
 //! directory holding an encoder (config.json `model_type` bert / roberta / xlm-roberta) is
 //! served on `/v1/embeddings` and `/v1/rerank` instead of the completion routes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +10,8 @@ use fl_engine::chat_template::ChatTemplate;
 use fl_engine::encoder::backend::{EncoderModelDir, GpuEncoder};
 use fl_engine::encoder::gpu::EncoderQuant;
 use fl_engine::encoder::pooling_config::PoolingConfig;
-use fl_engine::encoder::{EncoderModel, Pooling};
+use fl_engine::encoder::presets as encoder_presets;
+use fl_engine::encoder::{EncoderConfig, EncoderModel, EncoderWeights, Pooling};
 use fl_engine::runner::RunnerConfig;
 use fl_engine::serve::{
     EncoderInfo, EncoderService, EncoderServiceConfig, ModelInfo, ServeConfig, Server,
@@ -174,7 +175,7 @@ async fn listen(
 }
 
 async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> {
-    if EncoderModelDir::is_encoder(&m.model) {
+    if EncoderModelDir::is_encoder(&m.model) || encoder_presets::preset(&m.model).is_some() {
         return serve_encoder(m, args, rcfg).await;
     }
     for (flag, given) in [
@@ -260,9 +261,17 @@ async fn serve(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Result<()> 
     }
 }
 
+/// Where an encoder's weights come from: a model directory, or a preset's random weights
+/// (`bert-base`, `bert-large`, `bge-base`, `bge-small`: no tokenizer, token-id inputs; for
+/// load tests without a download).
+enum EncoderSource {
+    Dir(PathBuf),
+    Preset(EncoderConfig),
+}
+
 /// What `fl serve` checks of an encoder directory before it listens.
 struct EncoderPlan {
-    dir: PathBuf,
+    source: EncoderSource,
     info: EncoderInfo,
     service: EncoderServiceConfig,
     quant: EncoderQuant,
@@ -282,8 +291,23 @@ fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<
             ))
         }
     };
-    let dir = PathBuf::from(&m.model);
-    let (cfg, tokenizer, max_len) = EncoderModelDir::inspect(&dir)?;
+    if m.tp > 1 {
+        return Err(EngineError::invalid(
+            "--tp",
+            "encoder models run on one GPU (tensor parallelism is for decoders)",
+        ));
+    }
+    let (source, cfg, tokenizer, max_len) = match encoder_presets::preset(&m.model) {
+        Some(cfg) => {
+            let len = cfg.max_sequence_len();
+            (EncoderSource::Preset(cfg.clone()), cfg, None, len)
+        }
+        None => {
+            let dir = PathBuf::from(&m.model);
+            let (cfg, tokenizer, max_len) = EncoderModelDir::inspect(&dir)?;
+            (EncoderSource::Dir(dir), cfg, tokenizer, max_len)
+        }
+    };
     EncoderModel::<f32>::supports(&cfg)?;
     let max_len = match rcfg.max_model_len {
         Some(l) if l == 0 || l > cfg.max_sequence_len() => {
@@ -303,7 +327,16 @@ fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<
         .as_deref()
         .map(str::parse::<Pooling>)
         .transpose()?;
-    let pooling = PoolingConfig::resolve(&dir, pooling, args.normalize)?;
+    let pooling = match &source {
+        EncoderSource::Dir(dir) => PoolingConfig::resolve(dir, pooling, args.normalize)?,
+        EncoderSource::Preset(_) => {
+            let d = PoolingConfig::default();
+            PoolingConfig {
+                pooling: pooling.unwrap_or(d.pooling),
+                normalize: args.normalize.unwrap_or(d.normalize),
+            }
+        }
+    };
     let mut info = EncoderInfo::new(&cfg, tokenizer.as_ref(), max_len, pooling)?;
     info.truncate = args.truncate.unwrap_or(true);
     let service = EncoderServiceConfig {
@@ -317,23 +350,30 @@ fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<
         ));
     }
     Ok(EncoderPlan {
-        dir,
+        source,
         info,
         service,
         quant,
     })
 }
 
-/// Reads the weights and starts the encoder's worker on GPU 0 (blocking until uploaded).
+/// Reads the weights (or draws a preset's) and starts the encoder's worker on GPU 0 (blocking
+/// until uploaded).
 fn load_encoder(
-    dir: &Path,
+    source: &EncoderSource,
     dtype: &str,
     quant: EncoderQuant,
     scfg: EncoderServiceConfig,
 ) -> Result<EncoderService> {
-    let m = EncoderModelDir::load(dir)?;
-    let head = m.head();
-    let (cfg, weights) = (m.config, m.weights);
+    let (cfg, weights, head) = match source {
+        EncoderSource::Dir(dir) => {
+            let m = EncoderModelDir::load(dir)?;
+            let head = m.head();
+            (m.config, m.weights, head)
+        }
+        // No pooler, no classifier: /v1/embeddings only.
+        EncoderSource::Preset(cfg) => (cfg.clone(), EncoderWeights::random(cfg, 1)?, None),
+    };
     // The host weights move into the worker and are freed once uploaded.
     match dtype {
         "f32" => EncoderService::spawn(
@@ -367,8 +407,8 @@ async fn serve_encoder(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Res
         "fl serve: listening on http://{addr}; loading the encoder {} (/health answers 503 until it is ready)",
         m.model
     );
-    let (dir, dtype, scfg, quant) = (plan.dir, m.dtype.clone(), plan.service, plan.quant);
-    let loading = tokio::task::spawn_blocking(move || load_encoder(&dir, &dtype, quant, scfg));
+    let (source, dtype, scfg, quant) = (plan.source, m.dtype.clone(), plan.service, plan.quant);
+    let loading = tokio::task::spawn_blocking(move || load_encoder(&source, &dtype, quant, scfg));
     let service = tokio::select! {
         r = loading => r.map_err(|e| EngineError::invalid("--model", format!("the loading thread failed: {e}")))??,
         _ = tokio::signal::ctrl_c() => {
@@ -435,5 +475,61 @@ async fn serve_encoder(m: ModelArgs, args: ServeArgs, rcfg: RunnerConfig) -> Res
             "serve",
             format!("shutdown failed: {e}"),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `plan_encoder` of `fl serve ARGS...` (no weights read, no GPU).
+    fn plan_of(args: &[&str]) -> Result<EncoderPlan> {
+        let cli = crate::Cli::try_parse_from(std::iter::once("fl").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        match cli.cmd {
+            crate::Cmd::Serve {
+                model,
+                serve,
+                runner,
+            } => plan_encoder(&model, &serve, &runner.config()),
+            _ => panic!("not a serve command"),
+        }
+    }
+
+    #[test]
+    fn an_encoder_preset_serves_random_weights_on_token_ids() {
+        let p = plan_of(&["serve", "--model", "bge-small"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(&p.source, EncoderSource::Preset(c) if c.hidden_size == 384));
+        assert!(!p.info.has_tokenizer(), "a preset has no tokenizer");
+        assert_eq!(p.info.max_len(), 512);
+        // CLS and normalised unless told otherwise.
+        assert_eq!(p.info.pooling.pooling.name(), "cls");
+        assert!(p.info.pooling.normalize);
+        let p = plan_of(&[
+            "serve",
+            "--model",
+            "bert-base",
+            "--pooling",
+            "mean",
+            "--normalize=false",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.info.pooling.pooling.name(), "mean");
+        assert!(!p.info.pooling.normalize);
+    }
+
+    #[test]
+    fn encoders_refuse_tp_and_other_quant_modes() {
+        let e = plan_of(&["serve", "--model", "bert-base", "--tp", "2"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.starts_with("--tp"), "{e}");
+        let e = plan_of(&["serve", "--model", "bert-base", "--quant", "int4"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.starts_with("--quant"), "{e}");
     }
 }
