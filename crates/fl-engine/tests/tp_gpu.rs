@@ -239,12 +239,10 @@ fn compare<T: RunDType>(spec: &Spec, quant: &str, tol: f64, exact_tokens: bool) 
     write_checkpoint(dir.path(), spec);
     let loaded =
         Arc::new(load::resolve(dir.path().to_str().expect("utf-8 path"), quant).expect("resolve"));
-    eprintln!("{} {quant}: --tp 1", T::NAME);
     let (one, _) = {
         let mut e = load::any_engine::<T>(&loaded, 1, true).expect("tp 1");
         run(&mut e, spec.vocab)
     };
-    eprintln!("{} {quant}: --tp 2", T::NAME);
     let (two, graphs) = {
         let mut e = load::any_engine::<T>(&loaded, 2, true).expect("tp 2");
         assert_eq!(e.tp(), 2);
