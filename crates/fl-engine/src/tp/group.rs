@@ -122,7 +122,9 @@ impl<T: RunDType> TpEngine<T> {
             ));
         }
         // Connect every NCCL channel at init, not at a collective's first use: the first
-        // use may be inside a CUDA graph capture. Only if the user has not chosen.
+        // use may be inside a CUDA graph capture. Only if the user has not chosen. (Setting
+        // the environment races with other threads reading it: a multi-threaded program
+        // should set NCCL_RUNTIME_CONNECT itself at startup, as `fl` does.)
         if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
             std::env::set_var("NCCL_RUNTIME_CONNECT", "0");
         }

@@ -305,6 +305,12 @@ impl RunnerArgs {
 }
 
 fn main() {
+    // Tensor parallelism (`--tp`): NCCL connects every channel at init rather than at a
+    // collective's first use, which may sit inside a CUDA graph capture. Set here, while the
+    // process has one thread (TpEngine::load sets it too, if nobody has).
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        std::env::set_var("NCCL_RUNTIME_CONNECT", "0");
+    }
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Info { path: None } => with_gpu(info),
