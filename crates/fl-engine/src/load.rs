@@ -170,8 +170,9 @@ pub fn any_engine<T: RunDType>(m: &Arc<Loaded>, tp: usize, graph: bool) -> Resul
     if tp <= 1 {
         return Ok(AnyEngine::One(engine(m, graph)?));
     }
-    Shard::new(0, tp)?.check(&m.cfg)?;
-    let (quant, total) = load_plan::<T>(m, Shard::new(0, tp)?)?;
+    let rank0 = Shard::new(0, tp)?;
+    rank0.check(&m.cfg)?;
+    let (quant, total) = load_plan::<T>(m, rank0)?;
     crate::engine::tp_quant_check(quant)?;
     let bar = progress_bar(total);
     let shared = Arc::clone(m);

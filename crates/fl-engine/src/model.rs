@@ -195,7 +195,7 @@ impl<T: RunDType> Model<T> {
     ///
     /// Errors: as [`Model::new`]; [`EngineError::Invalid`] naming `--tp` when `comm`'s rank or
     /// size is not `shard`'s, or `shard` does not split `cfg` ([`Shard::check`]), or naming
-    /// `--quant` for W8A8 (not sharded yet).
+    /// `--quant` for a mode that does not shard yet ([`crate::engine::tp_quant_check`]).
     pub fn new_shard(
         cfg: &ModelConfig,
         weights: Weights<T>,
@@ -215,12 +215,7 @@ impl<T: RunDType> Model<T> {
                 ),
             ));
         }
-        if weights.layers.iter().any(|l| l.wqkv.is_w8a8()) {
-            return Err(EngineError::invalid(
-                "--quant",
-                "w8a8 does not run tensor-parallel yet (its fused norms sit where the all-reduce goes); use int8, int4, q8_0 or q4_0",
-            ));
-        }
+        crate::engine::tp_quant_check(weights.quant)?;
         let vocab_per_rank = shard.vocab(cfg).map(|r| r.len());
         let mut m = Model::new(shard.local_config(cfg), weights)?;
         m.tp = Some(ModelTp {
@@ -381,17 +376,20 @@ impl<T: RunDType> Model<T> {
         self.check_gemv_max_m()?;
         let w = self.weights.lm_head.as_ref().unwrap_or(&self.weights.embed);
         let gemv = rows.shape().first().is_some_and(|&r| r <= self.gemv_max_m);
+        let mut project = |out: &mut DeviceTensor<T>| -> Result<()> {
+            if gemv {
+                T::dense_linear(stream, rows, w, None, out)?;
+            } else {
+                blas.linear(rows, w, None, out)?;
+            }
+            Ok(())
+        };
         let tp = self
             .tp
             .as_ref()
             .and_then(|t| t.vocab_per_rank.map(|v| (t, v)));
         let Some((tp, per)) = tp else {
-            if gemv {
-                T::dense_linear(stream, rows, w, None, logits)?;
-            } else {
-                blas.linear(rows, w, None, logits)?;
-            }
-            return Ok(());
+            return project(logits);
         };
         // Vocabulary-parallel: this rank's [r, V/N] slice, all-gathered as N blocks of
         // [r, V/N], then each block copied into its columns of [r, V].
@@ -412,11 +410,7 @@ impl<T: RunDType> Model<T> {
                 DeviceTensor::<T>::zeros(stream, &[n * r * per])?,
             )),
         };
-        if gemv {
-            T::dense_linear(stream, rows, w, None, local)?;
-        } else {
-            blas.linear(rows, w, None, local)?;
-        }
+        project(local)?;
         if r == 1 {
             // One row: the gather is already [1, V].
             return tp.comm.all_gather(stream, local, logits);

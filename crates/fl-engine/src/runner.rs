@@ -1137,16 +1137,24 @@ impl<'e, T: RunDType> Runner<'e, T> {
     /// Steps until every queued request is finished; returns each request's generated tokens
     /// (in the order they finished) and all events.
     pub fn run_to_completion(&mut self) -> Result<Completion> {
-        let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
-        let mut events = Vec::new();
-        while self.has_unfinished() {
-            for e in self.step()? {
-                if let Event::Token { id, token } = e {
-                    out.entry(id).or_default().push(token);
-                }
-                events.push(e);
-            }
-        }
-        Ok((out, events))
+        run_to_completion(self)
     }
+}
+
+/// Steps `b` until nothing is left: each request's generated tokens, and every event in
+/// order ([`Runner::run_to_completion`], and the tensor-parallel runner's).
+pub(crate) fn run_to_completion<B: crate::service::Backend + ?Sized>(
+    b: &mut B,
+) -> Result<Completion> {
+    let mut out: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut events = Vec::new();
+    while b.has_unfinished() {
+        for e in b.step()? {
+            if let Event::Token { id, token } = e {
+                out.entry(id).or_default().push(token);
+            }
+            events.push(e);
+        }
+    }
+    Ok((out, events))
 }

@@ -10,7 +10,6 @@ use crate::config::ModelConfig;
 use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::linear::Quant;
 use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats};
 use crate::scheduler::{Event, Request, RequestId};
 use crate::service::{Backend, BackendStats};
@@ -62,14 +61,6 @@ impl<T: RunDType> AnyEngine<T> {
         match self {
             AnyEngine::One(_) => 1,
             AnyEngine::Tp(t) => t.size(),
-        }
-    }
-
-    /// How the projections are stored.
-    pub fn quant(&mut self) -> Result<Quant> {
-        match self {
-            AnyEngine::One(e) => Ok(e.model.weights.quant),
-            AnyEngine::Tp(t) => Ok(t.on_engines(|e| Ok(e.model.weights.quant))?[0]),
         }
     }
 

@@ -673,17 +673,7 @@ impl<T: RunDType> TpRunner<'_, T> {
 
     /// [`Runner::run_to_completion`]: steps until nothing is left.
     pub fn run_to_completion(&mut self) -> Result<Completion> {
-        let mut tokens = std::collections::HashMap::<u64, Vec<u32>>::new();
-        let mut events = Vec::new();
-        while self.has_unfinished() {
-            for ev in self.step()? {
-                if let Event::Token { id, token } = ev {
-                    tokens.entry(id).or_default().push(token);
-                }
-                events.push(ev);
-            }
-        }
-        Ok((tokens, events))
+        crate::runner::run_to_completion(self)
     }
 }
 

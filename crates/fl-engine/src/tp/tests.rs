@@ -154,14 +154,9 @@ fn matvec(w: &[f64], k: usize, x: &[f64]) -> Vec<f64> {
 }
 
 fn random(n: usize, seed: u64) -> Vec<f64> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut rng = crate::trace::SplitMix64(seed);
     (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        })
+        .map(|_| (rng.next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5)
         .collect()
 }
 
