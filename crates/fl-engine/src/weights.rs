@@ -152,14 +152,16 @@ impl<'a> Loader<'a, '_> {
                     .collect()
             }
             WeightSource::Dummy { .. } if norm => vec![T::from_f32(1.0); n],
-            WeightSource::Dummy { .. } => self.dummy(name, n).map(T::from_f32).collect(),
+            WeightSource::Dummy { .. } => {
+                self.dummy(name, n).into_iter().map(T::from_f32).collect()
+            }
         };
         Ok(v)
     }
 
     /// The dummy values of tensor `name` (`n` of them), copied out of the repeating chunk
     /// a slice at a time.
-    fn dummy(&self, name: &str, n: usize) -> impl Iterator<Item = f32> + '_ {
+    fn dummy(&self, name: &str, n: usize) -> Vec<f32> {
         let c = &self.chunk;
         let mut v = Vec::with_capacity(n);
         let mut off = (name.len() * 7919) % c.len();
@@ -168,7 +170,7 @@ impl<'a> Loader<'a, '_> {
             v.extend_from_slice(&c[off..off + take]);
             off = 0;
         }
-        v.into_iter()
+        v
     }
 
     /// A linear weight's values in f32 (the checkpoint's widened exactly), for quantisation.
@@ -181,7 +183,7 @@ impl<'a> Loader<'a, '_> {
             WeightSource::Gguf(f) => {
                 crate::gguf::native::tensor_f32(f, name, shape, self.head_dim)?
             }
-            WeightSource::Dummy { .. } => self.dummy(name, n).collect(),
+            WeightSource::Dummy { .. } => self.dummy(name, n),
         })
     }
 
