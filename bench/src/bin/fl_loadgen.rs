@@ -654,8 +654,9 @@ fn http_failure(status: u16, body: &[u8]) -> String {
     format!("HTTP {status}: {msg}")
 }
 
-async fn small_body(resp: Response<Incoming>) -> Result<Bytes, String> {
-    Limited::new(resp.into_body(), MAX_SMALL_BODY)
+/// The whole body of `resp`, refused past `limit` bytes.
+async fn body_bytes(resp: Response<Incoming>, limit: usize) -> Result<Bytes, String> {
+    Limited::new(resp.into_body(), limit)
         .collect()
         .await
         .map(|c| c.to_bytes())
@@ -680,11 +681,7 @@ async fn embed_request(job: &Job, body: Bytes, inputs: usize) -> Result<Sample, 
         .await
         .map_err(|e| format!("connection: {e}"))?;
     let status = resp.status().as_u16();
-    let body = Limited::new(resp.into_body(), MAX_LINE_BYTES)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .map_err(|e| format!("reading the body: {e}"))?;
+    let body = body_bytes(resp, MAX_LINE_BYTES).await?;
     if status != 200 {
         return Err(http_failure(status, &body));
     }
@@ -734,7 +731,7 @@ async fn stream_request(job: &Job, body: Bytes) -> Result<Sample, String> {
         .map_err(|e| format!("connection: {e}"))?;
     let status = resp.status().as_u16();
     if status != 200 {
-        let body = small_body(resp).await.unwrap_or_default();
+        let body = body_bytes(resp, MAX_SMALL_BODY).await.unwrap_or_default();
         return Err(http_failure(status, &body));
     }
     let chat = job.mode == Mode::Chat;
@@ -792,7 +789,7 @@ async fn first_model(job: &Job, base: &str) -> Result<String, String> {
         .await
         .map_err(|e| format!("GET /v1/models: {e}"))?;
     let status = resp.status().as_u16();
-    let body = small_body(resp).await?;
+    let body = body_bytes(resp, MAX_SMALL_BODY).await?;
     if status != 200 {
         return Err(format!("GET /v1/models: {}", http_failure(status, &body)));
     }
