@@ -138,10 +138,15 @@ impl PoolingConfig {
             (Some(_), Some(_)) => PoolingConfig::default(),
             _ => Self::from_sentence_transformers(dir)?.unwrap_or_default(),
         };
-        Ok(PoolingConfig {
-            pooling: pooling.unwrap_or(base.pooling),
-            normalize: normalize.unwrap_or(base.normalize),
-        })
+        Ok(base.overridden(pooling, normalize))
+    }
+
+    /// `self` with the given flags in place of its own (`None` keeps the field).
+    pub fn overridden(self, pooling: Option<Pooling>, normalize: Option<bool>) -> Self {
+        PoolingConfig {
+            pooling: pooling.unwrap_or(self.pooling),
+            normalize: normalize.unwrap_or(self.normalize),
+        }
     }
 }
 

@@ -329,13 +329,7 @@ fn plan_encoder(m: &ModelArgs, args: &ServeArgs, rcfg: &RunnerConfig) -> Result<
         .transpose()?;
     let pooling = match &source {
         EncoderSource::Dir(dir) => PoolingConfig::resolve(dir, pooling, args.normalize)?,
-        EncoderSource::Preset(_) => {
-            let d = PoolingConfig::default();
-            PoolingConfig {
-                pooling: pooling.unwrap_or(d.pooling),
-                normalize: args.normalize.unwrap_or(d.normalize),
-            }
-        }
+        EncoderSource::Preset(_) => PoolingConfig::default().overridden(pooling, args.normalize),
     };
     let mut info = EncoderInfo::new(&cfg, tokenizer.as_ref(), max_len, pooling)?;
     info.truncate = args.truncate.unwrap_or(true);
