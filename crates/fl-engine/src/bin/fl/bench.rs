@@ -390,7 +390,7 @@ pub fn trace<T: RunDType>(
     // Warm-up: one short request (module loading, cuBLASLt plans), then its blocks freed
     // (its prompt shares nothing with the trace's).
     r.add_request(greedy_request(
-        u64::MAX,
+        1 << 62, // above the trace's ids, below the beams' range
         dummy_prompt(usize::MAX - 1, 16, vocab),
         3,
     ))?;
@@ -498,6 +498,7 @@ pub fn trace_static<T: RunDType>(
     e: &mut Engine<T>,
     t: &TraceRun<'_>,
     max_batch: usize,
+    part: Option<(usize, usize)>,
 ) -> Result<()> {
     let vocab = e.model.cfg.vocab_size as u32;
     let trace = t.requests;
@@ -512,6 +513,25 @@ pub fn trace_static<T: RunDType>(
         ignore_eos: true,
         forced: None,
     };
+    // The batches, formed on the host (the fit check allocates nothing): arrival order, each
+    // shrunk until its contiguous cache fits.
+    let mut bounds = vec![];
+    let mut at = 0usize;
+    while at < idx.len() {
+        let mut n = max_batch.max(1).min(idx.len() - at);
+        loop {
+            match e.check(&make(&idx[at..at + n])) {
+                Ok(_) => break,
+                Err(EngineError::Invalid { .. }) if n > 1 => n = (n * 3 / 4).max(1),
+                Err(x) => return Err(x),
+            }
+        }
+        bounds.push(at..at + n);
+        at += n;
+    }
+    let all = bounds.len();
+    let (k, parts) = part.unwrap_or((1, 1));
+    let run = &bounds[all * (k - 1) / parts..all * k / parts];
     // Warm-up.
     e.generate(
         &make(&idx[..1.min(idx.len())]),
@@ -519,38 +539,32 @@ pub fn trace_static<T: RunDType>(
         &mut |_| true,
     )?;
     let t0 = Instant::now();
-    let (mut at, mut useful, mut batches, mut widest) = (0usize, 0usize, 0usize, 0usize);
-    while at < idx.len() {
-        let mut n = max_batch.max(1).min(idx.len() - at);
-        let req = loop {
-            let req = make(&idx[at..at + n]);
-            match e.check(&req) {
-                Ok(_) => break req,
-                Err(EngineError::Invalid { .. }) if n > 1 => n = (n * 3 / 4).max(1),
-                Err(x) => return Err(x),
-            }
-        };
-        e.generate(&req, StepNeeds::default(), &mut |_| true)?;
-        useful += idx[at..at + n]
+    let (mut useful, mut widest) = (0usize, 0usize);
+    for b in run {
+        e.generate(&make(&idx[b.clone()]), StepNeeds::default(), &mut |_| true)?;
+        useful += idx[b.clone()]
             .iter()
             .map(|&i| trace[i].output_len)
             .sum::<usize>();
-        widest = widest.max(n);
-        batches += 1;
-        at += n;
+        widest = widest.max(b.len());
     }
     let total = t0.elapsed().as_secs_f64();
     let skipped = trace.len() - idx.len();
+    let requests: usize = run.iter().map(|b| b.len()).sum();
+    let batches = run.len();
     if t.json {
         println!(
-            "{{\"trace_static\":true,\"requests\":{},\"skipped\":{skipped},\"seconds\":{total:.3},\"output_tokens\":{useful},\"output_tokens_per_s\":{:.1},\"batches\":{batches},\"widest_batch\":{widest}}}",
-            trace.len(),
+            "{{\"trace_static\":true,\"part\":{k},\"parts\":{parts},\"requests\":{requests},\"skipped\":{skipped},\"seconds\":{total:.3},\"output_tokens\":{useful},\"output_tokens_per_s\":{:.1},\"batches\":{batches},\"all_batches\":{all},\"widest_batch\":{widest}}}",
             useful as f64 / total
         );
     } else {
+        let of = if parts > 1 {
+            format!(" (part {k} of {parts}: batches {} of {all})", batches)
+        } else {
+            String::new()
+        };
         println!(
-            "trace (static batches of up to {max_batch}): {} requests ({skipped} skipped) in {total:.2} s; {:.1} output tokens/s; {batches} batches, the widest {widest}",
-            idx.len(),
+            "trace (static batches of up to {max_batch}){of}: {requests} requests ({skipped} of the trace skipped) in {total:.2} s; {useful} output tokens, {:.1} output tokens/s; {batches} batches, the widest {widest}",
             useful as f64 / total
         );
     }

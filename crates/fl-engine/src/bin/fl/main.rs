@@ -171,6 +171,11 @@ enum Cmd {
         /// every request arriving at once; prints both.
         #[arg(long)]
         trace_static: bool,
+        /// Only part K of N of --trace-static's batches (`K/N`), and not the runner: a trace
+        /// whose static side outlasts one run splits into parts whose output tokens and
+        /// seconds add up.
+        #[arg(long, value_parser = parse_part)]
+        trace_static_part: Option<(usize, usize)>,
         #[command(flatten)]
         runner_args: RunnerArgs,
     },
@@ -262,6 +267,16 @@ fn parse_tp(s: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n @ 1..=64) => Ok(n),
         _ => Err(format!("`{s}` is not a GPU count from 1 to 64")),
+    }
+}
+
+/// `K/N` with 1 <= K <= N.
+fn parse_part(s: &str) -> std::result::Result<(usize, usize), String> {
+    let bad = || format!("`{s}` is not K/N with 1 <= K <= N");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    match (k.trim().parse::<usize>(), n.trim().parse::<usize>()) {
+        (Ok(k), Ok(n)) if 1 <= k && k <= n => Ok((k, n)),
+        _ => Err(bad()),
     }
 }
 
@@ -380,6 +395,7 @@ fn main() {
             trace_seed,
             shared_prefix,
             trace_static,
+            trace_static_part,
             runner_args,
         } => dispatch!(model, |e, _m| {
             let rcfg = runner_args.config();
@@ -405,14 +421,17 @@ fn main() {
                     shared_prefix,
                     json,
                 };
-                if trace_static {
+                if trace_static || trace_static_part.is_some() {
                     let one = e.single().ok_or_else(|| {
                         EngineError::invalid(
                             "--trace-static",
                             "the static engine runs on one GPU: drop --tp",
                         )
                     })?;
-                    bench::trace_static(one, &t, rcfg.max_num_seqs)?;
+                    bench::trace_static(one, &t, rcfg.max_num_seqs, trace_static_part)?;
+                    if trace_static_part.is_some() {
+                        return Ok(());
+                    }
                 }
                 return bench::trace(e, &t, &rcfg);
             }
@@ -817,4 +836,19 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_part;
+
+    #[test]
+    fn trace_parts_parse_and_refuse_with_the_value() {
+        assert_eq!(parse_part("1/2"), Ok((1, 2)));
+        assert_eq!(parse_part(" 3 / 3 "), Ok((3, 3)));
+        for bad in ["0/2", "3/2", "1", "a/b", "1/0", ""] {
+            let e = parse_part(bad).expect_err(bad);
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
+        }
+    }
 }
