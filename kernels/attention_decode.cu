@@ -5,12 +5,14 @@
 // sequence split), so K/V rows are read once for all G heads; both stream K/V through
 // shared memory with cp.async several tiles ahead of the math. With more than one split,
 // each split writes its normalised partial output and its log-sum-exp (base 2) to the
-// workspace, and a third kernel combines them.
+// workspace; the last split CTA of each group combines them when they are few
+// (finish_splits), else a third kernel does.
 //
 // - G >= 2 (GQA, MQA): decode_mma_kernel, W warps (8 on Hopper), tensor cores (see the
 //   comment there).
-// - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 with long contexts and wide
-//   batches, where the tensor-core kernel reads faster: see mha_on_mma), 4 warps of CUDA-core
+// - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 over a paged cache, or with
+//   long contexts and wide batches, where the tensor-core kernel is faster: see mha_on_mma),
+//   4 warps of CUDA-core
 //   "workers" of LPK lanes, each owning one key row at a time (each lane 8 dims) with its own
 //   online-softmax state, merged through shared memory at the end. One head per K/V row keeps
 //   the math light enough for CUDA cores to keep up with the reads; its copies run ahead
@@ -40,7 +42,61 @@ struct Params {
     int32_t num_splits;
     float *ws_o;       // [batch, q_heads, splits, D]
     float *ws_lse;     // [batch, q_heads, splits]
+    // Fused combine (see finish_splits): one arrival counter per CTA group (sequence, head
+    // group), zero between launches; null: the combine kernel runs instead.
+    int32_t *counters;
 };
+
+// The workspace starts with the fused combine's counters: a fixed region whatever the call's
+// shape, so a workspace reused across shapes never holds partial sums where a later call
+// counts. Zeroed when the workspace is made (DecodeWorkspace); every fused launch leaves its
+// counters at zero again.
+constexpr int64_t kCounterBytes = 4096;
+constexpr int64_t kMaxFusedGroups = kCounterBytes / 4;
+// Fused when the last CTA's combine stays small: splits x heads per CTA at most this.
+constexpr int kMaxFusedRows = 64;
+// Head dims with the fused combine compiled in (at 256 the tensor-core kernel sits at the
+// register limit and the combine's code made it spill).
+constexpr int kMaxFusedD = 128;
+
+// The split combine, fused into the split kernel when it is small: after its partials are in
+// the workspace, the CTA that arrives last among the splits of its (sequence, head group)
+// combines them into the output (the same weights as combine_kernel, summed in split order,
+// so the result does not depend on which CTA is last) and re-arms the group's counter. Saves
+// the combine kernel's launch and the wait for the whole split grid, which a short sequence in
+// a long cache pays on every layer. `flag`: one int of shared memory that is free by now.
+template <typename T, int D>
+__device__ __forceinline__ void finish_splits(const Params &p, int b, int h0, int G, int *flag) {
+    __threadfence();  // this CTA's partials are visible before its arrival is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t *c = p.counters + (int64_t)blockIdx.x * gridDim.y + blockIdx.y;
+        const bool last = atomicAdd(c, 1) == p.num_splits - 1;
+        if (last) *c = 0;  // the next launch is stream-ordered after this one
+        *flag = last;
+    }
+    __syncthreads();
+    if (!*flag) return;
+    __threadfence();
+    const int S = p.num_splits;
+    for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+        const int64_t bh = (int64_t)b * p.q_heads + h0 + e / D;
+        const int d = e % D;
+        const float *lse = p.ws_lse + bh * S;
+        const float *o = p.ws_o + bh * S * D + d;
+        float M = -INFINITY;
+        for (int sp = 0; sp < S; ++sp) M = fmaxf(M, __ldcg(lse + sp));
+        float L = 0.f, O = 0.f;
+        if (M != -INFINITY) {
+            for (int sp = 0; sp < S; ++sp) {
+                const float w = exp2f(__ldcg(lse + sp) - M);
+                L += w;
+                O = fmaf(w, __ldcg(o + (int64_t)sp * D), O);
+            }
+        }
+        static_cast<T *>(p.out)[bh * D + d] = from_f32<T>(L > 0.f ? O / L : 0.f);
+    }
+}
 
 __host__ __device__ constexpr int lanes_per_key(int d) {
     return d / 8 <= 8 ? 8 : (d / 8 <= 16 ? 16 : 32);
@@ -336,6 +392,8 @@ __global__ void __launch_bounds__(kThreads, ctas_per_sm(G, sizeof(T))) decode_ke
             if (d == 0) p.ws_lse[bh * p.num_splits + split] = L > 0.f ? M + log2f(L) : -INFINITY;
         }
     }
+    if constexpr (D <= kMaxFusedD)
+        if (p.counters) finish_splits<T, D>(p, b, h0, G, reinterpret_cast<int *>(ring));
 }
 
 // ---------------------------------------------------------------- tensor-core path (G >= 2)
@@ -726,6 +784,8 @@ __global__ void __launch_bounds__(32 * W, mma_min_ctas(D, W, S, SW, FL_MMA_WARPS
             }
         }
     }
+    if constexpr (D <= kMaxFusedD)
+        if (p.counters) finish_splits<T, D>(p, b, h0, G, reinterpret_cast<int *>(mma_smem));
 }
 
 // Combines the splits of one (batch, head): weights 2^(lse_s - max lse). The tensor-core path
@@ -830,15 +890,21 @@ inline bool valid(const fl_decode_attention_args *a) {
 // kernels/experiments/attention_decode.md).
 constexpr int64_t kSplitMinKeys = 256;
 
-// MHA (group 1) at head_dim 128, f16/bf16, on sm_90, with batch x kv heads >= 128 and
-// max_seq_len >= 4096: the tensor-core kernel (G = 1, 15 of its 16 rows idle) instead of the
-// CUDA-core one. There both run at the read-bandwidth ceiling and the tensor-core kernel's
-// long runs of adjacent keys (8 warps x 16 keys per CTA) read slightly faster; below either
-// bound (a batch-1 engine step has batch x kv heads = 32) the CUDA-core kernel's 4 CTAs per SM
-// win (kernels/experiments/attention_decode.md).
+// MHA (group 1) at head_dim 128, f16/bf16, on sm_90: the tensor-core kernel (G = 1, 15 of its
+// 16 rows idle) instead of the CUDA-core one
+// - over a paged cache: the CUDA-core kernel's per-key block lookups cost it ~3 us at short
+//   contexts (one 140-key sequence, 32 heads: 9.1 us paged against 6.0 contiguous; the
+//   tensor-core kernel 7.0-7.2 paged), a continuous-batching runner's every decode step;
+// - over a contiguous cache with batch x kv heads >= 128 and max_seq_len >= 4096: there both
+//   run at the read-bandwidth ceiling and the tensor-core kernel's long runs of adjacent keys
+//   (8 warps x 16 keys per CTA) read slightly faster; below either bound (a batch-1 engine step
+//   has batch x kv heads = 32) the CUDA-core kernel's 4 CTAs per SM win
+//   (kernels/experiments/attention_decode.md).
 inline bool mha_on_mma(const fl_decode_attention_args *a) {
     if (a->q_heads != a->kv_heads || a->head_dim != 128 || a->dtype == FL_DTYPE_F32) return false;
-    return cc_major() >= 9 && (int64_t)a->batch * a->kv_heads >= 128 && a->max_seq_len >= 4096;
+    if (cc_major() < 9) return false;
+    return a->layout == FL_KV_PAGED ||
+           ((int64_t)a->batch * a->kv_heads >= 128 && a->max_seq_len >= 4096);
 }
 
 // Tensor-core CTAs per SM, for the split choice: sm_90 has 228 KB per SM; before it, 100 KB is
@@ -941,9 +1007,13 @@ template <typename T, int D, int G>
 fl_status launch_g(const fl_decode_attention_args *a, Params &p, cudaStream_t st) {
     const int group = a->q_heads / a->kv_heads;
     dim3 grid(a->batch, a->kv_heads * (group / G), p.num_splits);
-    // The split kernel's status, then the combine when there are splits.
+    if (D > kMaxFusedD || p.num_splits * G > kMaxFusedRows ||
+        (int64_t)grid.x * grid.y > kMaxFusedGroups)
+        p.counters = nullptr;
+    // The split kernel's status, then the combine when there are splits and the split kernel
+    // does not combine them itself.
     auto combine = [&](fl_status s) {
-        return s != FL_OK || p.num_splits == 1 ? s : launch_combine<T, D>(a, p, st);
+        return s != FL_OK || p.num_splits == 1 || p.counters ? s : launch_combine<T, D>(a, p, st);
     };
     if constexpr (G >= 2 && sizeof(T) == 2) {  // grouped heads: tensor cores
         return combine(launch_mma_auto<T, D, G>(a, p, grid, st));
@@ -994,10 +1064,11 @@ extern "C" int64_t fl_attention_decode_workspace_size(const fl_decode_attention_
     const int64_t s = fl::attn::choose_splits(a);
     if (s <= 1) return 0;
     const int64_t bh = (int64_t)a->batch * a->q_heads;
-    // partial outputs, then the lse values, each region 16-byte aligned
+    // the fused combine's counters, partial outputs, then the lse values, each region
+    // 16-byte aligned
     const int64_t o = bh * s * a->head_dim * 4;
     const int64_t l = (bh * s * 4 + 15) / 16 * 16;
-    return o + l;
+    return fl::attn::kCounterBytes + o + l;
 }
 
 extern "C" fl_status fl_attention_decode(const fl_decode_attention_args *a, void *workspace,
@@ -1024,8 +1095,10 @@ extern "C" fl_status fl_attention_decode(const fl_decode_attention_args *a, void
     p.scale_log2 = a->scale * kLog2e;
     p.num_splits = splits;
     const int64_t bh = (int64_t)a->batch * a->q_heads;
-    p.ws_o = splits > 1 ? static_cast<float *>(workspace) : nullptr;
-    p.ws_lse = splits > 1 ? reinterpret_cast<float *>(static_cast<char *>(workspace) +
+    char *ws = static_cast<char *>(workspace);
+    p.counters = splits > 1 ? reinterpret_cast<int32_t *>(ws) : nullptr;
+    p.ws_o = splits > 1 ? reinterpret_cast<float *>(ws + kCounterBytes) : nullptr;
+    p.ws_lse = splits > 1 ? reinterpret_cast<float *>(ws + kCounterBytes +
                                                       bh * splits * a->head_dim * 4)
                           : nullptr;
     cudaStream_t st = fl::as_stream(stream);

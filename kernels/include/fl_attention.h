@@ -63,6 +63,10 @@ int32_t fl_attention_decode_num_splits(const fl_decode_attention_args *args);
 /* Scratch bytes needed for these args (0 when a single split is used). */
 int64_t fl_attention_decode_workspace_size(const fl_decode_attention_args *args);
 
+/* `workspace`: 16-byte aligned, at least fl_attention_decode_workspace_size bytes, and
+ * zero-filled once when allocated: its first 4 KB hold the split kernel's arrival counters
+ * (a small split combine runs in the last CTA of each group), which every call leaves at zero
+ * again, so one workspace serves every later call on the same stream whatever its shape. */
 fl_status fl_attention_decode(const fl_decode_attention_args *args, void *workspace,
                               int64_t workspace_bytes, fl_stream stream);
 

@@ -40,7 +40,73 @@ fn decode_case<T: FloatDType>(batch: usize, len: usize, hkv: usize) -> Case {
     }
 }
 
-/// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 and f32 at one shape).
+/// One short sequence (`len` keys) in a cache of `cap` positions, contiguous or paged
+/// (`block` tokens per block, blocks in order): what a continuous-batching runner's decode
+/// graph, whose split layout covers the capacity, costs beside a cache sized to the sequence.
+fn decode_cache_case<T: FloatDType>(
+    len: usize,
+    hkv: usize,
+    cap: usize,
+    block: Option<usize>,
+) -> Case {
+    let (batch, hq, d) = (1usize, 32usize, 128usize);
+    let es = std::mem::size_of::<T>();
+    let kv_bytes = 2 * batch * hkv * len * d * es;
+    let qo_bytes = 2 * batch * hq * d * es;
+    let layout = block.map_or("contig".to_string(), |b| format!("paged{b}"));
+    Case {
+        op: "decode_attn_cache",
+        dtype: T::NAME,
+        shape: format!("b{batch}_L{len}_cap{cap}_{layout}_q{hq}_kv{hkv}_d{d}"),
+        bytes: (kv_bytes + qo_bytes + 4 * batch) as u64,
+        make: Box::new(move |gpu| {
+            let s = gpu.stream().clone();
+            let q = bench_tensor::<T>(gpu, &[batch, hq, d], 1)?;
+            let lens = DeviceTensor::from_host(&s, &vec![len as i32; batch], &[batch])?;
+            let params = DecodeParams::new(d, cap);
+            let mut out = DeviceTensor::<T>::zeros(&s, &[batch, hq, d])?;
+            let l: Launch = match block {
+                None => {
+                    let k = bench_tensor::<T>(gpu, &[batch, hkv, cap, d], 2)?;
+                    let v = bench_tensor::<T>(gpu, &[batch, hkv, cap, d], 3)?;
+                    let cache = KvCache::Contiguous { k: &k, v: &v };
+                    let bytes = attention::decode_workspace_bytes(&s, &q, &cache, &lens, &params)?;
+                    let mut ws = DecodeWorkspace::new(&s, bytes)?;
+                    Box::new(move || {
+                        let cache = KvCache::Contiguous { k: &k, v: &v };
+                        attention::decode(&s, &q, &cache, &lens, &params, &mut ws, &mut out)
+                    })
+                }
+                Some(bs) => {
+                    let nb = cap.div_ceil(bs);
+                    let k = bench_tensor::<T>(gpu, &[nb, hkv, bs, d], 2)?;
+                    let v = bench_tensor::<T>(gpu, &[nb, hkv, bs, d], 3)?;
+                    let ids: Vec<i32> = (0..nb as i32).collect();
+                    let table = DeviceTensor::from_host(&s, &ids, &[1, nb])?;
+                    let cache = KvCache::Paged {
+                        k: &k,
+                        v: &v,
+                        block_table: &table,
+                    };
+                    let bytes = attention::decode_workspace_bytes(&s, &q, &cache, &lens, &params)?;
+                    let mut ws = DecodeWorkspace::new(&s, bytes)?;
+                    Box::new(move || {
+                        let cache = KvCache::Paged {
+                            k: &k,
+                            v: &v,
+                            block_table: &table,
+                        };
+                        attention::decode(&s, &q, &cache, &lens, &params, &mut ws, &mut out)
+                    })
+                }
+            };
+            Ok(l)
+        }),
+    }
+}
+
+/// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 and f32 at one shape);
+/// then one 140-key sequence in caches of 144 and 4,096 positions, contiguous and paged.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for &(b, l) in &DECODE_SHAPES {
@@ -49,5 +115,12 @@ pub fn cases() -> Vec<Case> {
     }
     v.push(decode_case::<bf16>(64, 4096, 8));
     v.push(decode_case::<f32>(64, 4096, 8));
+    for &hkv in &[32usize, 8] {
+        for &cap in &[144usize, 4096] {
+            for block in [None, Some(16)] {
+                v.push(decode_cache_case::<f16>(140, hkv, cap, block));
+            }
+        }
+    }
     v
 }

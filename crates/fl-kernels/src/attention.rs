@@ -67,7 +67,9 @@ impl DecodeParams {
     }
 }
 
-/// Scratch memory for [`decode`]'s split reduction; allocate once, reuse every step.
+/// Scratch memory for [`decode`]'s split reduction; allocate once, reuse every step (calls on
+/// one stream; it is zero-filled when made, and its first 4 KB hold arrival counters that every
+/// call leaves at zero).
 ///
 /// Size it with [`decode_workspace_bytes`] for the largest shape you will run; [`decode`]
 /// never allocates and returns an error naming `workspace` when it is too small.

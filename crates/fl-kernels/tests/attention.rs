@@ -17,11 +17,16 @@ struct Case {
     window: usize,
     splits: Option<usize>,
     paged_block: Option<usize>,
+    /// Positions the cache holds (default: the longest length).
+    cap: Option<usize>,
 }
 
-fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
+/// The output's rel L2 against the reference, and the workspace the call needed.
+fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> (f64, usize) {
     let s = gpu.stream();
-    let cap = c.lens.iter().copied().max().unwrap_or(1).max(1);
+    let cap = c
+        .cap
+        .unwrap_or_else(|| c.lens.iter().copied().max().unwrap_or(1).max(1));
     let (b, hq, hkv, d) = (c.batch, c.hq, c.hkv, c.d);
     let q: Vec<T> = fl_kernels::testing::random(r, b * hq * d);
     let k: Vec<T> = fl_kernels::testing::random(r, b * hkv * cap * d);
@@ -49,7 +54,7 @@ fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
         num_splits: c.splits,
     };
     let mut out = DeviceTensor::filled(s, &[b, hq, d], T::from_f32(f32::NAN)).unwrap();
-    match c.paged_block {
+    let ws_bytes = match c.paged_block {
         None => {
             let dk = DeviceTensor::from_host(s, &k, &[b, hkv, cap, d]).unwrap();
             let dv = DeviceTensor::from_host(s, &v, &[b, hkv, cap, d]).unwrap();
@@ -57,6 +62,7 @@ fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
             let bytes = attention::decode_workspace_bytes(s, &dq, &cache, &dl, &params).unwrap();
             let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
             attention::decode(s, &dq, &cache, &dl, &params, &mut ws, &mut out).unwrap();
+            bytes
         }
         Some(bs) => {
             // Scatter the dense cache into randomly permuted blocks of a pool.
@@ -89,10 +95,11 @@ fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
             let bytes = attention::decode_workspace_bytes(s, &dq, &cache, &dl, &params).unwrap();
             let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
             attention::decode(s, &dq, &cache, &dl, &params, &mut ws, &mut out).unwrap();
+            bytes
         }
-    }
+    };
     let got = out.to_host(s).unwrap();
-    rel_l2(&got, &want)
+    (rel_l2(&got, &want), ws_bytes)
 }
 
 // f32: every step in f32 against the f64 reference. The largest term is the sum of up to
@@ -100,7 +107,7 @@ fn run_case<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) -> f64 {
 // like sqrt(j) for random signs, so the error of the sum is ~0.4 * 2^-24 * sqrt(n) of its
 // value (~1.5e-6 at n = 4095; ~1e-7 for the dot products and exp2), inside 1e-5.
 fn check<T: FloatDType>(gpu: &Gpu, c: &Case, r: &mut impl Rng) {
-    let err = run_case::<T>(gpu, c, r);
+    let (err, _) = run_case::<T>(gpu, c, r);
     assert!(
         err < tolerance::<T>(),
         "decode<{}> b={} hq={} hkv={} d={} lens={:?} window={} splits={:?} paged={:?}: rel L2 {err:e}",
@@ -118,6 +125,7 @@ fn case(batch: usize, hq: usize, hkv: usize, d: usize, lens: Vec<usize>) -> Case
         window: 0,
         splits: None,
         paged_block: None,
+        cap: None,
     }
 }
 
@@ -247,6 +255,153 @@ fn decode_mha_wide_batch_on_the_tensor_core_kernel() {
     c.window = 100;
     c.splits = Some(3);
     check::<f16>(&gpu, &c, &mut r);
+}
+
+#[test]
+fn decode_short_sequences_in_a_long_cache() {
+    // A cache far longer than its sequences (the automatic split count is chosen for the
+    // capacity, as for a CUDA graph replayed at every length), into an output poisoned with
+    // NaN: few splits combine in the split kernel's last CTA, many in the combine kernel.
+    // Batch 1 MHA runs the CUDA-core kernel, GQA the tensor-core kernel, batch 4 x 32 kv heads
+    // at 4,096 positions the tensor-core kernel for MHA, f32 the CUDA-core kernel.
+    let Some(gpu) = gpu_or_skip("decode_short_sequences_in_a_long_cache") else {
+        return;
+    };
+    let mut r = rng("decode_long_cache");
+    let mut cases: Vec<Case> = vec![];
+    for &paged in &[None, Some(16usize)] {
+        for &l in &[129usize, 300, 600, 4000] {
+            let mut c = case(1, 32, 32, 128, vec![l]);
+            (c.cap, c.paged_block) = (Some(4096), paged);
+            cases.push(c);
+            let mut c = case(1, 32, 8, 128, vec![l]);
+            (c.cap, c.paged_block) = (Some(8192), paged);
+            cases.push(c);
+        }
+        let mut c = case(
+            9,
+            32,
+            8,
+            128,
+            vec![1, 7, 255, 256, 257, 1000, 5000, 8192, 0],
+        );
+        (c.cap, c.paged_block) = (Some(8192), paged);
+        cases.push(c);
+        let mut c = case(4, 32, 32, 128, vec![1, 300, 2049, 4096]);
+        (c.cap, c.paged_block) = (Some(4096), paged);
+        cases.push(c);
+        let mut c = case(4, 8, 2, 64, vec![3, 700, 4100, 260]);
+        (c.cap, c.paged_block, c.window) = (Some(8192), paged, 300);
+        cases.push(c);
+    }
+    for (i, c) in cases.iter().enumerate() {
+        let (err, tol) = match i % 3 {
+            0 => (run_case::<f16>(&gpu, c, &mut r).0, tolerance::<f16>()),
+            1 => (run_case::<bf16>(&gpu, c, &mut r).0, tolerance::<bf16>()),
+            _ => (run_case::<f32>(&gpu, c, &mut r).0, tolerance::<f32>()),
+        };
+        assert!(
+            err < tol,
+            "case {i}: b={} hq={} hkv={} lens={:?} cap={:?} window={} paged={:?}: rel L2 {err:e}",
+            c.batch,
+            c.hq,
+            c.hkv,
+            c.lens,
+            c.cap,
+            c.window,
+            c.paged_block
+        );
+    }
+}
+
+#[test]
+fn decode_workspace_reused_across_shapes() {
+    // One workspace, sized for the largest call, serves calls of other shapes in turn, as a
+    // user reuses it every step: combines in the split kernel (few splits: its arrival
+    // counters must be back at zero after every call) between combine-kernel calls (many
+    // splits: their partial sums must never land where the counters are).
+    let Some(gpu) = gpu_or_skip("decode_workspace_reused_across_shapes") else {
+        return;
+    };
+    let s = gpu.stream();
+    let mut r = rng("decode_ws_reuse");
+    let shape = |b, hq, hkv, d, lens: Vec<usize>, cap, splits| {
+        let mut c = case(b, hq, hkv, d, lens);
+        (c.cap, c.splits) = (Some(cap), splits);
+        c
+    };
+    let shapes = [
+        shape(1, 32, 32, 128, vec![140], 4096, None),
+        shape(2, 32, 8, 128, vec![20000, 5], 32768, None),
+        shape(4, 8, 2, 64, vec![3, 700, 90, 1], 1024, Some(3)),
+        shape(3, 16, 16, 96, vec![33, 1, 2000], 2048, Some(40)),
+    ];
+    struct Prepared {
+        q: DeviceTensor<f16>,
+        k: DeviceTensor<f16>,
+        v: DeviceTensor<f16>,
+        lens: DeviceTensor<i32>,
+        params: DecodeParams,
+        want: Vec<f64>,
+        shape: [usize; 3],
+    }
+    let prep: Vec<Prepared> = shapes
+        .iter()
+        .map(|c| {
+            let (b, hq, hkv, d, cap) = (c.batch, c.hq, c.hkv, c.d, c.cap.expect("set"));
+            let lens = &c.lens;
+            let q: Vec<f16> = fl_kernels::testing::random(&mut r, b * hq * d);
+            let k: Vec<f16> = fl_kernels::testing::random(&mut r, b * hkv * cap * d);
+            let v: Vec<f16> = fl_kernels::testing::random(&mut r, b * hkv * cap * d);
+            let scale = 1.0 / (d as f32).sqrt();
+            let want = reference::attention::decode(
+                &to_f64(&q),
+                &to_f64(&k),
+                &to_f64(&v),
+                lens,
+                hq,
+                hkv,
+                d,
+                cap,
+                scale as f64,
+                0,
+            );
+            let lens32: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
+            Prepared {
+                q: DeviceTensor::from_host(s, &q, &[b, hq, d]).unwrap(),
+                k: DeviceTensor::from_host(s, &k, &[b, hkv, cap, d]).unwrap(),
+                v: DeviceTensor::from_host(s, &v, &[b, hkv, cap, d]).unwrap(),
+                lens: DeviceTensor::from_host(s, &lens32, &[b]).unwrap(),
+                params: DecodeParams {
+                    scale,
+                    max_seq_len: cap,
+                    window: None,
+                    num_splits: c.splits,
+                },
+                want,
+                shape: [b, hq, d],
+            }
+        })
+        .collect();
+    let need = |p: &Prepared| {
+        let cache = KvCache::Contiguous { k: &p.k, v: &p.v };
+        attention::decode_workspace_bytes(s, &p.q, &cache, &p.lens, &p.params).unwrap()
+    };
+    let bytes = prep.iter().map(need).max().unwrap();
+    assert!(prep.iter().all(|p| need(p) > 0), "every shape splits");
+    let mut ws = DecodeWorkspace::new(s, bytes).unwrap();
+    for round in 0..3 {
+        for (i, p) in prep.iter().enumerate() {
+            let mut out = DeviceTensor::filled(s, &p.shape, f16::from_f32(f32::NAN)).unwrap();
+            let cache = KvCache::Contiguous { k: &p.k, v: &p.v };
+            attention::decode(s, &p.q, &cache, &p.lens, &p.params, &mut ws, &mut out).unwrap();
+            let err = rel_l2(&out.to_host(s).unwrap(), &p.want);
+            assert!(
+                err < tolerance::<f16>(),
+                "round {round}, shape {i}: rel L2 {err:e}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -415,7 +570,7 @@ fn decode_gpu_proptest() {
             let mut r = rand::rngs::StdRng::seed_from_u64(seed);
             let mut c = case(batch, hq, hkv, d, lens[..batch].to_vec());
             c.paged_block = paged;
-            let err = run_case::<bf16>(&gpu, &c, &mut r);
+            let err = run_case::<bf16>(&gpu, &c, &mut r).0;
             prop_assert!(err < 1e-2, "rel L2 {err:e}");
             Ok(())
         })
@@ -446,7 +601,7 @@ fn decode_f32_gpu_proptest() {
             let mut r = rand::rngs::StdRng::seed_from_u64(seed);
             let mut c = case(batch, hq, hkv, d, lens[..batch].to_vec());
             c.paged_block = paged;
-            let err = run_case::<f32>(&gpu, &c, &mut r);
+            let err = run_case::<f32>(&gpu, &c, &mut r).0;
             prop_assert!(err < tolerance::<f32>(), "rel L2 {err:e}");
             Ok(())
         })
