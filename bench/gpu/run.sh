@@ -23,6 +23,10 @@
 #                                 random weights) and fl_loadgen at 1, 8 and 64 clients
 #                                 (--embeddings, 32 inputs of 16-128 tokens a request, for an
 #                                 encoder; else completions of 512 + 128 tokens)
+#   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
+#                                 64-4096, outputs 16-1024): the runner, or part K of N of the
+#                                 static batches (the static side takes longer than one call: run
+#                                 its parts in calls of their own; output tokens and seconds add)
 #   floor                         the 1 GiB copy bandwidth, the read-only floor (read_floor.cu),
 #                                 cuBLAS f16 / int8 GEMM at 4096^3 through PyTorch
 #   ab A B [-n N] -- CMD...       CMD in bundle A's folder, then B's, N rounds (default 3), then each
@@ -211,6 +215,14 @@ PY
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 
+t_trace() {
+  local side="${1:-runner}" part="${2:-1/1}" extra=()
+  [ "$side" = static ] && extra=(--trace-static-part "$part")
+  timeout "${FL_TRACE_TIMEOUT:-580}" "$B/bin/fl" bench --json --model llama-2-7b --trace 1000 \
+    --prompt-lens 64-4096 --output-lens 16-1024 "${extra[@]}" 2>&1 | tee "$LOGS/trace-$side.log" |
+    grep -E '^\{"trace'
+}
+
 t_compare_llamacpp() {
   cat <<'EOF2'
 llama.cpp is not on the GPU machine and this runner does not build it. PEERS.md's figures were
@@ -336,6 +348,7 @@ case "$target" in
   floor) t_floor ;;
   tp) t_tp "$@" ;;
   serve-load) t_serve_load "$@" ;;
+  trace) t_trace "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
 esac

@@ -40,16 +40,18 @@ fn decode_case<T: FloatDType>(batch: usize, len: usize, hkv: usize) -> Case {
     }
 }
 
-/// One short sequence (`len` keys) in a cache of `cap` positions, contiguous or paged
-/// (`block` tokens per block, blocks in order): what a continuous-batching runner's decode
-/// graph, whose split layout covers the capacity, costs beside a cache sized to the sequence.
+/// `batch` sequences of `len` keys in a cache of `cap` positions, contiguous or paged (`block`
+/// tokens per block, each sequence's blocks in order): what a continuous-batching runner's
+/// decode graph, whose split layout covers the capacity, costs beside a cache sized to the
+/// sequences.
 fn decode_cache_case<T: FloatDType>(
+    batch: usize,
     len: usize,
     hkv: usize,
     cap: usize,
     block: Option<usize>,
 ) -> Case {
-    let (batch, hq, d) = (1usize, 32usize, 128usize);
+    let (hq, d) = (32usize, 128usize);
     let es = std::mem::size_of::<T>();
     let kv_bytes = 2 * batch * hkv * len * d * es;
     let qo_bytes = 2 * batch * hq * d * es;
@@ -79,10 +81,10 @@ fn decode_cache_case<T: FloatDType>(
                 }
                 Some(bs) => {
                     let nb = cap.div_ceil(bs);
-                    let k = bench_tensor::<T>(gpu, &[nb, hkv, bs, d], 2)?;
-                    let v = bench_tensor::<T>(gpu, &[nb, hkv, bs, d], 3)?;
-                    let ids: Vec<i32> = (0..nb as i32).collect();
-                    let table = DeviceTensor::from_host(&s, &ids, &[1, nb])?;
+                    let k = bench_tensor::<T>(gpu, &[batch * nb, hkv, bs, d], 2)?;
+                    let v = bench_tensor::<T>(gpu, &[batch * nb, hkv, bs, d], 3)?;
+                    let ids: Vec<i32> = (0..(batch * nb) as i32).collect();
+                    let table = DeviceTensor::from_host(&s, &ids, &[batch, nb])?;
                     let cache = KvCache::Paged {
                         k: &k,
                         v: &v,
@@ -106,7 +108,9 @@ fn decode_cache_case<T: FloatDType>(
 }
 
 /// Decode attention at every shape, kv heads 8 and 32, f16 (and bf16 and f32 at one shape);
-/// then one 140-key sequence in caches of 144 and 4,096 positions, contiguous and paged.
+/// then one 140-key sequence in caches of 144 and 4,096 positions, and 64 sequences of 1,100
+/// keys in caches of 1,104 and 4,096, contiguous and paged (16-token blocks; 64 too at batch
+/// 64): the static engine's and the runner's decode steps on llama-2-7b / llama-3-8b heads.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for &(b, l) in &DECODE_SHAPES {
@@ -115,10 +119,16 @@ pub fn cases() -> Vec<Case> {
     }
     v.push(decode_case::<bf16>(64, 4096, 8));
     v.push(decode_case::<f32>(64, 4096, 8));
-    for &hkv in &[32usize, 8] {
-        for &cap in &[144usize, 4096] {
-            for block in [None, Some(16)] {
-                v.push(decode_cache_case::<f16>(140, hkv, cap, block));
+    for &(batch, len, short_cap) in &[(1usize, 140usize, 144usize), (64, 1100, 1104)] {
+        for &hkv in &[32usize, 8] {
+            for &cap in &[short_cap, 4096] {
+                for block in [None, Some(16)] {
+                    v.push(decode_cache_case::<f16>(batch, len, hkv, cap, block));
+                }
+            }
+            // Longer blocks: longer runs of adjacent keys per (block, head).
+            if batch > 1 {
+                v.push(decode_cache_case::<f16>(batch, len, hkv, 4096, Some(64)));
             }
         }
     }

@@ -34,6 +34,11 @@ pub fn parse_runs(s: &str) -> Result<Vec<(usize, usize, usize)>> {
         .collect()
 }
 
+/// Ids of the benches' warm-up requests (from here up, one per sequence of a batch): above
+/// any measured request's id, below the beams' range (which the scheduler refuses).
+const WARMUP_ID: u64 = 1 << 62;
+const _: () = assert!(WARMUP_ID + (1 << 32) < fl_engine::scheduler::BEAM_ID_BASE);
+
 /// The static engine on one shape: prefill, then decode against the bandwidth floor.
 pub fn fixed<T: RunDType>(
     e: &mut Engine<T>,
@@ -176,7 +181,7 @@ pub fn runner<T: RunDType>(
     // decode bucket), prompts unlike the measured ones so nothing is served from the prefix
     // cache.
     for b in 0..batch {
-        let id = (1 << 62) + b as u64; // above the measured ids, below the beams' range
+        let id = WARMUP_ID + b as u64;
         r.add_request(greedy_request(
             id,
             dummy_prompt(usize::MAX - b, 8, vocab),
@@ -390,7 +395,7 @@ pub fn trace<T: RunDType>(
     // Warm-up: one short request (module loading, cuBLASLt plans), then its blocks freed
     // (its prompt shares nothing with the trace's).
     r.add_request(greedy_request(
-        1 << 62, // above the trace's ids, below the beams' range
+        WARMUP_ID,
         dummy_prompt(usize::MAX - 1, 16, vocab),
         3,
     ))?;
