@@ -31,7 +31,7 @@
 //! than the decode kernel for long contexts); the paged prefill attention is the mma.sync
 //! kernel (the Hopper wgmma kernel reads packed K/V only).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::{CudaEvent, CudaGraph, CudaStream, PinnedHostSlice};
@@ -51,6 +51,7 @@ use crate::kv;
 use crate::model::AttnMode;
 use crate::scheduler::{
     BeamStep, Event, FinishReason, Request, RequestId, Scheduler, SchedulerConfig, StepPlan,
+    MAX_TOP_LOGPROBS,
 };
 
 /// How a [`Runner`] sizes its KV pool and its steps.
@@ -229,6 +230,74 @@ pub struct RequestOptions {
 struct Extras {
     forced: Vec<u32>,
     logits: Option<Vec<Vec<f32>>>,
+    /// `top_logprobs` asked for, and the tokens' log-probabilities not yet taken.
+    logprobs: Option<(usize, VecDeque<TokenLogprobs>)>,
+}
+
+impl Extras {
+    /// Nothing left to hand out once the request has ended.
+    fn drained(&self) -> bool {
+        self.logits.is_none() && self.logprobs.as_ref().is_none_or(|(_, q)| q.is_empty())
+    }
+}
+
+/// A generated token's log-probability and the most likely tokens at its step
+/// ([`RequestParams::top_logprobs`](crate::scheduler::RequestParams::top_logprobs)): the
+/// log-softmax of the logits the sampler saw (after repetition / presence / frequency
+/// penalties and bans, before temperature and truncation), as vLLM's and OpenAI's `logprobs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The generated token.
+    pub token: u32,
+    /// Its log-probability (`-inf` for a banned token).
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens and their log-probabilities, most likely first
+    /// (ties: the lower id first).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// [`TokenLogprobs`] of `token` from one row of logits (NaN counts as `-inf`); `k` top
+/// tokens. On the host: a request that asks for them reads its logits back every step.
+pub fn token_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let val = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+    let max = logits
+        .iter()
+        .copied()
+        .map(val)
+        .fold(f32::NEG_INFINITY, f32::max);
+    let lse = if max == f32::NEG_INFINITY {
+        f32::NEG_INFINITY
+    } else {
+        let sum: f64 = logits.iter().map(|&x| ((val(x) - max) as f64).exp()).sum();
+        max + sum.ln() as f32
+    };
+    let lp = |x: f32| {
+        if lse == f32::NEG_INFINITY {
+            f32::NEG_INFINITY
+        } else {
+            val(x) - lse
+        }
+    };
+    // The k best (value descending, id ascending), kept sorted.
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (i, &x) in logits.iter().enumerate() {
+            let x = val(x);
+            if top.len() == k && x <= top[k - 1].1 {
+                continue;
+            }
+            let at = top.partition_point(|&(_, y)| y >= x);
+            top.insert(at, (i as u32, x));
+            top.truncate(k);
+        }
+    }
+    TokenLogprobs {
+        token,
+        logprob: logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&x| lp(x)),
+        top: top.into_iter().map(|(i, x)| (i, lp(x))).collect(),
+    }
 }
 
 /// What the last [`Runner::step`] ran.
@@ -417,15 +486,23 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 format!("token id {t} >= vocab_size {vocab}"),
             ));
         }
+        let top = req.params.top_logprobs;
+        if let Some(k) = top.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            return Err(EngineError::invalid(
+                "top_logprobs",
+                format!("{k} is more than {MAX_TOP_LOGPROBS}"),
+            ));
+        }
         req.params.sampling.seed = req.params.seed;
         let id = req.id;
         self.sched.add_request(req)?;
-        if opts != RequestOptions::default() {
+        if opts != RequestOptions::default() || top.is_some() {
             self.extras.insert(
                 id,
                 Extras {
                     forced: opts.forced,
                     logits: opts.logits.then(Vec::new),
+                    logprobs: top.map(|k| (k, VecDeque::new())),
                 },
             );
         }
@@ -472,6 +549,12 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 ),
             ));
         }
+        if req.params.top_logprobs.is_some() {
+            return Err(EngineError::invalid(
+                "top_logprobs",
+                "a beam search reports hypothesis scores, not per-token log-probabilities",
+            ));
+        }
         req.params.max_new_tokens = beam.max_new_tokens;
         req.params.eos_token_ids = beam.eos_token_ids.clone();
         req.params.stop_token_ids.clear();
@@ -493,7 +576,30 @@ impl<'e, T: RunDType> Runner<'e, T> {
     /// The logits kept for request `id` so far (one `[vocab]` row per generated token, in
     /// order), when it was added with [`RequestOptions::logits`]; taking them clears them.
     pub fn take_logits(&mut self, id: RequestId) -> Option<Vec<Vec<f32>>> {
-        self.extras.get_mut(&id).and_then(|e| e.logits.take())
+        let logits = self.extras.get_mut(&id).and_then(|e| e.logits.take());
+        self.forget_ended(id);
+        logits
+    }
+
+    /// The log-probabilities of request `id`'s next generated token not yet taken (one per
+    /// [`Event::Token`], in order), when it asked for them
+    /// ([`RequestParams::top_logprobs`](crate::scheduler::RequestParams::top_logprobs));
+    /// those of a finished request stay until taken.
+    pub fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        let next = self
+            .extras
+            .get_mut(&id)
+            .and_then(|e| e.logprobs.as_mut())
+            .and_then(|(_, q)| q.pop_front());
+        self.forget_ended(id);
+        next
+    }
+
+    /// Drops what the runner keeps for `id` once the request has ended and all of it was taken.
+    fn forget_ended(&mut self, id: RequestId) {
+        if !self.sched.contains(id) && self.extras.get(&id).is_some_and(Extras::drained) {
+            self.extras.remove(&id);
+        }
     }
 
     /// Aborts a request: its blocks are freed; returns its [`Event::Finished`].
@@ -578,8 +684,9 @@ impl<'e, T: RunDType> Runner<'e, T> {
                         self.beam_results.insert(*id, state.finish());
                     }
                 }
-                // Kept logits stay until taken; forcing ends with the request.
-                if self.extras.get(id).is_some_and(|x| x.logits.is_none()) {
+                // Kept logits and log-probabilities stay until taken; forcing ends with the
+                // request.
+                if self.extras.get(id).is_some_and(Extras::drained) {
                     self.extras.remove(id);
                 }
             }
@@ -873,10 +980,11 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let stream = self.engine.gpu.stream().clone();
         let vocab = self.engine.model.cfg.vocab_size;
         let head = self.heads.get(&l.rows).expect("launched");
-        let want_logits = l
-            .heads
-            .iter()
-            .any(|h| self.extras.get(&h.id).is_some_and(|x| x.logits.is_some()));
+        let want_logits = l.heads.iter().any(|h| {
+            self.extras
+                .get(&h.id)
+                .is_some_and(|x| x.logits.is_some() || x.logprobs.is_some())
+        });
         // (No lookahead step runs behind a step whose logits are read.)
         let host_logits = if want_logits {
             Some(head.logits.to_host(&stream)?)
@@ -903,6 +1011,13 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 }
                 if let Some(&f) = x.forced.get(h.generated) {
                     token = f;
+                }
+                if let (Some((k, q)), Some(l)) = (x.logprobs.as_mut(), host_logits.as_ref()) {
+                    let row: Vec<f32> = l[r * vocab..(r + 1) * vocab]
+                        .iter()
+                        .map(|v| v.to_f32())
+                        .collect();
+                    q.push_back(token_logprobs(&row, token, *k));
                 }
             }
             out.push((h.id, token));
@@ -1157,4 +1272,52 @@ pub(crate) fn run_to_completion<B: crate::service::Backend + ?Sized>(
         }
     }
     Ok((out, events))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_logprobs;
+
+    /// log-softmax in f64, the reference.
+    fn log_softmax(x: &[f32]) -> Vec<f64> {
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        x.iter().map(|&v| v as f64 - lse).collect()
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_and_the_top_k_in_order() {
+        let x: Vec<f32> = (0..1000u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 7) % 2000) as f32 / 97.0 - 9.0)
+            .collect();
+        let want = log_softmax(&x);
+        let t = token_logprobs(&x, 123, 5);
+        assert_eq!(t.token, 123);
+        assert!((t.logprob as f64 - want[123]).abs() < 1e-5, "{}", t.logprob);
+        let mut order: Vec<usize> = (0..x.len()).collect();
+        order.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+        assert_eq!(t.top.len(), 5);
+        for (&(id, lp), &w) in t.top.iter().zip(&order) {
+            assert_eq!(id as usize, w);
+            assert!((lp as f64 - want[w]).abs() < 1e-5);
+        }
+        assert!(token_logprobs(&x, 7, 0).top.is_empty());
+    }
+
+    #[test]
+    fn logprobs_break_ties_by_id_and_read_nan_and_bans_as_impossible() {
+        let x = [1.0, 3.0, f32::NAN, 3.0, f32::NEG_INFINITY, 2.0];
+        let t = token_logprobs(&x, 4, 6);
+        assert_eq!(t.logprob, f32::NEG_INFINITY);
+        let ids: Vec<u32> = t.top.iter().map(|&(i, _)| i).collect();
+        assert_eq!(ids, [1, 3, 5, 0, 2, 4]);
+        let lse = (3f64.exp() * 2.0 + 2f64.exp() + 1f64.exp()).ln();
+        assert!((t.top[0].1 as f64 - (3.0 - lse)).abs() < 1e-6);
+        assert_eq!(t.top[4].1, f32::NEG_INFINITY);
+        // A token outside the row, and a row with nothing possible.
+        assert_eq!(token_logprobs(&x, 99, 1).logprob, f32::NEG_INFINITY);
+        let none = token_logprobs(&[f32::NEG_INFINITY; 3], 0, 2);
+        assert_eq!(none.logprob, f32::NEG_INFINITY);
+        assert_eq!(none.top, [(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)]);
+    }
 }

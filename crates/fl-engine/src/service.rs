@@ -71,7 +71,7 @@
 //!         let started = stream.submitted_at();
 //!         for event in stream {
 //!             match event {
-//!                 StreamEvent::Token { token, index } => println!("data: {index} {token}"),
+//!                 StreamEvent::Token { token, index, .. } => println!("data: {index} {token}"),
 //!                 StreamEvent::Finished { reason, usage } => println!("done: {reason:?} {usage:?}"),
 //!                 StreamEvent::Beams(_) => unreachable!("only beam requests get hypotheses"),
 //!                 StreamEvent::Error(e) => eprintln!("500: {e}"),
@@ -103,7 +103,7 @@ use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
 use crate::kv::KvStats;
-use crate::runner::{Runner, RunnerConfig};
+use crate::runner::{Runner, RunnerConfig, TokenLogprobs};
 use crate::scheduler::{
     Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage,
 };
@@ -137,6 +137,13 @@ pub trait Backend {
         let _ = id;
         None
     }
+    /// The log-probabilities of request `id`'s next token not yet taken, when it asked for
+    /// them ([`RequestParams::top_logprobs`]); called once per [`Event::Token`], after the
+    /// step. The default has none.
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        let _ = id;
+        None
+    }
     /// Ends a queued or running request now; returns its [`Event::Finished`].
     fn abort(&mut self, id: RequestId) -> Result<Event>;
     /// Runs one step; returns its events in order.
@@ -160,6 +167,10 @@ impl<T: RunDType> Backend for Runner<'_, T> {
 
     fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
         Runner::take_beams(self, id)
+    }
+
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        Runner::next_logprobs(self, id)
     }
 
     fn abort(&mut self, id: RequestId) -> Result<Event> {
@@ -266,6 +277,9 @@ pub enum StreamEvent {
         token: u32,
         /// Its index in the output: 0, 1, 2, ...
         index: usize,
+        /// Its log-probability and the most likely tokens at its step, when the request asked
+        /// for them ([`RequestParams::top_logprobs`]).
+        logprobs: Option<TokenLogprobs>,
     },
     /// A beam request's hypotheses, best first: generated tokens (the end id included, if
     /// one ended it) and score (log-probability sum / length ^ `length_penalty`). Sent just
@@ -933,6 +947,8 @@ struct Active {
     generated: usize,
     /// A beam request: its hypotheses go out before its `Finished`.
     beam: bool,
+    /// It asked for log-probabilities: each token's goes out with it.
+    logprobs: bool,
 }
 
 /// The worker thread's state; the loop is [`Worker::serve`], generic over the backend.
@@ -1001,6 +1017,7 @@ impl Worker {
                 reply,
             } => {
                 let (id, prompt_len, is_beam) = (req.id, req.prompt.len(), beam.is_some());
+                let logprobs = req.params.top_logprobs.is_some();
                 let answer = match beam {
                     Some(beam) => b.add_beam_request(*req, beam).map_err(refusal),
                     None => b.add_request(*req).map_err(ServiceError::from),
@@ -1017,6 +1034,7 @@ impl Worker {
                                     prompt_len,
                                     generated,
                                     beam: is_beam,
+                                    logprobs,
                                 },
                             );
                             self.stats.submitted += 1;
@@ -1035,6 +1053,7 @@ impl Worker {
                             prompt_len,
                             generated: 0,
                             beam: is_beam,
+                            logprobs,
                         },
                     );
                     self.stats.submitted += 1;
@@ -1101,7 +1120,17 @@ impl Worker {
                 };
                 let index = a.generated;
                 a.generated += 1;
-                if !a.events.send(StreamEvent::Token { token, index }, now) {
+                let logprobs = if a.logprobs {
+                    b.next_logprobs(id)
+                } else {
+                    None
+                };
+                let ev = StreamEvent::Token {
+                    token,
+                    index,
+                    logprobs,
+                };
+                if !a.events.send(ev, now) {
                     // The stream is gone; its Abort command may still be queued.
                     self.abort(b, id);
                 }

@@ -551,3 +551,69 @@ fn lookahead_decode_matches_synchronous_runs() {
         "the sampled request with and without lookahead"
     );
 }
+
+#[test]
+fn logprobs_are_the_log_softmax_of_each_sampled_step() {
+    // A sampled request asking for 4 alternatives, among greedy mates that ask for none: one
+    // entry per generated token, in order, for the token it got; the values are the log-softmax
+    // of the logits it was sampled from (kept too, for the check).
+    if gpu_or_skip("logprobs_are_the_log_softmax_of_each_sampled_step").is_none() {
+        return;
+    }
+    let _serial = serial();
+    let cfg = RunnerConfig {
+        max_batched_tokens: 32,
+        max_model_len: Some(256),
+        num_blocks: Some(64),
+        max_num_seqs: 8,
+        ..Default::default()
+    };
+    let mut e = engine();
+    let mut r = Runner::new(&mut e, &cfg).expect("runner");
+    let sp = SamplingParams {
+        temperature: 0.8,
+        top_k: 50,
+        ..Default::default()
+    };
+    let mut req = request(9, prompt(21, 3), 12, sp, 77);
+    req.params.top_logprobs = Some(4);
+    let opts = RequestOptions {
+        logits: true,
+        ..Default::default()
+    };
+    r.add_request_with(req, opts).unwrap();
+    for i in 0..3u64 {
+        let mate = request(
+            20 + i,
+            prompt(9 + 5 * i as usize, 40 + i as u32),
+            10,
+            SamplingParams::greedy(),
+            i,
+        );
+        r.add_request(mate).unwrap();
+    }
+    let (tokens, _) = r.run_to_completion().unwrap();
+    let logits = r.take_logits(9).expect("kept logits");
+    let mut got = vec![];
+    while let Some(lp) = r.next_logprobs(9) {
+        got.push(lp);
+    }
+    assert_eq!(got.len(), tokens[&9].len());
+    assert_eq!(logits.len(), got.len());
+    for (i, (lp, row)) in got.iter().zip(&logits).enumerate() {
+        assert_eq!(lp.token, tokens[&9][i], "step {i}");
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        assert!(
+            (lp.logprob as f64 - (row[lp.token as usize] as f64 - lse)).abs() < 1e-4,
+            "step {i}"
+        );
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+        let ids: Vec<usize> = lp.top.iter().map(|&(t, _)| t as usize).collect();
+        assert_eq!(ids, order[..4], "step {i}");
+    }
+    for i in 0..3u64 {
+        assert_eq!(r.next_logprobs(20 + i), None, "a mate that asked for none");
+    }
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use fl_engine::beam::{BeamParams, EarlyStopping};
 use fl_engine::chat_template::ChatTemplate;
+use fl_engine::runner::TokenLogprobs;
 use fl_engine::scheduler::{
     Event, FinishReason, Request, RequestError, RequestId, Scheduler, SchedulerConfig, Usage,
 };
@@ -115,7 +116,23 @@ struct Echo {
     seqs: HashMap<RequestId, (Vec<u32>, usize)>,
     beams: HashMap<RequestId, (Vec<u32>, BeamParams)>,
     beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
+    /// Requests asking for log-probabilities: `top_logprobs`, and those not yet taken.
+    logprobs: HashMap<RequestId, (usize, std::collections::VecDeque<TokenLogprobs>)>,
     ctl: Arc<Ctl>,
+}
+
+/// The mock's log-probabilities: the token at -0.5, then the next ids at -2, -3, ...
+fn fake_logprobs(token: u32, k: usize) -> TokenLogprobs {
+    TokenLogprobs {
+        token,
+        logprob: -0.5,
+        top: (0..k as u32)
+            .map(|j| {
+                let lp = if j == 0 { -0.5 } else { -1.0 - j as f32 };
+                ((token + j) % VOCAB as u32, lp)
+            })
+            .collect(),
+    }
 }
 
 /// The mock's beam search of prompt `<s> x y ...`: hypothesis `i` (scored `-i`) is the digit
@@ -142,7 +159,11 @@ fn hypotheses(prompt: &[u32], beam: &BeamParams) -> Vec<(Vec<u32>, f64)> {
 impl Backend for Echo {
     fn add_request(&mut self, req: Request<SamplingParams>) -> fl_engine::Result<()> {
         let (id, prompt, seed) = (req.id, req.prompt.clone(), req.params.seed);
+        let top = req.params.top_logprobs;
         self.sched.add_request(req)?;
+        if let Some(k) = top {
+            self.logprobs.insert(id, (k, Default::default()));
+        }
         let echo = if prompt.len() > 1 {
             prompt[1..].to_vec()
         } else {
@@ -181,6 +202,10 @@ impl Backend for Echo {
         self.beam_results.remove(&id)
     }
 
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        self.logprobs.get_mut(&id).and_then(|(_, q)| q.pop_front())
+    }
+
     fn abort(&mut self, id: RequestId) -> fl_engine::Result<Event> {
         self.seqs.remove(&id);
         if let Some((prompt, _)) = self.beams.remove(&id) {
@@ -215,8 +240,15 @@ impl Backend for Echo {
             .collect();
         let mut events = self.sched.update(&plan, &sampled)?;
         for e in &events {
-            if let Event::Finished { id, .. } = e {
-                self.seqs.remove(id);
+            match *e {
+                Event::Finished { id, .. } => {
+                    self.seqs.remove(&id);
+                }
+                Event::Token { id, token } => {
+                    if let Some((k, q)) = self.logprobs.get_mut(&id) {
+                        q.push_back(fake_logprobs(token, *k));
+                    }
+                }
             }
         }
         for (id, (prompt, beam)) in self.beams.drain() {
@@ -313,6 +345,7 @@ fn start(opts: Opts) -> TestServer {
                 seqs: HashMap::new(),
                 beams: HashMap::new(),
                 beam_results: HashMap::new(),
+                logprobs: HashMap::new(),
                 ctl: c,
             })
         })
@@ -633,6 +666,74 @@ fn streaming_completions_and_include_usage() {
 }
 
 #[test]
+fn logprobs_in_completions_and_chat_streamed_or_not() {
+    // The mock gives every token -0.5 and its next ids -2, -3, ... as alternatives: each
+    // generated token gets one entry, in each endpoint's shape, streamed or not.
+    let t = start(Opts::default());
+    let r = t.post(
+        "/v1/completions",
+        &json!({"prompt": "abc", "max_tokens": 6, "logprobs": 2}),
+    );
+    let j = r.json();
+    let lp = &j["choices"][0]["logprobs"];
+    assert_eq!(lp["token_logprobs"], json!(vec![-0.5; 6]), "{j}");
+    assert_eq!(lp["tokens"].as_array().map(Vec::len), Some(6));
+    let tops = lp["top_logprobs"].as_array().expect("top_logprobs");
+    assert_eq!(tops.len(), 6);
+    for top in tops {
+        let m = top.as_object().expect("a map");
+        assert!(!m.is_empty() && m.len() <= 2, "{top}");
+        assert!(m.values().any(|v| v == &json!(-0.5)), "{top}");
+    }
+    let offsets: Vec<u64> = serde_json::from_value(lp["text_offset"].clone()).unwrap();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    // Without `logprobs`: null.
+    let r = t.post(
+        "/v1/completions",
+        &json!({"prompt": "abc", "max_tokens": 2}),
+    );
+    assert_eq!(r.json()["choices"][0]["logprobs"], Value::Null);
+
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    let r = t.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 12, "logprobs": true, "top_logprobs": 2}),
+    );
+    let j = r.json();
+    let content = j["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("content")
+        .clone();
+    assert_eq!(content.len(), 12, "{j}");
+    for c in &content {
+        assert_eq!(c["logprob"], -0.5);
+        let token = c["token"].as_str().expect("token");
+        assert_eq!(c["bytes"], json!(token.as_bytes()));
+        let top = c["top_logprobs"].as_array().expect("top");
+        assert_eq!(top.len(), 2);
+        assert_eq!(
+            (&top[0]["logprob"], &top[1]["logprob"]),
+            (&json!(-0.5), &json!(-2.0))
+        );
+    }
+    // Streamed: the chunks' entries add up to one per token, in the same order.
+    let body = json!({"messages": messages, "max_tokens": 12, "logprobs": true, "stream": true});
+    let r = t.post("/v1/chat/completions", &body);
+    let mut streamed_tokens = vec![];
+    for e in r.events().iter().filter(|e| e.as_str() != "[DONE]") {
+        let c: Value = serde_json::from_str(e).expect("chunk");
+        if let Some(list) = c["choices"][0]["logprobs"]["content"].as_array() {
+            for x in list {
+                assert_eq!(x["top_logprobs"], json!([]));
+                streamed_tokens.push(x["token"].clone());
+            }
+        }
+    }
+    let want: Vec<Value> = content.iter().map(|c| c["token"].clone()).collect();
+    assert_eq!(streamed_tokens, want);
+}
+
+#[test]
 fn chat_completions_streaming_and_not() {
     let t = start(Opts::default());
     let messages = json!([{"role": "system", "content": "be brief"},
@@ -743,7 +844,7 @@ fn validation_errors_name_the_field() {
         (json!({"prompt": "a", "top_p": 1.5}), "top_p"),
         (json!({"prompt": "a", "n": 0}), "n"),
         (json!({"prompt": "a", "n": 17}), "n"),
-        (json!({"prompt": "a", "logprobs": 2}), "logprobs"),
+        (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
         (
             json!({"prompt": "a", "stop": ["1", "2", "3", "4", "5"]}),
             "stop",
@@ -770,7 +871,7 @@ fn validation_errors_name_the_field() {
     let chat = vec![
         (json!({"messages": "hi"}), "messages"),
         (
-            json!({"messages": [{"role": "user", "content": "a"}], "logprobs": true}),
+            json!({"messages": [{"role": "user", "content": "a"}], "logprobs": "yes"}),
             "logprobs",
         ),
         (

@@ -107,7 +107,7 @@ fn service_matches_runner_alone_f32() {
                     let mut tokens = vec![];
                     loop {
                         match s.recv_timeout(WAIT) {
-                            Ok(StreamEvent::Token { token, index }) => {
+                            Ok(StreamEvent::Token { token, index, .. }) => {
                                 assert_eq!(index, tokens.len());
                                 tokens.push(token);
                             }

@@ -90,4 +90,6 @@ pub use plan::{ScheduledSeq, StepPlan};
 pub use policy::{
     BeamStep, Scheduler, SchedulerConfig, SchedulerError, BEAM_ID_BASE, PENDING_TOKEN,
 };
-pub use request::{Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage};
+pub use request::{
+    Event, FinishReason, Request, RequestError, RequestId, RequestParams, Usage, MAX_TOP_LOGPROBS,
+};

@@ -39,7 +39,15 @@ pub struct RequestParams<S = ()> {
     /// ends only when the runner says so (the stop rules above do not apply). `None`: one
     /// sampled sequence.
     pub beam_width: Option<usize>,
+    /// `Some(k)`: report each generated token's log-probability and the `k` most likely
+    /// tokens' (at most [`MAX_TOP_LOGPROBS`]; sampled requests only). Opaque to the
+    /// scheduler: the runner computes them ([`Runner::next_logprobs`](crate::runner::Runner::next_logprobs)).
+    pub top_logprobs: Option<usize>,
 }
+
+/// The most alternatives [`RequestParams::top_logprobs`] asks for (OpenAI's `top_logprobs`
+/// bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl<S: Default> RequestParams<S> {
     /// `max_new_tokens` tokens, no stop ids, seed 0, default sampling.
@@ -52,6 +60,7 @@ impl<S: Default> RequestParams<S> {
             seed: 0,
             sampling: S::default(),
             beam_width: None,
+            top_logprobs: None,
         }
     }
 }

@@ -17,12 +17,14 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::openai::{
-    self, ApiError, BeamSearch, Endpoint, GenParams, Prompt, ResponseMeta, TokenizeRequest,
+    self, ApiError, BeamSearch, Choice, Endpoint, GenParams, Prompt, ResponseMeta, TokenLogprob,
+    TokenizeRequest,
 };
 use super::text::{Decode, IdText, OutputText};
 use super::{AppState, ModelInfo, Ready};
 use crate::beam::BeamParams;
 use crate::chat_template::ChatTemplateError;
+use crate::runner::TokenLogprobs;
 use crate::scheduler::{FinishReason, RequestError, RequestId, RequestParams, Usage};
 use crate::service::{Service, ServiceError, StreamEvent};
 
@@ -410,6 +412,7 @@ fn request_params(
     params.stop_token_ids = p.stop_token_ids.clone();
     params.eos_token_ids = m.eos_token_ids.clone();
     params.ignore_eos = p.ignore_eos;
+    params.top_logprobs = p.logprobs;
     // The runner keys its random stream by (seed, request_id, token index): a given seed
     // gives the same tokens whatever else runs, a missing one a fresh stream.
     params.seed = p.seed.unwrap_or_else(random_u64);
@@ -477,8 +480,9 @@ impl Drop for Guard {
 
 /// What a running request produces next.
 enum Out {
-    /// Text to send.
-    Text(String),
+    /// Text to send, and the log-probabilities of the tokens that made it (when asked for;
+    /// a token whose text is held back goes with the next text sent).
+    Text(String, Vec<TokenLogprob>),
     /// The end (terminal).
     Done {
         finish_reason: &'static str,
@@ -501,6 +505,10 @@ struct Generation {
     /// Tokens received when a stop string matched.
     stopped_at: Option<usize>,
     queued: VecDeque<Out>,
+    /// Asked for log-probabilities: each token's text for them.
+    lp_decoder: Option<Box<dyn Decode>>,
+    /// Log-probabilities of tokens whose text is not sent yet.
+    lp_pending: Vec<TokenLogprob>,
 }
 
 /// Submits one choice's request (a beam search with `beam`); its events come through the
@@ -517,6 +525,7 @@ fn submit(
     stops: Vec<String>,
 ) -> Result<Generation, ApiError> {
     let text = OutputText::new(decoder(&r.model), &prompt, stops, end_ids(&params));
+    let lp_decoder = params.top_logprobs.map(|_| decoder(&r.model));
     let (tx, rx) = unbounded_channel();
     let sink = move |e: StreamEvent, at: Instant| tx.send((e, at)).is_ok();
     let id = match beam {
@@ -541,7 +550,19 @@ fn submit(
         tokens: 0,
         stopped_at: None,
         queued: VecDeque::new(),
+        lp_decoder,
+        lp_pending: Vec::new(),
     })
+}
+
+/// A token's log-probabilities with the tokens as text.
+fn token_logprob(d: &dyn Decode, lp: TokenLogprobs) -> TokenLogprob {
+    let text = |id: u32| d.decode(&[id]).unwrap_or_default();
+    TokenLogprob {
+        token: text(lp.token),
+        logprob: lp.logprob,
+        top: lp.top.into_iter().map(|(id, l)| (text(id), l)).collect(),
+    }
 }
 
 /// The ids that end a request (stop ids, then end-of-sequence ids unless ignored), each once.
@@ -641,7 +662,7 @@ impl Choices {
         drop(rest);
         self.turn = (i + 1) % n;
         match &out {
-            Out::Text(_) => {}
+            Out::Text(..) => {}
             Out::Done { usage, .. } => {
                 self.ended[i] = true;
                 self.usage[i] = *usage;
@@ -699,8 +720,10 @@ impl Generation {
                 },
             };
             match event {
-                StreamEvent::Token { token, .. } => {
-                    if let Some(text) = self.token(token, at) {
+                StreamEvent::Token {
+                    token, logprobs, ..
+                } => {
+                    if let Some(text) = self.token(token, logprobs, at) {
                         return text;
                     }
                 }
@@ -751,7 +774,7 @@ impl Generation {
         }
     }
 
-    fn token(&mut self, token: u32, at: Instant) -> Option<Out> {
+    fn token(&mut self, token: u32, lp: Option<TokenLogprobs>, at: Instant) -> Option<Out> {
         let m = &self.guard.st.metrics;
         count(&m.generation_tokens);
         match self.last_token_at {
@@ -764,6 +787,9 @@ impl Generation {
             // Tokens the engine made before the abort reached it.
             return None;
         }
+        if let (Some(d), Some(lp)) = (&self.lp_decoder, lp) {
+            self.lp_pending.push(token_logprob(d.as_ref(), lp));
+        }
         let piece = match self.text.push(token) {
             Ok(p) => p,
             Err(e) => return Some(self.fail_text(e)),
@@ -772,7 +798,8 @@ impl Generation {
             self.stopped_at = Some(self.tokens);
             let _ = self.guard.service.abort(self.guard.id);
         }
-        (!piece.text.is_empty()).then_some(Out::Text(piece.text))
+        (!piece.text.is_empty())
+            .then(|| Out::Text(piece.text, std::mem::take(&mut self.lp_pending)))
     }
 
     fn fail_text(&mut self, e: String) -> Out {
@@ -802,8 +829,9 @@ impl Generation {
                     if piece.stopped {
                         finish_reason = "stop";
                     }
-                    if !piece.text.is_empty() {
-                        self.queued.push_back(Out::Text(piece.text));
+                    if !piece.text.is_empty() || !self.lp_pending.is_empty() {
+                        let lps = std::mem::take(&mut self.lp_pending);
+                        self.queued.push_back(Out::Text(piece.text, lps));
                     }
                 }
                 Err(e) => return self.fail_text(e),
@@ -898,15 +926,25 @@ async fn generate(
         return Ok(sse(choices, meta, p.include_usage));
     }
     let mut texts = vec![String::new(); p.n];
+    let mut lps: Vec<Vec<TokenLogprob>> = vec![Vec::new(); p.n];
     let mut finish = vec![""; p.n];
     while let Some((i, out)) = choices.next().await {
         match out {
-            Out::Text(t) => texts[i].push_str(&t),
+            Out::Text(t, l) => {
+                texts[i].push_str(&t);
+                lps[i].extend(l);
+            }
             Out::Done { finish_reason, .. } => finish[i] = finish_reason,
             Out::Failed(e) => return Err(e),
         }
     }
-    let list: Vec<(&str, &str)> = texts.iter().map(String::as_str).zip(finish).collect();
+    let list: Vec<Choice<'_>> = (0..p.n)
+        .map(|i| Choice {
+            text: &texts[i],
+            finish_reason: finish[i],
+            logprobs: p.logprobs.map(|_| lps[i].as_slice()),
+        })
+        .collect();
     Ok(json_response(&meta.response(&list, &choices.total_usage())))
 }
 
@@ -1043,7 +1081,14 @@ async fn beam_search(
         _ => &m.success.length,
     });
     m.e2e.observe(arrival.elapsed());
-    let list: Vec<(&str, &str)> = choices.iter().map(|(t, f)| (t.as_str(), *f)).collect();
+    let list: Vec<Choice<'_>> = choices
+        .iter()
+        .map(|(t, f)| Choice {
+            text: t,
+            finish_reason: f,
+            logprobs: None,
+        })
+        .collect();
     Ok(json_response(&meta.response(&list, &usage)))
 }
 
@@ -1064,13 +1109,17 @@ fn sse(choices: Choices, meta: ResponseMeta, include_usage: bool) -> Response {
         include_usage: bool,
         started: bool,
         done: bool,
+        /// Bytes of each choice's text sent so far (completions' `text_offset`).
+        sent: Vec<usize>,
     }
+    let sent = vec![0; choices.gens.len()];
     let s = S {
         choices,
         meta,
         include_usage,
         started: false,
         done: false,
+        sent,
     };
     let stream = futures_util::stream::unfold(s, |mut s| async move {
         if s.done {
@@ -1081,19 +1130,23 @@ fn sse(choices: Choices, meta: ResponseMeta, include_usage: bool) -> Response {
             s.started = true;
             if s.meta.endpoint == Endpoint::Chat {
                 let roles: String = (0..s.choices.gens.len())
-                    .map(|i| event(&s.meta.chunk(i, Some(""), true, None, iu)))
+                    .map(|i| event(&s.meta.chunk(i, Some(""), true, None, iu, None)))
                     .collect();
                 return Some((Ok::<_, Infallible>(Bytes::from(roles)), s));
             }
         }
         let out = match s.choices.next().await {
-            Some((i, Out::Text(t))) => event(&s.meta.chunk(i, Some(&t), false, None, iu)),
+            Some((i, Out::Text(t, l))) => {
+                let lp = (!l.is_empty()).then_some((l.as_slice(), s.sent[i]));
+                s.sent[i] += t.len();
+                event(&s.meta.chunk(i, Some(&t), false, None, iu, lp))
+            }
             Some((i, Out::Done { finish_reason, .. })) => {
                 let text = match s.meta.endpoint {
                     Endpoint::Chat => None,
                     Endpoint::Completions => Some(""),
                 };
-                event(&s.meta.chunk(i, text, false, Some(finish_reason), iu))
+                event(&s.meta.chunk(i, text, false, Some(finish_reason), iu, None))
             }
             None => {
                 s.done = true;

@@ -3,8 +3,12 @@
 //!
 //! Requests are read field by field from a JSON object, so that a wrong type names its field
 //! (`max_tokens: expected an integer, got a string`), fields the server does not know are
-//! ignored (clients send extras), and fields it knows but cannot honour yet (`logprobs`,
-//! `tools`, ...) are refused with a 400 naming them rather than ignored.
+//! ignored (clients send extras), and fields it knows but cannot honour yet (`tools`, `echo`,
+//! ...) are refused with a 400 naming them rather than ignored.
+//!
+//! `logprobs` (completions: an integer 0-20; chat: `logprobs: true` and `top_logprobs` 0-20)
+//! becomes [`GenParams::logprobs`]; [`logprobs_json`] writes each endpoint's shape (`-inf`,
+//! an impossible token, as OpenAI's -9999).
 //!
 //! Beam search takes vLLM's fields ([`BeamSearch`]): `use_beam_search: true`, `best_of` (the
 //! beam width, default `n`), `length_penalty`, `early_stopping`; `n` hypotheses come back as
@@ -26,7 +30,7 @@ use fl_sampling::SamplingParams;
 use serde_json::{json, Map, Value};
 
 use crate::beam::EarlyStopping;
-use crate::scheduler::Usage;
+use crate::scheduler::{Usage, MAX_TOP_LOGPROBS};
 
 /// An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`.
 #[derive(Clone, Debug, PartialEq)]
@@ -201,6 +205,32 @@ pub struct GenParams {
     pub n: usize,
     /// `use_beam_search: true`: the beam search's fields; `None`: sampling.
     pub beam: Option<BeamSearch>,
+    /// Log-probabilities of each generated token and this many alternatives (0 to
+    /// [`MAX_TOP_LOGPROBS`]): completions' `logprobs`, chat's `logprobs: true` with
+    /// `top_logprobs`; `None`: none.
+    pub logprobs: Option<usize>,
+}
+
+/// One choice of a whole (not streamed) response.
+pub struct Choice<'a> {
+    /// Its text.
+    pub text: &'a str,
+    /// `stop` or `length`.
+    pub finish_reason: &'a str,
+    /// Its tokens' log-probabilities, when asked for.
+    pub logprobs: Option<&'a [TokenLogprob]>,
+}
+
+/// One generated token's log-probability and the alternatives asked for, as text
+/// ([`ResponseMeta::response`] and [`ResponseMeta::chunk`] shape them per endpoint).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (a token that ends inside a UTF-8 character reads as U+FFFD).
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// The most likely tokens at its step: text and log-probability, most likely first.
+    pub top: Vec<(String, f32)>,
 }
 
 /// The largest `n` (choices per request) served.
@@ -558,7 +588,76 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
         include_usage,
         n,
         beam,
+        logprobs: None,
     })
+}
+
+/// `logprobs` for sampled choices; a beam search ranks hypotheses by their score instead.
+fn with_logprobs(
+    p: &GenParams,
+    logprobs: Option<usize>,
+    field: &'static str,
+) -> Result<Option<usize>, ApiError> {
+    if logprobs.is_some() && p.beam.is_some() {
+        return Err(ApiError::invalid(
+            field,
+            "is not served with use_beam_search (beams are ranked by their score)",
+        ));
+    }
+    Ok(logprobs)
+}
+
+/// A log-probability as JSON: OpenAI's -9999.0 for an impossible token (JSON has no -inf).
+fn logprob_json(lp: f32) -> Value {
+    json!(if lp.is_finite() {
+        lp.max(-9999.0)
+    } else {
+        -9999.0
+    })
+}
+
+/// A token's text as OpenAI's `bytes` (its UTF-8 bytes).
+fn bytes_json(t: &str) -> Value {
+    json!(t.as_bytes())
+}
+
+/// The `logprobs` object of a choice (or of a chunk) over `tokens`; completions' `text_offset`
+/// starts at `offset` (the bytes of the choice's text before these tokens).
+pub fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: usize) -> Value {
+    match endpoint {
+        Endpoint::Chat => json!({
+            "content": tokens.iter().map(|t| json!({
+                "token": t.token,
+                "logprob": logprob_json(t.logprob),
+                "bytes": bytes_json(&t.token),
+                "top_logprobs": t.top.iter().map(|(s, lp)| json!({
+                    "token": s,
+                    "logprob": logprob_json(*lp),
+                    "bytes": bytes_json(s),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }),
+        Endpoint::Completions => {
+            let mut at = offset;
+            let mut offsets = Vec::with_capacity(tokens.len());
+            for t in tokens {
+                offsets.push(at);
+                at += t.token.len();
+            }
+            json!({
+                "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
+                "token_logprobs": tokens.iter().map(|t| logprob_json(t.logprob)).collect::<Vec<_>>(),
+                "top_logprobs": tokens.iter().map(|t| {
+                    let mut m = Map::new();
+                    for (s, lp) in &t.top {
+                        m.entry(s.clone()).or_insert_with(|| logprob_json(*lp));
+                    }
+                    Value::Object(m)
+                }).collect::<Vec<_>>(),
+                "text_offset": offsets,
+            })
+        }
+    }
 }
 
 /// vLLM's beam search fields; `None` without `use_beam_search: true`.
@@ -621,9 +720,10 @@ fn beam_search(f: &Fields<'_>, n: usize, stream: bool) -> Result<Option<BeamSear
 
 /// Parses a `/v1/completions` body.
 ///
-/// Errors: 400 naming the field: a wrong type, a value out of range, a batch of prompts, or
-/// a field asking for something not served yet (`logprobs`, `echo`, `suffix`,
-/// `logit_bias`, `best_of` > 1 without `use_beam_search`, `stream` with it).
+/// Errors: 400 naming the field: a wrong type, a value out of range (`logprobs` above 20, or
+/// with beam search), a batch of prompts, or a field asking for something not served yet
+/// (`echo`, `suffix`, `logit_bias`, `best_of` > 1 without `use_beam_search`, `stream` with
+/// it).
 pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
     let m = parse_object(body)?;
     let f = Fields(&m);
@@ -632,17 +732,23 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         None => return Err(ApiError::invalid("prompt", "is required")),
         Some(v) => prompt(v)?,
     };
-    if f.get("logprobs").is_some() {
-        f.u64("logprobs")?;
-        return Err(unsupported("logprobs", "logprobs"));
-    }
+    let logprobs = match f.u64("logprobs")? {
+        Some(k) if k > MAX_TOP_LOGPROBS as u64 => {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+            ))
+        }
+        k => k.map(|k| k as usize),
+    };
     if f.bool("echo")? == Some(true) {
         return Err(unsupported("echo", "echo"));
     }
     if f.str("suffix")?.is_some() {
         return Err(unsupported("suffix", "suffix"));
     }
-    let params = gen_params(&f, &["max_tokens"])?;
+    let mut params = gen_params(&f, &["max_tokens"])?;
+    params.logprobs = with_logprobs(&params, logprobs, "logprobs")?;
     Ok(CompletionRequest {
         model,
         prompt,
@@ -754,19 +860,27 @@ fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
 /// Parses a `/v1/chat/completions` body.
 ///
 /// Errors: 400 naming the field, as [`parse_completion`] (beam search included); also
-/// `logprobs: true`, `top_logprobs`, `tools` and non-text content parts are refused as not
-/// served yet.
+/// `top_logprobs` above 20 or without `logprobs: true`; `tools` and non-text content parts
+/// are refused as not served yet.
 pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let m = parse_object(body)?;
     let f = Fields(&m);
     let model = f.str("model")?.map(str::to_string);
     let messages = messages(m.get("messages"))?;
-    if f.bool("logprobs")? == Some(true) {
-        return Err(unsupported("logprobs", "logprobs"));
-    }
-    if f.u64("top_logprobs")?.is_some_and(|k| k > 0) {
-        return Err(unsupported("top_logprobs", "top_logprobs"));
-    }
+    let top = f.u64("top_logprobs")?;
+    let logprobs = match (f.bool("logprobs")?.unwrap_or(false), top) {
+        (_, Some(k)) if k > MAX_TOP_LOGPROBS as u64 => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+            ))
+        }
+        (false, Some(k)) if k > 0 => {
+            return Err(ApiError::invalid("top_logprobs", "needs `logprobs: true`"))
+        }
+        (true, k) => Some(k.unwrap_or(0) as usize),
+        (false, _) => None,
+    };
     match f.get("tools") {
         None => {}
         Some(Value::Array(t)) if t.is_empty() => {}
@@ -778,7 +892,8 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(Value::Object(o)) => Some(o.clone()),
         Some(v) => return Err(expected("chat_template_kwargs", "an object", v)),
     };
-    let params = gen_params(&f, &["max_completion_tokens", "max_tokens"])?;
+    let mut params = gen_params(&f, &["max_completion_tokens", "max_tokens"])?;
+    params.logprobs = with_logprobs(&params, logprobs, "logprobs")?;
     Ok(ChatRequest {
         model,
         messages,
@@ -862,20 +977,25 @@ pub struct ResponseMeta {
 impl ResponseMeta {
     /// A full (non-streaming) response: `choices` holds each choice's (text, finish
     /// reason), its index its position.
-    pub fn response(&self, choices: &[(&str, &str)], usage: &Usage) -> Value {
-        let choice = |(index, &(text, finish_reason)): (usize, &(&str, &str))| match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }),
-            Endpoint::Completions => json!({
-                "index": index,
-                "text": text,
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }),
+    pub fn response(&self, choices: &[Choice<'_>], usage: &Usage) -> Value {
+        let choice = |(index, c): (usize, &Choice<'_>)| {
+            let lp = c
+                .logprobs
+                .map_or(Value::Null, |t| logprobs_json(self.endpoint, t, 0));
+            match self.endpoint {
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": lp,
+                    "finish_reason": c.finish_reason,
+                }),
+                Endpoint::Completions => json!({
+                    "index": index,
+                    "text": c.text,
+                    "logprobs": lp,
+                    "finish_reason": c.finish_reason,
+                }),
+            }
         };
         let choices: Vec<Value> = choices.iter().enumerate().map(choice).collect();
         json!({
@@ -892,7 +1012,9 @@ impl ResponseMeta {
     }
 
     /// A streamed chunk of choice `index`: `text` (chat: the delta's content; `role` adds
-    /// the role, as each choice's first chat chunk does) and a finish reason on its last one.
+    /// the role, as each choice's first chat chunk does) and a finish reason on its last one;
+    /// `logprobs`: its tokens' (completions' `text_offset` from their byte offset in the
+    /// choice's text).
     pub fn chunk(
         &self,
         index: usize,
@@ -900,7 +1022,9 @@ impl ResponseMeta {
         role: bool,
         finish_reason: Option<&str>,
         with_usage_field: bool,
+        logprobs: Option<(&[TokenLogprob], usize)>,
     ) -> Value {
+        let lp = logprobs.map_or(Value::Null, |(t, at)| logprobs_json(self.endpoint, t, at));
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = Map::new();
@@ -910,12 +1034,12 @@ impl ResponseMeta {
                 if let Some(t) = text {
                     delta.insert("content".into(), t.into());
                 }
-                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish_reason})
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason})
             }
             Endpoint::Completions => json!({
                 "index": index,
                 "text": text.unwrap_or(""),
-                "logprobs": null,
+                "logprobs": lp,
                 "finish_reason": finish_reason,
             }),
         };
@@ -982,7 +1106,12 @@ mod tests {
             ),
             (r#"{"prompt": "a", "n": 0}"#, "n"),
             (r#"{"prompt": "a", "n": 17}"#, "n"),
-            (r#"{"prompt": "a", "logprobs": 1}"#, "logprobs"),
+            (r#"{"prompt": "a", "logprobs": 21}"#, "logprobs"),
+            (r#"{"prompt": "a", "logprobs": -1}"#, "logprobs"),
+            (
+                r#"{"prompt": "a", "logprobs": 2, "use_beam_search": true}"#,
+                "logprobs",
+            ),
             (r#"{"prompt": "a", "stream": "yes"}"#, "stream"),
             (r#"{"prompt": "a", "echo": true}"#, "echo"),
             (r#"{"prompt": ["a", "b"]}"#, "prompt"),
@@ -1034,11 +1163,15 @@ mod tests {
                 "messages[0].content[0].type",
             ),
             (
-                r#"{"messages": [{"role": "user"}], "logprobs": true}"#,
+                r#"{"messages": [{"role": "user"}], "logprobs": "yes"}"#,
                 "logprobs",
             ),
             (
                 r#"{"messages": [{"role": "user"}], "top_logprobs": 3}"#,
+                "top_logprobs",
+            ),
+            (
+                r#"{"messages": [{"role": "user"}], "logprobs": true, "top_logprobs": 21}"#,
                 "top_logprobs",
             ),
             (
@@ -1139,5 +1272,61 @@ mod tests {
         assert_eq!(j["error"]["type"], "invalid_request_error");
         assert_eq!(j["error"]["param"], "max_tokens");
         assert!(j["error"]["code"].is_null());
+    }
+
+    #[test]
+    fn logprobs_are_parsed_per_endpoint() {
+        let c = |b: &str| parse_completion(b.as_bytes()).expect(b).params.logprobs;
+        assert_eq!(c(r#"{"prompt": "a"}"#), None);
+        assert_eq!(c(r#"{"prompt": "a", "logprobs": null}"#), None);
+        assert_eq!(c(r#"{"prompt": "a", "logprobs": 0}"#), Some(0));
+        assert_eq!(c(r#"{"prompt": "a", "logprobs": 20}"#), Some(20));
+        let m = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        let chat = |rest: &str| {
+            let b = format!("{{{m}{rest}}}");
+            parse_chat(b.as_bytes()).expect(&b).params.logprobs
+        };
+        assert_eq!(chat(""), None);
+        assert_eq!(chat(r#", "logprobs": false"#), None);
+        assert_eq!(chat(r#", "logprobs": false, "top_logprobs": 0"#), None);
+        assert_eq!(chat(r#", "logprobs": true"#), Some(0));
+        assert_eq!(chat(r#", "logprobs": true, "top_logprobs": 3"#), Some(3));
+    }
+
+    #[test]
+    fn logprobs_take_each_endpoints_shape() {
+        let toks = [
+            TokenLogprob {
+                token: "Hi".into(),
+                logprob: -0.25,
+                top: vec![("Hi".into(), -0.25), ("Yo".into(), -1.5)],
+            },
+            TokenLogprob {
+                token: "!".into(),
+                logprob: f32::NEG_INFINITY,
+                top: vec![],
+            },
+        ];
+        let c = logprobs_json(Endpoint::Completions, &toks, 5);
+        assert_eq!(
+            c,
+            json!({
+                "tokens": ["Hi", "!"],
+                "token_logprobs": [-0.25, -9999.0],
+                "top_logprobs": [{"Hi": -0.25, "Yo": -1.5}, {}],
+                "text_offset": [5, 7],
+            })
+        );
+        let ch = logprobs_json(Endpoint::Chat, &toks[..1], 0);
+        assert_eq!(
+            ch,
+            json!({"content": [{
+                "token": "Hi", "logprob": -0.25, "bytes": [72, 105],
+                "top_logprobs": [
+                    {"token": "Hi", "logprob": -0.25, "bytes": [72, 105]},
+                    {"token": "Yo", "logprob": -1.5, "bytes": [89, 111]},
+                ],
+            }]})
+        );
     }
 }

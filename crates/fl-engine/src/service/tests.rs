@@ -51,7 +51,23 @@ struct Mock {
     /// Beam requests, outside the scheduler: each finishes at the next step.
     beams: HashMap<RequestId, (Vec<u32>, BeamParams)>,
     beam_results: HashMap<RequestId, Vec<(Vec<u32>, f64)>>,
+    /// Requests that asked for log-probabilities: `top_logprobs`, tokens so far, and the
+    /// log-probabilities not yet taken.
+    logprobs: HashMap<RequestId, (usize, usize, std::collections::VecDeque<TokenLogprobs>)>,
     ctl: Arc<Ctl>,
+}
+
+/// The mock's log-probabilities of `token` as the `index`-th output: the token itself most
+/// likely at `-index / 8`, then `k - 1` others below it.
+fn fake_logprobs(token: u32, index: usize, k: usize) -> TokenLogprobs {
+    let lp = -(index as f32) / 8.0;
+    TokenLogprobs {
+        token,
+        logprob: lp,
+        top: (0..k as u32)
+            .map(|j| ((token + j) % VOCAB, lp - j as f32))
+            .collect(),
+    }
 }
 
 /// The mock's beam search: hypothesis `i` is the greedy continuation one token shorter per
@@ -76,6 +92,7 @@ impl Mock {
             seqs: HashMap::new(),
             beams: HashMap::new(),
             beam_results: HashMap::new(),
+            logprobs: HashMap::new(),
             ctl,
         })
     }
@@ -83,8 +100,11 @@ impl Mock {
 
 impl Backend for Mock {
     fn add_request(&mut self, req: Request<SamplingParams>) -> Result<()> {
-        let (id, prompt) = (req.id, req.prompt.clone());
+        let (id, prompt, top) = (req.id, req.prompt.clone(), req.params.top_logprobs);
         self.sched.add_request(req)?;
+        if let Some(k) = top {
+            self.logprobs.insert(id, (k, 0, Default::default()));
+        }
         self.seqs.insert(id, prompt);
         Ok(())
     }
@@ -106,6 +126,12 @@ impl Backend for Mock {
 
     fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
         self.beam_results.remove(&id)
+    }
+
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        self.logprobs
+            .get_mut(&id)
+            .and_then(|(_, _, q)| q.pop_front())
     }
 
     fn abort(&mut self, id: RequestId) -> Result<Event> {
@@ -151,7 +177,13 @@ impl Backend for Mock {
         let mut events = self.sched.update(&plan, &sampled)?;
         for e in &events {
             match *e {
-                Event::Token { id, token } => self.seqs.get_mut(&id).expect("live").push(token),
+                Event::Token { id, token } => {
+                    self.seqs.get_mut(&id).expect("live").push(token);
+                    if let Some((k, n, q)) = self.logprobs.get_mut(&id) {
+                        q.push_back(fake_logprobs(token, *n, *k));
+                        *n += 1;
+                    }
+                }
                 Event::Finished { id, .. } => {
                     self.seqs.remove(&id);
                 }
@@ -218,7 +250,7 @@ fn drain_from(s: &mut RequestStream, from: usize) -> (Vec<u32>, StreamEvent) {
     let mut tokens = vec![];
     loop {
         match s.recv_timeout(WAIT) {
-            Ok(StreamEvent::Token { token, index }) => {
+            Ok(StreamEvent::Token { token, index, .. }) => {
                 assert_eq!(
                     index,
                     from + tokens.len(),
@@ -257,6 +289,43 @@ fn handles_are_send_and_sync() {
     send_sync::<ServiceError>();
     send::<RequestStream>();
     send::<StreamEvent>();
+}
+
+#[test]
+fn each_token_carries_its_logprobs_when_asked() {
+    // Two requests in the same steps, one asking for 3 alternatives per token: its tokens
+    // come with their own log-probabilities in order, the other's with none.
+    let (service, _ctl) = start(4);
+    let (p1, p2) = (prompt(9, 1), prompt(5, 2));
+    let mut asked = params(6);
+    asked.top_logprobs = Some(3);
+    let mut s1 = service.submit(p1.clone(), asked).expect("submit");
+    let mut s2 = service.submit(p2.clone(), params(4)).expect("submit");
+    let mut got = vec![];
+    while let Ok(ev) = s1.recv_timeout(WAIT) {
+        match ev {
+            StreamEvent::Token {
+                token,
+                index,
+                logprobs,
+            } => got.push((token, index, logprobs)),
+            StreamEvent::Finished { .. } => break,
+            e => panic!("{e:?}"),
+        }
+    }
+    let want = expected(&p1, 6);
+    assert_eq!(got.len(), want.len());
+    for (i, ((token, index, lp), &w)) in got.into_iter().zip(&want).enumerate() {
+        assert_eq!((token, index), (w, i));
+        assert_eq!(lp, Some(fake_logprobs(w, i, 3)), "token {i}");
+    }
+    loop {
+        match s2.recv_timeout(WAIT).expect("event") {
+            StreamEvent::Token { logprobs, .. } => assert_eq!(logprobs, None),
+            StreamEvent::Finished { .. } => break,
+            e => panic!("{e:?}"),
+        }
+    }
 }
 
 #[test]
@@ -603,7 +672,7 @@ fn a_sink_gets_the_tokens_then_one_terminal_event() {
         .iter()
         .enumerate()
         .filter_map(|(i, e)| match *e {
-            StreamEvent::Token { token, index } => {
+            StreamEvent::Token { token, index, .. } => {
                 assert_eq!(index, i);
                 Some(token)
             }

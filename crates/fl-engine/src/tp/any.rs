@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats};
+use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats, TokenLogprobs};
 use crate::scheduler::{Event, Request, RequestId};
 use crate::service::{Backend, BackendStats};
 
@@ -153,6 +153,11 @@ impl<T: RunDType> AnyRunner<'_, T> {
         both!(self, r => r.take_logits(id))
     }
 
+    /// [`Runner::next_logprobs`].
+    pub fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        both!(self, r => r.next_logprobs(id))
+    }
+
     /// [`Runner::abort`].
     pub fn abort(&mut self, id: RequestId) -> Result<Event> {
         both!(self, r => r.abort(id))
@@ -195,6 +200,10 @@ impl<T: RunDType> Backend for AnyRunner<'_, T> {
 
     fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
         AnyRunner::take_beams(self, id)
+    }
+
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        AnyRunner::next_logprobs(self, id)
     }
 
     fn abort(&mut self, id: RequestId) -> Result<Event> {

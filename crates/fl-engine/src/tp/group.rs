@@ -26,7 +26,7 @@ use crate::config::ModelConfig;
 use crate::dtype::RunDType;
 use crate::engine::Engine;
 use crate::error::{EngineError, Result};
-use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats};
+use crate::runner::{Completion, RequestOptions, Runner, RunnerConfig, StepStats, TokenLogprobs};
 use crate::scheduler::{Event, Request, RequestId};
 use crate::service::{Backend, BackendStats};
 
@@ -619,6 +619,11 @@ impl<T: RunDType> TpRunner<'_, T> {
         self.call(move |r| Ok(r.take_logits(id))).ok().flatten()
     }
 
+    /// [`Runner::next_logprobs`] (from every rank, so they stay in step; rank 0's returned).
+    pub fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        self.call(move |r| Ok(r.next_logprobs(id))).ok().flatten()
+    }
+
     /// [`Runner::abort`] on every rank.
     pub fn abort(&mut self, id: RequestId) -> Result<Event> {
         let ev = self.call(move |r| r.abort(id))?;
@@ -692,6 +697,10 @@ impl<T: RunDType> Backend for TpRunner<'_, T> {
 
     fn add_beam_request(&mut self, req: Request<SamplingParams>, beam: BeamParams) -> Result<()> {
         TpRunner::add_beam_request(self, req, beam)
+    }
+
+    fn next_logprobs(&mut self, id: RequestId) -> Option<TokenLogprobs> {
+        TpRunner::next_logprobs(self, id)
     }
 
     fn take_beams(&mut self, id: RequestId) -> Option<Vec<(Vec<u32>, f64)>> {
