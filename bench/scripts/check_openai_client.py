@@ -287,6 +287,30 @@ def main():
         expect(first["choices"][0]["delta"].get("role") == "assistant", payloads[0][:200])
         return f"{len(payloads)} events"
 
+    @check("logprobs: completions and chat, streamed or not (openai)")
+    def logprobs():
+        r = client.completions.create(prompt="The capital of France is", logprobs=3, **greedy)
+        lp = r.choices[0].logprobs
+        expect(lp is not None and len(lp.token_logprobs) == n, f"logprobs {lp}")
+        expect(all(x <= 0 for x in lp.token_logprobs), f"token_logprobs {lp.token_logprobs}")
+        expect(all(1 <= len(t) <= 3 for t in lp.top_logprobs), f"top_logprobs {lp.top_logprobs}")
+        # Greedy: each generated token is the most likely one.
+        expect(all(abs(max(t.values()) - x) < 1e-4 for t, x in
+                   zip(lp.top_logprobs, lp.token_logprobs)), "a greedy token below the top one")
+        if "no_template" in state:
+            return f"completions {len(lp.tokens)} tokens; chat skipped (no template)"
+        c = client.chat.completions.create(messages=chat_msgs, logprobs=True, top_logprobs=2,
+                                           **greedy)
+        content = c.choices[0].logprobs.content
+        expect(len(content) == n, f"{len(content)} entries for {n} tokens")
+        expect(all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in content), f"{content[:2]}")
+        chunks = list(client.chat.completions.create(messages=chat_msgs, logprobs=True,
+                                                     stream=True, **greedy))
+        streamed = [e.token for ch in chunks if ch.choices and ch.choices[0].logprobs
+                    for e in ch.choices[0].logprobs.content]
+        expect(streamed == [e.token for e in content], "streamed tokens differ")
+        return f"completions {len(lp.tokens)} tokens, chat {len(content)}"
+
     @check("stop string, not streamed and streamed (openai)")
     def stop_string():
         # Greedy output is reproducible: stop on a piece of it and expect what comes before.
