@@ -1596,3 +1596,49 @@ fn beam_search_without_max_tokens_fits_the_kv_cache() {
     let (param, msg) = error_of(&t.post("/v1/completions", &body), 400);
     assert_eq!(param, "best_of", "{msg}");
 }
+
+#[test]
+fn openai_package_checks_pass_against_the_mock_server() {
+    // bench/scripts/check_openai_client.py (the official `openai` package and curl) against
+    // this mock-backed server: the response shapes as a real client parses them. Skipped
+    // where python3 has no `openai` package (CI); the GPU machine runs the same script
+    // against `fl serve`.
+    let python = std::env::var("FL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_openai = std::process::Command::new(&python)
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!(
+            "skip openai_package_checks_pass_against_the_mock_server: no `openai` for {python}"
+        );
+        return;
+    }
+    let t = start(Opts::default());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/scripts/check_openai_client.py"
+    );
+    let out = std::process::Command::new(&python)
+        .args([
+            script,
+            "--base-url",
+            &format!("http://{}", t.addr),
+            "--timeout",
+            "20",
+        ])
+        // The mock's beams are not its greedy continuation (`hypotheses`).
+        .args(["--skip", "one beam = greedy"])
+        .output()
+        .expect("run check_openai_client.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("summary:") && !text.contains("FAIL"),
+        "{text}"
+    );
+}
