@@ -427,3 +427,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn token_bytes_of_spm_and_byte_level_vocabularies() {
+    // What a token stands for on its own (logprobs' `token` / `bytes`): SentencePiece keeps
+    // the word's leading space and byte-fallback pieces are their byte; byte-level BPE maps
+    // GPT-2's alphabet back to bytes (all 256 of them); special tokens read as their text.
+    use fl_engine::tokenizer::Tokenizer;
+    let spm = Tokenizer::from_tokenizers(build(&spm_spec()).unwrap(), "spm".into());
+    assert_eq!(spm.token_bytes(HELLO).as_deref(), Some(&b" hello"[..]));
+    assert_eq!(spm.token_bytes(byte_id(0xE2)), Some(vec![0xE2]));
+    assert_eq!(spm.token_bytes(1).as_deref(), Some(&b"<s>"[..]));
+    assert_eq!(spm.token_bytes(TOOL + 1), None);
+    let bpe = Tokenizer::from_tokenizers(build(&bpe_spec("gpt-2")).unwrap(), "bpe".into());
+    for b in 0..=255u8 {
+        assert_eq!(bpe.token_bytes(b as u32), Some(vec![b]), "byte {b}");
+    }
+    assert_eq!(bpe.token_bytes(BPE_WORLD).as_deref(), Some(&b" world"[..]));
+    assert_eq!(
+        bpe.token_bytes(BPE_EOT).as_deref(),
+        Some(&b"<|endoftext|>"[..])
+    );
+}

@@ -555,13 +555,30 @@ fn submit(
     })
 }
 
-/// A token's log-probabilities with the tokens as text.
+/// A token's log-probabilities with the tokens as text and bytes: what each stands for on
+/// its own (a word's leading space kept), or its decoded text where the decoder has no bytes.
 fn token_logprob(d: &dyn Decode, lp: TokenLogprobs) -> TokenLogprob {
-    let text = |id: u32| d.decode(&[id]).unwrap_or_default();
+    let text = |id: u32| match d.token_bytes(id) {
+        Some(b) => (String::from_utf8_lossy(&b).into_owned(), b),
+        None => {
+            let t = d.decode(&[id]).unwrap_or_default();
+            let b = t.as_bytes().to_vec();
+            (t, b)
+        }
+    };
+    let (token, bytes) = text(lp.token);
     TokenLogprob {
-        token: text(lp.token),
+        token,
+        bytes,
         logprob: lp.logprob,
-        top: lp.top.into_iter().map(|(id, l)| (text(id), l)).collect(),
+        top: lp
+            .top
+            .into_iter()
+            .map(|(id, l)| {
+                let (t, b) = text(id);
+                (t, b, l)
+            })
+            .collect(),
     }
 }
 

@@ -225,12 +225,15 @@ pub struct Choice<'a> {
 /// ([`ResponseMeta::response`] and [`ResponseMeta::chunk`] shape them per endpoint).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenLogprob {
-    /// The token's text (a token that ends inside a UTF-8 character reads as U+FFFD).
+    /// The token's text (bytes that are not valid UTF-8 on their own read as U+FFFD).
     pub token: String,
+    /// The bytes it stands for (OpenAI's `bytes`: a token may end inside a character).
+    pub bytes: Vec<u8>,
     /// Its log-probability.
     pub logprob: f32,
-    /// The most likely tokens at its step: text and log-probability, most likely first.
-    pub top: Vec<(String, f32)>,
+    /// The most likely tokens at its step: text, bytes and log-probability, most likely
+    /// first.
+    pub top: Vec<(String, Vec<u8>, f32)>,
 }
 
 /// The largest `n` (choices per request) served.
@@ -616,11 +619,6 @@ fn logprob_json(lp: f32) -> Value {
     })
 }
 
-/// A token's text as OpenAI's `bytes` (its UTF-8 bytes).
-fn bytes_json(t: &str) -> Value {
-    json!(t.as_bytes())
-}
-
 /// The `logprobs` object of a choice (or of a chunk) over `tokens`; completions' `text_offset`
 /// starts at `offset` (the bytes of the choice's text before these tokens).
 pub fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: usize) -> Value {
@@ -629,11 +627,11 @@ pub fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: usize)
             "content": tokens.iter().map(|t| json!({
                 "token": t.token,
                 "logprob": logprob_json(t.logprob),
-                "bytes": bytes_json(&t.token),
-                "top_logprobs": t.top.iter().map(|(s, lp)| json!({
+                "bytes": t.bytes,
+                "top_logprobs": t.top.iter().map(|(s, b, lp)| json!({
                     "token": s,
                     "logprob": logprob_json(*lp),
-                    "bytes": bytes_json(s),
+                    "bytes": b,
                 })).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }),
@@ -649,7 +647,7 @@ pub fn logprobs_json(endpoint: Endpoint, tokens: &[TokenLogprob], offset: usize)
                 "token_logprobs": tokens.iter().map(|t| logprob_json(t.logprob)).collect::<Vec<_>>(),
                 "top_logprobs": tokens.iter().map(|t| {
                     let mut m = Map::new();
-                    for (s, lp) in &t.top {
+                    for (s, _, lp) in &t.top {
                         m.entry(s.clone()).or_insert_with(|| logprob_json(*lp));
                     }
                     Value::Object(m)
@@ -1298,11 +1296,16 @@ mod tests {
         let toks = [
             TokenLogprob {
                 token: "Hi".into(),
+                bytes: b"Hi".to_vec(),
                 logprob: -0.25,
-                top: vec![("Hi".into(), -0.25), ("Yo".into(), -1.5)],
+                top: vec![
+                    ("Hi".into(), b"Hi".to_vec(), -0.25),
+                    ("Yo".into(), b"Yo".to_vec(), -1.5),
+                ],
             },
             TokenLogprob {
                 token: "!".into(),
+                bytes: b"!".to_vec(),
                 logprob: f32::NEG_INFINITY,
                 top: vec![],
             },

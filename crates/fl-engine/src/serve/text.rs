@@ -41,17 +41,33 @@ pub trait Decode: Send + Sync {
     ///
     /// Errors: the decoder's message.
     fn decode(&self, ids: &[u32]) -> Result<String, String>;
+
+    /// The bytes token `id` stands for on its own (a word's leading space kept), when the
+    /// decoder knows them ([`Tokenizer::token_bytes`](crate::tokenizer::Tokenizer::token_bytes));
+    /// `None`: decode it instead.
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let _ = id;
+        None
+    }
 }
 
 impl Decode for crate::tokenizer::Tokenizer {
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         crate::tokenizer::Tokenizer::decode(self, ids).map_err(|e| e.to_string())
     }
+
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        crate::tokenizer::Tokenizer::token_bytes(self, id)
+    }
 }
 
 impl<D: Decode + ?Sized> Decode for std::sync::Arc<D> {
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
         (**self).decode(ids)
+    }
+
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        (**self).token_bytes(id)
     }
 }
 
