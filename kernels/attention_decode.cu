@@ -892,9 +892,10 @@ constexpr int64_t kSplitMinKeys = 256;
 
 // MHA (group 1) at head_dim 128, f16/bf16, on sm_90: the tensor-core kernel (G = 1, 15 of its
 // 16 rows idle) instead of the CUDA-core one
-// - over a paged cache: the CUDA-core kernel's per-key block lookups cost it ~3 us at short
-//   contexts (one 140-key sequence, 32 heads: 9.1 us paged against 6.0 contiguous; the
-//   tensor-core kernel 7.0-7.2 paged), a continuous-batching runner's every decode step;
+// - over a paged cache: there the CUDA-core kernel is ~3 us slower at short contexts (one
+//   140-key sequence, 32 heads: 9.1 us paged against 6.0 contiguous, not profiled; its
+//   per-tile block lookups are the suspect) and the tensor-core kernel takes 7.0-7.2 us:
+//   a continuous-batching runner's every decode step;
 // - over a contiguous cache with batch x kv heads >= 128 and max_seq_len >= 4096: there both
 //   run at the read-bandwidth ceiling and the tensor-core kernel's long runs of adjacent keys
 //   (8 warps x 16 keys per CTA) read slightly faster; below either bound (a batch-1 engine step
