@@ -1001,23 +1001,22 @@ impl<'e, T: RunDType> Runner<'e, T> {
             }
             let mut token = host[r] as u32;
             if let Some(x) = self.extras.get_mut(&h.id) {
-                if let (Some(kept), Some(l)) = (x.logits.as_mut(), host_logits.as_ref()) {
-                    kept.push(
-                        l[r * vocab..(r + 1) * vocab]
-                            .iter()
-                            .map(|v| v.to_f32())
-                            .collect(),
-                    );
-                }
                 if let Some(&f) = x.forced.get(h.generated) {
                     token = f;
                 }
-                if let (Some((k, q)), Some(l)) = (x.logprobs.as_mut(), host_logits.as_ref()) {
+                let wants_row = x.logits.is_some() || x.logprobs.is_some();
+                if let (true, Some(l)) = (wants_row, host_logits.as_ref()) {
+                    // The row as f32 once, for the log-probabilities and the kept logits.
                     let row: Vec<f32> = l[r * vocab..(r + 1) * vocab]
                         .iter()
                         .map(|v| v.to_f32())
                         .collect();
-                    q.push_back(token_logprobs(&row, token, *k));
+                    if let Some((k, q)) = x.logprobs.as_mut() {
+                        q.push_back(token_logprobs(&row, token, *k));
+                    }
+                    if let Some(kept) = x.logits.as_mut() {
+                        kept.push(row);
+                    }
                 }
             }
             out.push((h.id, token));
