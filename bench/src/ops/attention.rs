@@ -10,34 +10,12 @@ use super::{bench_tensor, Case, Launch};
 pub const DECODE_SHAPES: [(usize, usize); 5] =
     [(1, 32768), (4, 16384), (16, 8192), (64, 4096), (1, 4096)];
 
+/// `batch` sequences of `len` keys in a contiguous cache of exactly `len` positions.
 fn decode_case<T: FloatDType>(batch: usize, len: usize, hkv: usize) -> Case {
-    let (hq, d) = (32usize, 128usize);
-    let es = std::mem::size_of::<T>();
-    let kv_bytes = 2 * batch * hkv * len * d * es;
-    let qo_bytes = 2 * batch * hq * d * es;
-    Case {
-        op: "decode_attn",
-        dtype: T::NAME,
-        shape: format!("b{batch}_L{len}_q{hq}_kv{hkv}_d{d}"),
-        bytes: (kv_bytes + qo_bytes + 4 * batch) as u64,
-        make: Box::new(move |gpu| {
-            let s = gpu.stream().clone();
-            let q = bench_tensor::<T>(gpu, &[batch, hq, d], 1)?;
-            let k = bench_tensor::<T>(gpu, &[batch, hkv, len, d], 2)?;
-            let v = bench_tensor::<T>(gpu, &[batch, hkv, len, d], 3)?;
-            let lens = DeviceTensor::from_host(&s, &vec![len as i32; batch], &[batch])?;
-            let params = DecodeParams::new(d, len);
-            let cache = KvCache::Contiguous { k: &k, v: &v };
-            let bytes = attention::decode_workspace_bytes(&s, &q, &cache, &lens, &params)?;
-            let mut ws = DecodeWorkspace::new(&s, bytes)?;
-            let mut out = DeviceTensor::<T>::zeros(&s, &[batch, hq, d])?;
-            let l: Launch = Box::new(move || {
-                let cache = KvCache::Contiguous { k: &k, v: &v };
-                attention::decode(&s, &q, &cache, &lens, &params, &mut ws, &mut out)
-            });
-            Ok(l)
-        }),
-    }
+    let mut c = decode_cache_case::<T>(batch, len, hkv, len, None);
+    c.op = "decode_attn";
+    c.shape = format!("b{batch}_L{len}_q32_kv{hkv}_d128");
+    c
 }
 
 /// `batch` sequences of `len` keys in a cache of `cap` positions, contiguous or paged (`block`
