@@ -67,6 +67,18 @@ fn request(
     Request { id, prompt, params }
 }
 
+/// A runner for a handful of short requests: 32-token steps, 256 positions, 64 blocks of
+/// KV, 8 sequences at most.
+fn small_runner() -> RunnerConfig {
+    RunnerConfig {
+        max_batched_tokens: 32,
+        max_model_len: Some(256),
+        num_blocks: Some(64),
+        max_num_seqs: 8,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn runner_matches_static_engine_f32() {
     if gpu_or_skip("runner_matches_static_engine_f32").is_none() {
@@ -148,13 +160,7 @@ fn sampled_request_ignores_its_batch_mates() {
         ..Default::default()
     };
     let p = prompt(23, 8);
-    let cfg = RunnerConfig {
-        max_batched_tokens: 32,
-        max_model_len: Some(256),
-        num_blocks: Some(64),
-        max_num_seqs: 8,
-        ..Default::default()
-    };
+    let cfg = small_runner();
     let mut e = engine();
     let mut alone = Runner::new(&mut e, &cfg).expect("runner");
     alone
@@ -561,13 +567,7 @@ fn logprobs_are_the_log_softmax_of_each_sampled_step() {
         return;
     }
     let _serial = serial();
-    let cfg = RunnerConfig {
-        max_batched_tokens: 32,
-        max_model_len: Some(256),
-        num_blocks: Some(64),
-        max_num_seqs: 8,
-        ..Default::default()
-    };
+    let cfg = small_runner();
     let mut e = engine();
     let mut r = Runner::new(&mut e, &cfg).expect("runner");
     let sp = SamplingParams {
