@@ -596,14 +596,10 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
 }
 
 /// `logprobs` for sampled choices; a beam search ranks hypotheses by their score instead.
-fn with_logprobs(
-    p: &GenParams,
-    logprobs: Option<usize>,
-    field: &'static str,
-) -> Result<Option<usize>, ApiError> {
+fn with_logprobs(p: &GenParams, logprobs: Option<usize>) -> Result<Option<usize>, ApiError> {
     if logprobs.is_some() && p.beam.is_some() {
         return Err(ApiError::invalid(
-            field,
+            "logprobs",
             "is not served with use_beam_search (beams are ranked by their score)",
         ));
     }
@@ -746,7 +742,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         return Err(unsupported("suffix", "suffix"));
     }
     let mut params = gen_params(&f, &["max_tokens"])?;
-    params.logprobs = with_logprobs(&params, logprobs, "logprobs")?;
+    params.logprobs = with_logprobs(&params, logprobs)?;
     Ok(CompletionRequest {
         model,
         prompt,
@@ -891,7 +887,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
         Some(v) => return Err(expected("chat_template_kwargs", "an object", v)),
     };
     let mut params = gen_params(&f, &["max_completion_tokens", "max_tokens"])?;
-    params.logprobs = with_logprobs(&params, logprobs, "logprobs")?;
+    params.logprobs = with_logprobs(&params, logprobs)?;
     Ok(ChatRequest {
         model,
         messages,
