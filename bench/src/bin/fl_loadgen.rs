@@ -437,6 +437,18 @@ impl Job {
         Bytes::from(b.to_string())
     }
 
+    /// POSTs `body`; returns the response head and when the request was sent.
+    async fn send(&self, body: Bytes) -> Result<(Response<Incoming>, Instant), String> {
+        let req = self.post(body)?;
+        let sent = Instant::now();
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("connection: {e}"))?;
+        Ok((resp, sent))
+    }
+
     fn post(&self, body: Bytes) -> Result<Request<Full<Bytes>>, String> {
         let mut r = Request::builder()
             .method(Method::POST)
@@ -673,13 +685,7 @@ async fn send(job: &Job, body: Bytes) -> Result<Sample, String> {
 
 /// Sends one `/v1/embeddings` request and checks its answer ([`embed_sample`]).
 async fn embed_request(job: &Job, body: Bytes, inputs: usize) -> Result<Sample, String> {
-    let req = job.post(body)?;
-    let sent = Instant::now();
-    let resp = job
-        .client
-        .request(req)
-        .await
-        .map_err(|e| format!("connection: {e}"))?;
+    let (resp, sent) = job.send(body).await?;
     let status = resp.status().as_u16();
     let body = body_bytes(resp, MAX_LINE_BYTES).await?;
     if status != 200 {
@@ -722,13 +728,7 @@ fn embed_sample(body: &[u8], e2e: f64, inputs: usize) -> Result<Sample, String> 
 
 /// Sends one streaming request and reads its events to the end.
 async fn stream_request(job: &Job, body: Bytes) -> Result<Sample, String> {
-    let req = job.post(body)?;
-    let sent = Instant::now();
-    let resp = job
-        .client
-        .request(req)
-        .await
-        .map_err(|e| format!("connection: {e}"))?;
+    let (resp, sent) = job.send(body).await?;
     let status = resp.status().as_u16();
     if status != 200 {
         let body = body_bytes(resp, MAX_SMALL_BODY).await.unwrap_or_default();
