@@ -10,8 +10,9 @@
 //
 // - G >= 2 (GQA, MQA): decode_mma_kernel, W warps (8 on Hopper), tensor cores (see the
 //   comment there).
-// - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 over a paged cache, or with
-//   long contexts and wide batches, where the tensor-core kernel is faster: see mha_on_mma),
+// - G == 1 (MHA): decode_kernel (except at head_dim 128 on sm_90 over a paged cache at narrow
+//   batches, or over a contiguous one with long contexts and wide batches, where the
+//   tensor-core kernel is faster: see mha_on_mma),
 //   4 warps of CUDA-core
 //   "workers" of LPK lanes, each owning one key row at a time (each lane 8 dims) with its own
 //   online-softmax state, merged through shared memory at the end. One head per K/V row keeps
@@ -891,11 +892,13 @@ inline bool valid(const fl_decode_attention_args *a) {
 constexpr int64_t kSplitMinKeys = 256;
 
 // MHA (group 1) at head_dim 128, f16/bf16, on sm_90: the tensor-core kernel (G = 1, 15 of its
-// 16 rows idle) instead of the CUDA-core one
-// - over a paged cache: there the CUDA-core kernel is ~3 us slower at short contexts (one
-//   140-key sequence, 32 heads: 9.1 us paged against 6.0 contiguous, not profiled; its
-//   per-tile block lookups are the suspect) and the tensor-core kernel takes 7.0-7.2 us:
-//   a continuous-batching runner's every decode step;
+// 16 rows idle) instead of the CUDA-core one where it reads faster
+// - over a paged cache with batch x kv heads < 128: there the CUDA-core kernel is ~3 us slower
+//   at short contexts (one 140-key sequence, 32 heads: 9.1 us paged against 6.0 contiguous,
+//   not profiled; its per-tile block lookups are the suspect) and the tensor-core kernel takes
+//   6.9-7.2 us: a continuous-batching runner's batch-1 decode step. With more CTAs than that
+//   the CUDA-core kernel's 4 CTAs per SM win on a paged cache too (64 sequences of 1,100 keys
+//   in 16-token blocks: 389 us, 98.5% of copy, against 398 us);
 // - over a contiguous cache with batch x kv heads >= 128 and max_seq_len >= 4096: there both
 //   run at the read-bandwidth ceiling and the tensor-core kernel's long runs of adjacent keys
 //   (8 warps x 16 keys per CTA) read slightly faster; below either bound (a batch-1 engine step
@@ -904,8 +907,8 @@ constexpr int64_t kSplitMinKeys = 256;
 inline bool mha_on_mma(const fl_decode_attention_args *a) {
     if (a->q_heads != a->kv_heads || a->head_dim != 128 || a->dtype == FL_DTYPE_F32) return false;
     if (cc_major() < 9) return false;
-    return a->layout == FL_KV_PAGED ||
-           ((int64_t)a->batch * a->kv_heads >= 128 && a->max_seq_len >= 4096);
+    const bool wide = (int64_t)a->batch * a->kv_heads >= 128;
+    return a->layout == FL_KV_PAGED ? !wide : wide && a->max_seq_len >= 4096;
 }
 
 // Tensor-core CTAs per SM, for the split choice: sm_90 has 228 KB per SM; before it, 100 KB is
