@@ -23,6 +23,10 @@
 #                                 random weights) and fl_loadgen at 1, 8 and 64 clients
 #                                 (--embeddings, 32 inputs of 16-128 tokens a request, for an
 #                                 encoder; else completions of 512 + 128 tokens)
+#   serve-check [ARGS]            fl serve on a small random LLaMA with a real tokenizer and chat
+#                                 template (make_serve_model.py), then check_openai_client.py
+#                                 (ARGS to it) against it: the openai package and curl. Without
+#                                 `openai` importable, FL_WHEELS names a wheel folder to install from
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
 #                                 64-4096, outputs 16-1024): the runner, or part K of N of the
 #                                 static batches (the static side takes longer than one call: run
@@ -215,6 +219,27 @@ PY
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 
+t_serve_check() {
+  local port=8432 dir="$LOGS/serve-model" pid rc
+  python3 "$B/scripts/make_serve_model.py" "$dir" >&2 || { echo "serve-check: could not make the model" >&2; return 1; }
+  if ! python3 -c 'import openai' 2>/dev/null && [ -n "${FL_WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --find-links "$FL_WHEELS" --target "$LOGS/py" openai >&2 &&
+      export PYTHONPATH="$LOGS/py${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  "$B/bin/fl" serve --model "$dir" --port "$port" > "$LOGS/serve-check.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 120); do
+    curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/health" 2>/dev/null | grep -q 200 && break
+    kill -0 "$pid" 2>/dev/null || break; sleep 1
+  done
+  timeout "${FL_CHECK_TIMEOUT:-300}" python3 "$B/scripts/check_openai_client.py" \
+    --base-url "http://127.0.0.1:$port" --timeout 60 "$@" 2>&1 | tee "$LOGS/serve-check-client.log"
+  rc=${PIPESTATUS[0]}
+  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  tail -5 "$LOGS/serve-check.log" >&2
+  return "$rc"
+}
+
 t_trace() {
   local side="${1:-runner}" part="${2:-1/1}" extra=()
   [ "$side" = static ] && extra=(--trace-static-part "$part")
@@ -348,6 +373,7 @@ case "$target" in
   floor) t_floor ;;
   tp) t_tp "$@" ;;
   serve-load) t_serve_load "$@" ;;
+  serve-check) t_serve_check "$@" ;;
   trace) t_trace "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
