@@ -545,13 +545,24 @@ pub fn trace_static<T: RunDType>(
     )?;
     let t0 = Instant::now();
     let (mut useful, mut widest) = (0usize, 0usize);
-    for b in run {
-        e.generate(&make(&idx[b.clone()]), StepNeeds::default(), &mut |_| true)?;
+    let first = all * (k - 1) / parts;
+    for (j, b) in run.iter().enumerate() {
+        let req = make(&idx[b.clone()]);
+        e.generate(&req, StepNeeds::default(), &mut |_| true)?;
         useful += idx[b.clone()]
             .iter()
             .map(|&i| trace[i].output_len)
             .sum::<usize>();
         widest = widest.max(b.len());
+        // Progress on stderr, so that a run stopped by a time limit still tells how far it
+        // got: batch, its width and generated length, and the running totals.
+        eprintln!(
+            "static batch {} of {all}: {} requests x {} steps; so far {useful} output tokens in {:.2} s",
+            first + j + 1,
+            b.len(),
+            req.max_new_tokens,
+            t0.elapsed().as_secs_f64()
+        );
     }
     let total = t0.elapsed().as_secs_f64();
     let skipped = trace.len() - idx.len();
