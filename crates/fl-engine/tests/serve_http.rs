@@ -1642,3 +1642,42 @@ fn openai_package_checks_pass_against_the_mock_server() {
         "{text}"
     );
 }
+
+#[test]
+fn misbehaving_clients_get_4xx_and_the_server_keeps_serving() {
+    // bench/scripts/abuse_client.py (standard library only; the GPU machine runs it against
+    // `fl serve` under load): malformed and mistyped bodies, a 1 MB prompt, clients that leave
+    // mid-stream, 200 idle connections held meanwhile, and a good request after each round.
+    let python = std::env::var("FL_PYTHON").unwrap_or_else(|_| "python3".into());
+    if std::process::Command::new(&python)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skip misbehaving_clients_get_4xx_and_the_server_keeps_serving: no {python}");
+        return;
+    }
+    let t = start(Opts::default());
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/scripts/abuse_client.py"
+    );
+    let out = std::process::Command::new(&python)
+        .args([script, "--base-url", &format!("http://{}", t.addr)])
+        .args(["--rounds", "2", "--hold", "200", "--max-seconds", "60"])
+        .output()
+        .expect("run abuse_client.py");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("summary:") && !text.contains("FAIL"),
+        "{text}"
+    );
+    // The clients that left had their requests aborted: nothing is left active.
+    t.wait_until("the aborts", |s| s.stats().active == 0);
+}
