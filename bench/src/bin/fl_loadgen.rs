@@ -9,6 +9,7 @@
 //! `--rate`, or all at once, in either case with at most `--concurrency` requests in flight
 //! (closed loop when no rate is given). Targets are loopback only, and `--max-duration` bounds
 //! the whole run: after it nothing is sent and requests in flight are cancelled.
+//! `--send-duration` stops sending earlier and lets the requests in flight finish (a soak).
 //!
 //! Metrics, per vLLM's `benchmarks/serve.py` (percentiles by nearest rank, as
 //! `fl_engine::trace::Percentiles` gives them to `fl bench`):
@@ -128,6 +129,11 @@ struct Args {
     /// flight are cancelled.
     #[arg(long, default_value_t = 600.0)]
     max_duration: f64,
+    /// Stop sending after this many seconds and let the requests in flight finish (a soak
+    /// that ends cleanly); the trace's rest counts as held back, not as a failure. Must be
+    /// below --max-duration, which still bounds the run.
+    #[arg(long)]
+    send_duration: Option<f64>,
     /// Token-id prompts use ids below this (the model's vocabulary size or less).
     #[arg(long, default_value_t = 32_000)]
     vocab_size: u32,
@@ -833,6 +839,17 @@ fn plan(a: &Args) -> Result<Plan, LoadgenError> {
             format!("{} is not a positive number of seconds", a.max_duration),
         ));
     }
+    if let Some(d) = a.send_duration {
+        if !(d.is_finite() && d > 0.0 && d < a.max_duration) {
+            return Err(arg_err(
+                "--send-duration",
+                format!(
+                    "{d} is not a number of seconds above 0 and below --max-duration ({})",
+                    a.max_duration
+                ),
+            ));
+        }
+    }
     if a.vocab_size <= FIRST_ID {
         return Err(arg_err(
             "--vocab-size",
@@ -880,6 +897,8 @@ fn plan(a: &Args) -> Result<Plan, LoadgenError> {
 struct Report {
     outcomes: Vec<Outcome>,
     not_sent: usize,
+    /// Requests of the trace not sent because --send-duration had passed.
+    held_back: usize,
     duration_s: f64,
 }
 
@@ -942,6 +961,7 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
         "failed": failed,
         "cancelled": cancelled,
         "not_sent": r.not_sent,
+        "held_back": r.held_back,
         "errors": errors,
         "duration_s": round(r.duration_s, 1e3),
         "input_tokens": input,
@@ -984,6 +1004,7 @@ fn print_table(v: &Value) {
         ("failed", "Failed requests:"),
         ("cancelled", "Cancelled at --max-duration:"),
         ("not_sent", "Not sent (--max-duration):"),
+        ("held_back", "Not sent (--send-duration):"),
         ("duration_s", "Benchmark duration (s):"),
         ("input_tokens", "Total input tokens:"),
         ("output_tokens", "Total generated tokens:"),
@@ -1084,11 +1105,19 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
     let n = plan.trace.len();
     let mut tasks = JoinSet::new();
     let mut not_sent = 0;
+    let mut held_back = 0;
     let start = Instant::now();
+    let send_until = args
+        .send_duration
+        .map_or(deadline, |d| start + Duration::from_secs_f64(d));
     for (i, q) in plan.trace.iter().enumerate() {
         let at = start + Duration::from_secs_f64(q.arrival_s);
-        if at >= deadline {
-            not_sent = n - i;
+        if at >= send_until.min(deadline) {
+            if at >= deadline {
+                not_sent = n - i;
+            } else {
+                held_back = n - i;
+            }
             break;
         }
         sleep_until(at).await;
@@ -1105,6 +1134,10 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         // A slot freed by a request cancelled at the deadline sends nothing more.
         if Instant::now() >= deadline {
             not_sent = n - i;
+            break;
+        }
+        if Instant::now() >= send_until {
+            held_back = n - i;
             break;
         }
         let job = job.clone();
@@ -1129,7 +1162,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         }
     }
     let duration_s = start.elapsed().as_secs_f64();
-    let sent = n - not_sent;
+    let sent = n - not_sent - held_back;
     Ok(Report {
         outcomes: outcomes
             .into_iter()
@@ -1137,6 +1170,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
             .map(|o| o.unwrap_or(Outcome::Cancelled))
             .collect(),
         not_sent,
+        held_back,
         duration_s,
     })
 }
@@ -1654,6 +1688,59 @@ mod tests {
     }
 
     #[test]
+    fn send_duration_holds_back_the_rest_and_lets_requests_in_flight_finish() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let url = rt.block_on(fake_embedding_server());
+        // 400 arrivals at 40/s span ~10 s; sending stops after 0.5 s.
+        let a = Args::parse_from([
+            "fl_loadgen",
+            "--embeddings",
+            "--base-url",
+            &url,
+            "--model",
+            "m",
+            "--num-prompts",
+            "400",
+            "--rate",
+            "40",
+            "--prompt-lens",
+            "5",
+            "--send-duration",
+            "0.5",
+            "--max-duration",
+            "20",
+        ]);
+        let p = plan(&a).unwrap();
+        let t0 = Instant::now();
+        let report = rt
+            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
+            .unwrap();
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "did not stop sending"
+        );
+        let v = summarize(&report, &p, &a);
+        let (done, held) = (
+            v["completed"].as_u64().unwrap(),
+            v["held_back"].as_u64().unwrap(),
+        );
+        assert!(done > 0 && held > 0 && done + held == 400, "{v}");
+        assert_eq!(
+            (
+                v["failed"].as_u64(),
+                v["cancelled"].as_u64(),
+                v["not_sent"].as_u64()
+            ),
+            (Some(0), Some(0), Some(0)),
+            "{v}"
+        );
+    }
+
+    #[test]
     fn plan_checks_arguments() {
         let base = Args::parse_from(["fl_loadgen"]);
         assert!(plan(&base).is_ok());
@@ -1671,6 +1758,11 @@ mod tests {
         bad(&["--num-prompts", "0"], "--num-prompts");
         bad(&["--concurrency", "0"], "--concurrency");
         bad(&["--max-duration", "0"], "--max-duration");
+        bad(&["--send-duration", "0"], "--send-duration");
+        bad(
+            &["--send-duration", "60", "--max-duration", "60"],
+            "--send-duration",
+        );
         bad(&["--vocab-size", "3"], "--vocab-size");
         bad(&["--base-url", "http://192.168.1.2:8000"], "--base-url");
         bad(
