@@ -19,10 +19,21 @@
 #                                 check = tp_gpu tests (FL_REQUIRE_TP=1) + check_transformers --tp 2;
 #                                 bench = --tp 1 / 2 on llama-2-13b b1 and 64 x 1024, llama-2-70b
 #                                 int4 b1 (--tp 2), torch_allreduce.py; default both (two calls)
-#   serve-load [MODEL]            fl serve MODEL on 127.0.0.1 (default bge-base: an encoder preset,
-#                                 random weights) and fl_loadgen at 1, 8 and 64 clients
-#                                 (--embeddings, 32 inputs of 16-128 tokens a request, for an
-#                                 encoder; else completions of 512 + 128 tokens)
+#   serve-load [MODEL [CLIENTS...]]  fl serve MODEL on 127.0.0.1 (default bge-base: an encoder preset,
+#                                 random weights) and fl_loadgen at CLIENTS (default 1 8 64; 16 requests
+#                                 each) (--embeddings, 32 inputs of 16-128 tokens a request, for an
+#                                 encoder; else completions of 512 + 256; FL_LOAD_ARGS adds arguments)
+#   serve-compare [CLIENTS...]    issue 32's side by side on one random llama-2-7b f16 GGUF
+#                                 (make_random_gguf.py; FL_GGUF to reuse one): llama-batched-bench at
+#                                 64 x (512 + 256), then llama-server (-np 64, -fa on, FL_LLAMA: a
+#                                 llama.cpp build with bin/ and lib/, default ../llama) and fl serve,
+#                                 each at CLIENTS (default 1 8 64 256) and a shared-prefix run (64
+#                                 clients, 384 of 512 prompt tokens shared); 512 + 256 tokens
+#   soak [SECONDS [MODEL]]        fl serve MODEL (default llama-2-7b) under 64 clients (prompts 64-1024,
+#                                 outputs 16-512) for SECONDS (default 480), then the requests in flight
+#                                 finish; failures, usage against /metrics, GPU memory and server RSS
+#   serve-stress [MODEL]          64 clients (512 + 256) while abuse_client.py sends bad requests and
+#                                 holds 1,000 idle connections: both must come through
 #   serve-check [ARGS]            fl serve on a small random LLaMA with a real tokenizer and chat
 #                                 template (make_serve_model.py), then check_openai_client.py
 #                                 (ARGS to it) against it: the openai package and curl. Without
@@ -186,56 +197,176 @@ t_tp() {
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 
-t_serve_load() {
-  local model="${1:-bge-base}" port=8431 rows=() c line pid
-  local args=(--prompt-lens 512 --output-lens 128)
-  case "$model" in bert-*|bge-*) args=(--embeddings --inputs-per-request 32 --prompt-lens 16-128 --vocab-size 30522) ;; esac
-  "$B/bin/fl" serve --model "$model" --port "$port" > "$LOGS/serve-load.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 180); do
-    curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/health" 2>/dev/null | grep -q 200 && break
-    kill -0 "$pid" 2>/dev/null || break; sleep 1
+# Starts a server in the background (output in $LOGS/NAME.log) and waits up to WAIT seconds for
+# /health to answer 200 on PORT; SERVER_PID is its pid. Returns 1 if it exits or never gets ready.
+start_server() {  # NAME PORT WAIT CMD...
+  local name="$1" port="$2" wait="$3"; shift 3
+  "$@" > "$LOGS/$name.log" 2>&1 &
+  SERVER_PID=$!
+  for _ in $(seq 1 "$wait"); do
+    curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/health" 2>/dev/null | grep -q 200 && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || { echo "$name exited: $(tail -3 "$LOGS/$name.log")" >&2; return 1; }
+    sleep 1
   done
-  for c in 1 8 64; do
-    line=$(timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency "$c" \
-      --num-prompts $((c * 16)) --max-duration 150 "${args[@]}" 2>&1 | tail -1)
-    echo "  $line" | tee -a "$LOGS/serve-load.log" >&2
-    rows+=("$(python3 - "$model" "$c" "$line" <<'PY'
+  echo "$name: not ready after ${wait}s: $(tail -3 "$LOGS/$name.log")" >&2
+  kill "$SERVER_PID" 2>/dev/null; return 1
+}
+stop_server() { kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; }
+
+# One table row (tab-separated) from fl_loadgen's JSON line: LABEL CLIENTS LINE.
+load_row() {
+  python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 m, c, line = sys.argv[1:4]
 try:
     v = json.loads(line)
 except ValueError:
     print(f"{m}\t{c}\tno report: {line[:80]}"); sys.exit()
-e = v.get("e2e_ms") or {}
+g = lambda k, p: (v.get(k) or {}).get(p, "-")
 print("\t".join(str(x) for x in [m, c, v["completed"], v["failed"], v["request_throughput"],
-      v.get("input_throughput", "-"), v["output_throughput"], e.get("p50", "-"), e.get("p99", "-")]))
+      v.get("input_throughput", "-"), v["output_throughput"], g("ttft_ms", "p50"), g("ttft_ms", "p99"),
+      g("itl_ms", "p50"), g("itl_ms", "p99"), g("e2e_ms", "p50")]))
 PY
-)")
+}
+LOAD_HEADER="server${TAB}clients${TAB}completed${TAB}failed${TAB}req/s${TAB}inputs/s${TAB}output tok/s${TAB}TTFT p50 ms${TAB}TTFT p99 ms${TAB}ITL p50 ms${TAB}ITL p99 ms${TAB}E2E p50 ms"
+
+t_serve_load() {
+  local model="${1:-bge-base}" port=8431 rows=() c line
+  local args=(--prompt-lens 512 --output-lens 256)
+  case "$model" in bert-*|bge-*) args=(--embeddings --inputs-per-request 32 --prompt-lens 16-128 --vocab-size 30522) ;; esac
+  [ $# -gt 0 ] && shift; local clients=("$@"); [ ${#clients[@]} -gt 0 ] || clients=(1 8 64)
+  start_server serve-load "$port" 300 "$B/bin/fl" serve --model "$model" --port "$port" || return 1
+  for c in "${clients[@]}"; do
+    # FL_LOAD_ARGS: more fl_loadgen arguments, e.g. "--shared-prefix 384".
+    # shellcheck disable=SC2086
+    line=$(timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency "$c" \
+      --num-prompts $((c * 16)) --max-duration 150 "${args[@]}" ${FL_LOAD_ARGS:-} 2>&1 | tail -1)
+    echo "  $line" >&2
+    rows+=("$(load_row "$model" "$c" "$line")")
   done
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
-  tail -3 "$LOGS/serve-load.log" | grep -v '^  {' >&2
-  { echo "model${TAB}clients${TAB}completed${TAB}failed${TAB}req/s${TAB}inputs/s${TAB}output tok/s${TAB}E2E p50 ms${TAB}E2E p99 ms"
-    printf '%s\n' "${rows[@]}"; } | show_table
+  stop_server
+  { echo "$LOAD_HEADER"; printf '%s\n' "${rows[@]}"; } | show_table
+}
+
+# Issue 32's side by side: one random-weight GGUF served by llama-server and by fl serve.
+t_serve_compare() {
+  local L="${FL_LLAMA:-$B/../llama}" gguf="${FL_GGUF:-$LOGS/llama-2-7b-f16.gguf}" port=8433 rows=() c n line srv
+  local clients=("$@"); [ ${#clients[@]} -gt 0 ] || clients=(1 8 64 256)
+  local args=(--prompt-lens 512 --output-lens 256 --vocab-size 32000)
+  [ -x "$L/bin/llama-server" ] || { echo "serve-compare: no llama.cpp build at $L (FL_LLAMA)" >&2; return 2; }
+  [ -s "$gguf" ] || python3 "$B/scripts/make_random_gguf.py" "$gguf" >&2 || return 1
+  local lenv=(env "LD_LIBRARY_PATH=$L/lib:$LD_LIBRARY_PATH")
+  # The peer's own batched decode at 64 x (512 + 256): what its server should come close to.
+  timeout 240 "${lenv[@]}" "$L/bin/llama-batched-bench" -m "$gguf" -ngl 99 -fa on -c $((64 * 800)) \
+    -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 > "$LOGS/batched-bench.log" 2>&1
+  grep -E '^\|' "$LOGS/batched-bench.log" >&2
+  for srv in llama-server fl; do
+    if [ "$srv" = llama-server ]; then
+      # 64 slots of 800 tokens (512 + 256 and room), flash attention, a thread per client.
+      start_server llama-server "$port" 300 "${lenv[@]}" "$L/bin/llama-server" -m "$gguf" -ngl 99 \
+        -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --host 127.0.0.1 \
+        --port "$port" --no-webui || continue
+    else
+      start_server fl-serve "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" || continue
+    fi
+    for c in "${clients[@]}" shared64; do
+      local extra=() cc="$c"
+      # The shared-system-prompt workload: 64 clients whose prompts share their first 384 tokens.
+      [ "$c" = shared64 ] && { cc=64; extra=(--shared-prefix 384); }
+      n=$((cc * 4)); [ "$n" -lt 8 ] && n=8; [ "$n" -gt 512 ] && n=512
+      line=$(timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency "$cc" \
+        --num-prompts "$n" --max-duration 180 --seed "$cc" "${args[@]}" "${extra[@]}" 2>&1 | tail -1)
+      echo "  $srv $c: $line" >&2
+      rows+=("$(load_row "$srv" "$c" "$line")")
+    done
+    stop_server
+  done
+  { echo "$LOAD_HEADER"; printf '%s\n' "${rows[@]}"; } | show_table
+}
+
+# A soak at saturation: 64 clients for SECONDS, then the requests in flight finish.
+t_soak() {
+  local secs="${1:-480}" model="${2:-llama-2-7b}" port=8434 line sampler
+  start_server fl-soak "$port" 300 "$B/bin/fl" serve --model "$model" --port "$port" || return 1
+  curl -s "http://127.0.0.1:$port/metrics" > "$LOGS/soak-metrics-before.txt"
+  ( while kill -0 "$SERVER_PID" 2>/dev/null; do
+      echo "$(date +%s) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) $(awk '/VmRSS/ {print $2}' "/proc/$SERVER_PID/status")"
+      sleep 10
+    done ) > "$LOGS/soak-mem.txt" 2>/dev/null &
+  sampler=$!
+  line=$(timeout $((secs + 120)) "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json \
+    --concurrency 64 --num-prompts 1000000 --prompt-lens 64-1024 --output-lens 16-512 \
+    --send-duration "$secs" --max-duration $((secs + 90)) 2>&1 | tail -1)
+  curl -s "http://127.0.0.1:$port/metrics" > "$LOGS/soak-metrics-after.txt"
+  kill "$sampler" 2>/dev/null; stop_server
+  python3 - "$line" "$LOGS" <<'PY'
+import json, sys
+line, logs = sys.argv[1:3]
+try:
+    v = json.loads(line)
+except ValueError:
+    sys.exit(f"soak: no loadgen report: {line[:200]}")
+def metrics(path):
+    out = {}
+    for ln in open(path):
+        if ln.startswith("fl_") and "{" not in ln.split(" ")[0]:
+            k, x = ln.rsplit(" ", 1)
+            out[k] = float(x)
+    return out
+a, b = metrics(f"{logs}/soak-metrics-before.txt"), metrics(f"{logs}/soak-metrics-after.txt")
+d = lambda k: b.get(k, 0) - a.get(k, 0)
+mem = [ln.split() for ln in open(f"{logs}/soak-mem.txt") if len(ln.split()) == 3]
+t0 = int(mem[0][0]) if mem else 0
+warm = [m for m in mem if int(m[0]) - t0 >= 60]
+p = lambda k, q: (v.get(k) or {}).get(q, "-")
+rows = [("requests completed / failed / cancelled / not sent", f"{v['completed']} / {v['failed']} / {v['cancelled']} / {v['not_sent']}"),
+        ("held back at --send-duration (not sent, by design)", v.get("held_back")),
+        ("outputs != max_tokens / prompt usage mismatches", f"{v['outputs_not_max_tokens']} / {v['prompt_tokens_mismatch']}"),
+        ("loadgen input / output tokens", f"{v['input_tokens']} / {v['output_tokens']}"),
+        ("/metrics prompt / generation tokens (delta, warm-up request included)", f"{d('fl_prompt_tokens_total'):.0f} / {d('fl_generation_tokens_total'):.0f}"),
+        ("/metrics failures (delta)", f"{d('fl_request_failure_total'):.0f}"),
+        ("output tok/s, duration s", f"{v['output_throughput']}, {v['duration_s']}"),
+        ("TTFT p50 / p99 ms; ITL p50 / p99 ms", f"{p('ttft_ms', 'p50')} / {p('ttft_ms', 'p99')}; {p('itl_ms', 'p50')} / {p('itl_ms', 'p99')}")]
+if warm:
+    g = [int(m[1]) for m in warm]; r = [int(m[2]) for m in warm]
+    rows += [("GPU memory MiB after 60 s: first / min / max / last", f"{g[0]} / {min(g)} / {max(g)} / {g[-1]}"),
+             ("server RSS MiB after 60 s: first / min / max / last", f"{r[0]//1024} / {min(r)//1024} / {max(r)//1024} / {r[-1]//1024}")]
+print("\n| soak | |\n|---|---|")
+for k, x in rows:
+    print(f"| {k} | {x} |")
+PY
+}
+
+# Misbehaving clients and 1,000 idle connections while 64 clients load the server.
+t_serve_stress() {
+  local model="${1:-llama-2-7b}" port=8435 line load rc
+  ulimit -n 8192 2>/dev/null || true
+  start_server fl-stress "$port" 300 "$B/bin/fl" serve --model "$model" --port "$port" || return 1
+  timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency 64 \
+    --num-prompts 256 --prompt-lens 512 --output-lens 256 --max-duration 180 > "$LOGS/stress-load.json" 2>&1 &
+  load=$!
+  sleep 2
+  timeout 180 python3 "$B/scripts/abuse_client.py" --base-url "http://127.0.0.1:$port" --rounds 5 \
+    --hold 1000 --max-seconds 150 2>&1 | tee "$LOGS/stress-abuse.log" | grep -E '^FAIL|^summary' >&2
+  rc=${PIPESTATUS[0]}
+  wait "$load"; line=$(tail -1 "$LOGS/stress-load.json")
+  stop_server
+  { echo "$LOAD_HEADER"; load_row "fl (under abuse)" 64 "$line"; } | show_table
+  echo "abuse_client: $(grep '^summary' "$LOGS/stress-abuse.log") (exit $rc)"
 }
 
 t_serve_check() {
-  local port=8432 dir="$LOGS/serve-model" pid rc
+  local port=8432 dir="$LOGS/serve-model" rc
   python3 "$B/scripts/make_serve_model.py" "$dir" >&2 || { echo "serve-check: could not make the model" >&2; return 1; }
   if ! python3 -c 'import openai' 2>/dev/null && [ -n "${FL_WHEELS:-}" ]; then
     python3 -m pip install -q --no-index --find-links "$FL_WHEELS" --target "$LOGS/py" openai >&2 &&
       export PYTHONPATH="$LOGS/py${PYTHONPATH:+:$PYTHONPATH}"
   fi
-  "$B/bin/fl" serve --model "$dir" --port "$port" > "$LOGS/serve-check.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 120); do
-    curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/health" 2>/dev/null | grep -q 200 && break
-    kill -0 "$pid" 2>/dev/null || break; sleep 1
-  done
+  start_server serve-check "$port" 120 "$B/bin/fl" serve --model "$dir" --port "$port" || return 1
   timeout "${FL_CHECK_TIMEOUT:-300}" python3 "$B/scripts/check_openai_client.py" \
     --base-url "http://127.0.0.1:$port" --timeout 60 "$@" 2>&1 | tee "$LOGS/serve-check-client.log"
   rc=${PIPESTATUS[0]}
-  kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+  stop_server
   tail -5 "$LOGS/serve-check.log" >&2
   return "$rc"
 }
@@ -373,6 +504,9 @@ case "$target" in
   floor) t_floor ;;
   tp) t_tp "$@" ;;
   serve-load) t_serve_load "$@" ;;
+  serve-compare) t_serve_compare "$@" ;;
+  soak) t_soak "$@" ;;
+  serve-stress) t_serve_stress "$@" ;;
   serve-check) t_serve_check "$@" ;;
   trace) t_trace "$@" ;;
   ab) t_ab "$@" ;;
