@@ -38,6 +38,9 @@
 #                                 template (make_serve_model.py), then check_openai_client.py
 #                                 (ARGS to it) against it: the openai package and curl. Without
 #                                 `openai` importable, FL_WHEELS names a wheel folder to install from
+#   step-profile [MODEL [PROMPT]] ncu per kernel over the last 16 decode steps of one sequence (default
+#                                 llama-2-7b, 128-token prompt): the static engine beside the runner
+#                                 (ncu_steps.py); the step's wall time minus the kernels is idle GPU
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
 #                                 64-4096, outputs 16-1024): the runner, or part K of N of the
 #                                 static batches (the static side takes longer than one call: run
@@ -371,6 +374,17 @@ t_serve_check() {
   return "$rc"
 }
 
+# ncu's per-kernel times of the last 16 decode steps: the static engine against the runner.
+t_step_profile() {
+  local model="${1:-llama-2-7b}" prompt="${2:-128}" ncu
+  ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+  local m=(--csv --print-units base --metrics gpu__time_duration.sum --clock-control none --cache-control none)
+  echo "[{\"arrival_s\": 0.0, \"prompt_len\": $prompt, \"output_len\": 24}]" > "$LOGS/one.json"
+  timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --runs "1:$prompt:24" > "$LOGS/ncu-static.csv" 2> "$LOGS/ncu-static.err"
+  timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --trace-file "$LOGS/one.json" > "$LOGS/ncu-runner.csv" 2> "$LOGS/ncu-runner.err"
+  (cd "$LOGS" && python3 "$B/scripts/ncu_steps.py" ncu-static.csv ncu-runner.csv --steps 16)
+}
+
 t_trace() {
   local side="${1:-runner}" part="${2:-1/1}" extra=()
   [ "$side" = static ] && extra=(--trace-static-part "$part")
@@ -508,6 +522,7 @@ case "$target" in
   soak) t_soak "$@" ;;
   serve-stress) t_serve_stress "$@" ;;
   serve-check) t_serve_check "$@" ;;
+  step-profile) t_step_profile "$@" ;;
   trace) t_trace "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
