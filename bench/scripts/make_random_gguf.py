@@ -9,8 +9,9 @@ never sits in memory whole.
 
 Shapes: llama-2-7b (32 layers, 4096, MHA 32, ff 11008, vocab 32000), llama-3-8b-shape (GQA
 32/8, ff 14336, vocab 32000, rope 500000), tiny (2 layers, 256, GQA 4/2, ff 704, vocab 512).
-Weights are N(0, 0.02) values (slices of a pool of 16M, from random offsets; norms 1.0); the vocabulary is <unk>, <s>, </s>, the 256 byte tokens
-<0x00>..<0xFF> and placeholder pieces, so prompts are best sent as token ids.
+Weights are N(0, 0.02) values (slices of one pool of 16M, from random offsets: the file writes
+at disk speed; norms 1.0); the vocabulary is <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF>
+and placeholder pieces, so prompts are best sent as token ids.
 """
 
 import argparse
