@@ -93,18 +93,31 @@ __host__ __device__ __forceinline__ void dequant_unit(const uint8_t *w, const vo
 
 }  // namespace
 
-// out [n, k] = T(W): grid-stride over the n * k / UV units; 16-byte stores.
+// out [n, k] = T(W) (with a row map: T(W[rows]), RowMap): grid-stride over the n * k / UV
+// output units; 16-byte stores.
 template <int F, typename T>
 __global__ void __launch_bounds__(256)
 gemv_dequantize_kernel(const uint8_t *__restrict__ w, const void *__restrict__ scales,
                        const uint8_t *__restrict__ zeros, int group, T *__restrict__ out, int64_t units,
-                       int64_t k) {
+                       int64_t k, RowMap map) {
     constexpr int UV = unit_values(F), VW = 16 / (int)sizeof(T);
     using V = Vec<T, VW>;
+    const int64_t per_row = k / UV;
     for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < units;
          u += (int64_t)gridDim.x * blockDim.x) {
         float f[UV];
-        dequant_unit<F>(w, scales, zeros, group, k, u, f);
+        int64_t src = u;  // W's unit
+        if (map.rows) {
+            const int64_t r = u / per_row, j = u - r * per_row;
+            const int64_t row = map_row(map, r, j == 0);
+            src = row >= 0 ? row * per_row + j : -1;
+        }
+        if (src >= 0) {
+            dequant_unit<F>(w, scales, zeros, group, k, src, f);
+        } else {  // an id outside the table: a zero row
+#pragma unroll
+            for (int e = 0; e < UV; ++e) f[e] = 0.f;
+        }
         V *o = reinterpret_cast<V *>(out + u * UV);
 #pragma unroll
         for (int c = 0; c < UV / VW; ++c) {
@@ -120,25 +133,25 @@ namespace {
 
 template <int F, typename T>
 fl_status dequant_launch(const void *w, const void *scales, const void *zeros, int group, void *out,
-                         int64_t n, int64_t k, cudaStream_t s) {
+                         int64_t n, int64_t k, cudaStream_t s, const RowMap &map) {
     constexpr int threads = 256;
     const int64_t units = n * (k / unit_values(F));
     gemv_dequantize_kernel<F, T><<<grid_for(units, threads), threads, 0, s>>>(
         static_cast<const uint8_t *>(w), scales, static_cast<const uint8_t *>(zeros), group,
-        static_cast<T *>(out), units, k);
+        static_cast<T *>(out), units, k, map);
     return launch_status();
 }
 
 template <typename T>
 fl_status dequant_dispatch(fl_gemv_format format, const void *w, const void *scales,
                            const void *zeros, int group, void *out, int64_t n, int64_t k,
-                           cudaStream_t s) {
+                           cudaStream_t s, const RowMap &map) {
     switch (format) {
-    case FL_GEMV_INT8: return dequant_launch<I8, T>(w, scales, zeros, group, out, n, k, s);
-    case FL_GEMV_INT4: return dequant_launch<I4, T>(w, scales, zeros, group, out, n, k, s);
-    case FL_GEMV_INT4_ZP: return dequant_launch<I4Z, T>(w, scales, zeros, group, out, n, k, s);
-    case FL_GEMV_Q8_0: return dequant_launch<Q80, T>(w, scales, zeros, group, out, n, k, s);
-    case FL_GEMV_Q4_0: return dequant_launch<Q40, T>(w, scales, zeros, group, out, n, k, s);
+    case FL_GEMV_INT8: return dequant_launch<I8, T>(w, scales, zeros, group, out, n, k, s, map);
+    case FL_GEMV_INT4: return dequant_launch<I4, T>(w, scales, zeros, group, out, n, k, s, map);
+    case FL_GEMV_INT4_ZP: return dequant_launch<I4Z, T>(w, scales, zeros, group, out, n, k, s, map);
+    case FL_GEMV_Q8_0: return dequant_launch<Q80, T>(w, scales, zeros, group, out, n, k, s, map);
+    case FL_GEMV_Q4_0: return dequant_launch<Q40, T>(w, scales, zeros, group, out, n, k, s, map);
     }
     return FL_ERR_INVALID_ARGUMENT;
 }
@@ -153,6 +166,28 @@ void dequant_host(const void *w, const void *scales, const void *zeros, int grou
         dequant_unit<F>(static_cast<const uint8_t *>(w), scales, static_cast<const uint8_t *>(zeros),
                         group, k, u, f);
         std::memcpy(out + u * UV, f, sizeof(f));
+    }
+}
+
+// out [n, k] = W[ids] on the host (fl_gemv_embedding_host): the kernels' own per-unit code for
+// each valid id, a zero row for the others.
+template <int F>
+void embedding_host(const int32_t *ids, int64_t n, const void *w, const void *scales,
+                    const void *zeros, int group, int64_t vocab, float *out, int64_t k) {
+    constexpr int UV = unit_values(F);
+    const int64_t per_row = k / UV;
+    for (int64_t r = 0; r < n; ++r) {
+        float *o = out + r * k;
+        if (ids[r] < 0 || ids[r] >= vocab) {
+            std::memset(o, 0, sizeof(float) * k);
+            continue;
+        }
+        for (int64_t j = 0; j < per_row; ++j) {
+            float f[UV];
+            dequant_unit<F>(static_cast<const uint8_t *>(w), scales,
+                            static_cast<const uint8_t *>(zeros), group, k, ids[r] * per_row + j, f);
+            std::memcpy(o + j * UV, f, sizeof(f));
+        }
     }
 }
 
@@ -195,8 +230,86 @@ extern "C" fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, c
     const cudaStream_t s = as_stream(stream);
     if (gemv::is_kquant(format)) return gemv::launch_kquant_dequantize(dtype, format, w, out, n, k, s);
     FL_DISPATCH_FLOAT(dtype, return gemv::dequant_dispatch<scalar_t>(format, w, scales, zeros,
-                                                                    group_size, out, n, k, s));
+                                                                    group_size, out, n, k, s,
+                                                                    gemv::RowMap{}));
     return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+namespace fl {
+namespace gemv {
+namespace {
+// fl_gemv_embedding's checks beyond the table's own (dequant_check over [vocab, hidden]).
+inline fl_status embedding_check(const int32_t *ids, int64_t n, int64_t vocab, int64_t hidden,
+                                 const void *out) {
+    if (n < 0 || n > INT32_MAX || vocab < 0) return FL_ERR_INVALID_ARGUMENT;
+    if (n > 0 && (!ids || !out || hidden > INT64_MAX / n)) return FL_ERR_INVALID_ARGUMENT;
+    return FL_OK;
+}
+}  // namespace
+}  // namespace gemv
+}  // namespace fl
+
+extern "C" fl_status fl_gemv_embedding(fl_dtype dtype, fl_gemv_format format, const int32_t *ids,
+                                       int64_t n, const void *w, const void *scales,
+                                       const void *zeros, int32_t group_size, int64_t vocab,
+                                       int64_t hidden, void *out, int32_t *status,
+                                       uint32_t status_nonce, fl_stream stream) {
+    using namespace fl;
+    fl_status st = gemv::embedding_check(ids, n, vocab, hidden, out);
+    if (st != FL_OK) return st;
+    // The table: [vocab, hidden] in `format` (a table of 0 rows is never read).
+    st = gemv::dequant_check(format, w, scales, zeros, group_size, out, vocab, hidden);
+    if (st != FL_OK) return st;
+    if (status && status_nonce == 0) return FL_ERR_INVALID_ARGUMENT;
+    if (dtype != FL_DTYPE_F32 && dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16)
+        return FL_ERR_UNSUPPORTED_DTYPE;
+    if (n == 0) return FL_OK;
+    if (status && (reinterpret_cast<uintptr_t>(status) & 7u)) return FL_ERR_MISALIGNED;
+    if (!aligned16(w) || !aligned16(out)) return FL_ERR_MISALIGNED;
+    if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
+    if ((format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP) &&
+        (reinterpret_cast<uintptr_t>(scales) & 1u) != 0)
+        return FL_ERR_MISALIGNED;
+    const gemv::RowMap map{ids, vocab, status, status_nonce};
+    const cudaStream_t s = as_stream(stream);
+    if (gemv::is_kquant(format))
+        return gemv::launch_kquant_dequantize(dtype, format, w, out, n, hidden, s, map);
+    FL_DISPATCH_FLOAT(dtype, return gemv::dequant_dispatch<scalar_t>(format, w, scales, zeros,
+                                                                    group_size, out, n, hidden, s,
+                                                                    map));
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
+extern "C" fl_status fl_gemv_embedding_host(fl_gemv_format format, const int32_t *ids, int64_t n,
+                                            const void *w, const void *scales, const void *zeros,
+                                            int32_t group_size, int64_t vocab, int64_t hidden,
+                                            float *out) {
+    using namespace fl::gemv;
+    fl_status st = embedding_check(ids, n, vocab, hidden, out);
+    if (st != FL_OK) return st;
+    st = dequant_check(format, w, scales, zeros, group_size, out, vocab, hidden);
+    if (st != FL_OK) return st;
+    if (n == 0) return FL_OK;
+    if (is_kquant(format)) {
+        const int64_t row = fl_gemv_weight_bytes(format, 1, hidden);
+        for (int64_t r = 0; r < n; ++r) {
+            if (ids[r] < 0 || ids[r] >= vocab)
+                std::memset(out + r * hidden, 0, sizeof(float) * hidden);
+            else
+                kquant_dequantize_host(format, static_cast<const uint8_t *>(w) + ids[r] * row,
+                                       out + r * hidden, 1, hidden);
+        }
+        return FL_OK;
+    }
+    switch (format) {
+    case FL_GEMV_INT8: embedding_host<I8>(ids, n, w, scales, zeros, group_size, vocab, out, hidden); return FL_OK;
+    case FL_GEMV_INT4: embedding_host<I4>(ids, n, w, scales, zeros, group_size, vocab, out, hidden); return FL_OK;
+    case FL_GEMV_INT4_ZP: embedding_host<I4Z>(ids, n, w, scales, zeros, group_size, vocab, out, hidden); return FL_OK;
+    case FL_GEMV_Q8_0: embedding_host<Q80>(ids, n, w, scales, zeros, group_size, vocab, out, hidden); return FL_OK;
+    case FL_GEMV_Q4_0: embedding_host<Q40>(ids, n, w, scales, zeros, group_size, vocab, out, hidden); return FL_OK;
+    default: break;
+    }
+    return FL_ERR_INVALID_ARGUMENT;
 }
 
 extern "C" fl_status fl_gemv_dequantize_host(fl_gemv_format format, const void *w,

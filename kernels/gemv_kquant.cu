@@ -265,10 +265,12 @@ gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__
     }
 }
 
-// out [n, k] = T(W): grid-stride over the n k / 64 units; 16-byte stores.
+// out [n, k] = T(W) (with a row map: T(W[rows]), RowMap): grid-stride over the n k / 64 output
+// units; 16-byte stores.
 template <int F, typename T>
 __global__ void __launch_bounds__(256)
-gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out, int64_t units, int64_t k) {
+gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out, int64_t units, int64_t k,
+                              RowMap map) {
     using Q = KQuant<F>;
     constexpr int VW = 16 / (int)sizeof(T);
     using V = Vec<T, VW>;
@@ -279,9 +281,16 @@ gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out
         const int64_t row = u / per_row, ur = u - row * per_row;
         const int64_t sb = ur >> 2;
         const int i = (int)(ur & 3);
-        const uint8_t *blk = w + (row * (k >> 8) + sb) * Q::bytes;
+        const int64_t src = map.rows ? map_row(map, row, ur == 0) : row;
         float q[kUnitValues], s[Q::runs], mn[Q::runs];
-        kq_unit<F>(blk, i, q, s, mn);
+        if (src >= 0) {
+            kq_unit<F>(w + (src * (k >> 8) + sb) * Q::bytes, i, q, s, mn);
+        } else {  // an id outside the table: a zero row
+#pragma unroll
+            for (int e = 0; e < kUnitValues; ++e) q[e] = 0.f;
+#pragma unroll
+            for (int r = 0; r < Q::runs; ++r) s[r] = 0.f, mn[r] = 0.f;
+        }
         T *o = out + row * k + (sb << 8);
 #pragma unroll
         for (int r = 0; r < Q::runs; ++r) {
@@ -316,21 +325,22 @@ template <int F, typename T> fl_status launch_kquant_format(const GemvArgs &a) {
 }
 
 template <int F, typename T>
-fl_status launch_kquant_dequantize_format(const void *w, void *out, int64_t n, int64_t k, cudaStream_t s) {
+fl_status launch_kquant_dequantize_format(const void *w, void *out, int64_t n, int64_t k, cudaStream_t s,
+                                          const RowMap &map) {
     constexpr int threads = 256;
     const int64_t units = n * (k / kUnitValues);
     gemv_kquant_dequantize_kernel<F, T><<<grid_for(units, threads), threads, 0, s>>>(
-        static_cast<const uint8_t *>(w), static_cast<T *>(out), units, k);
+        static_cast<const uint8_t *>(w), static_cast<T *>(out), units, k, map);
     return launch_status();
 }
 
 template <typename T>
 fl_status launch_kquant_dequantize_type(fl_gemv_format format, const void *w, void *out, int64_t n, int64_t k,
-                                        cudaStream_t s) {
+                                        cudaStream_t s, const RowMap &map) {
     switch (format) {
-    case FL_GEMV_Q4_K: return launch_kquant_dequantize_format<FL_GEMV_Q4_K, T>(w, out, n, k, s);
-    case FL_GEMV_Q5_K: return launch_kquant_dequantize_format<FL_GEMV_Q5_K, T>(w, out, n, k, s);
-    case FL_GEMV_Q6_K: return launch_kquant_dequantize_format<FL_GEMV_Q6_K, T>(w, out, n, k, s);
+    case FL_GEMV_Q4_K: return launch_kquant_dequantize_format<FL_GEMV_Q4_K, T>(w, out, n, k, s, map);
+    case FL_GEMV_Q5_K: return launch_kquant_dequantize_format<FL_GEMV_Q5_K, T>(w, out, n, k, s, map);
+    case FL_GEMV_Q6_K: return launch_kquant_dequantize_format<FL_GEMV_Q6_K, T>(w, out, n, k, s, map);
     default: return FL_ERR_INVALID_ARGUMENT;
     }
 }
@@ -365,11 +375,11 @@ fl_status launch_kquant(const GemvArgs &a) {
 }
 
 fl_status launch_kquant_dequantize(fl_dtype dtype, fl_gemv_format format, const void *w, void *out, int64_t n,
-                                   int64_t k, cudaStream_t s) {
+                                   int64_t k, cudaStream_t s, const RowMap &map) {
     switch (dtype) {
-    case FL_DTYPE_F32: return launch_kquant_dequantize_type<float>(format, w, out, n, k, s);
-    case FL_DTYPE_F16: return launch_kquant_dequantize_type<__half>(format, w, out, n, k, s);
-    case FL_DTYPE_BF16: return launch_kquant_dequantize_type<__nv_bfloat16>(format, w, out, n, k, s);
+    case FL_DTYPE_F32: return launch_kquant_dequantize_type<float>(format, w, out, n, k, s, map);
+    case FL_DTYPE_F16: return launch_kquant_dequantize_type<__half>(format, w, out, n, k, s, map);
+    case FL_DTYPE_BF16: return launch_kquant_dequantize_type<__nv_bfloat16>(format, w, out, n, k, s, map);
     default: return FL_ERR_UNSUPPORTED_DTYPE;
     }
 }

@@ -120,6 +120,33 @@ fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, const void *
                              const void *scales, const void *zeros, int32_t group_size, void *out,
                              int64_t n, int64_t k, fl_stream stream);
 
+/* Embedding lookup straight from a quantised table (a GGUF file's token_embd in its own blocks,
+ * or any weight of the formats above): out[i, :] = dtype(W[ids[i], :]) for i < n, with W the
+ * [vocab, hidden] table that w, scales, zeros and group_size stand for (as fl_gemv_quant's
+ * weight, n = vocab rows of k = hidden), each value exactly as fl_gemv_dequantize gives it.
+ *   ids  int32 [n] (device); out [n, hidden] of dtype (f32, f16 or bf16), 16-byte aligned,
+ *   overlapping no input.
+ * Reads only the rows it looks up. An id outside [0, vocab) is never read: its row of out is
+ * zero and, when `status` is not NULL, the failure is recorded there as fl_embedding_lookup
+ * records it (FL_CHECK_TOKEN_ID, index i, value ids[i], limit min(vocab, INT32_MAX)).
+ * Errors: those of fl_gemv_dequantize for the table ([vocab, hidden]: hidden a multiple of 32,
+ * of 256 for the K-quants, of the group size for int4), and FL_ERR_INVALID_ARGUMENT for
+ * n < 0, n > INT32_MAX, vocab < 0, n * hidden overflowing int64_t, a NULL ids / out / table
+ * pointer with work to do, or status_nonce == 0 with a status; FL_ERR_MISALIGNED as
+ * fl_gemv_dequantize, or for a status that is not 8-byte aligned. n == 0 launches nothing. */
+fl_status fl_gemv_embedding(fl_dtype dtype, fl_gemv_format format, const int32_t *ids, int64_t n,
+                            const void *w, const void *scales, const void *zeros,
+                            int32_t group_size, int64_t vocab, int64_t hidden, void *out,
+                            int32_t *status, uint32_t status_nonce, fl_stream stream);
+
+/* Test hook, runs on the HOST (no GPU, no stream): fl_gemv_embedding's own per-unit code over
+ * host buffers (ids on the host too), writing the f32 values before the rounding to dtype into
+ * out [n, hidden]; rows of ids outside [0, vocab) are zero. Same argument checks (no alignment
+ * requirement, no status). */
+fl_status fl_gemv_embedding_host(fl_gemv_format format, const int32_t *ids, int64_t n,
+                                 const void *w, const void *scales, const void *zeros,
+                                 int32_t group_size, int64_t vocab, int64_t hidden, float *out);
+
 /* Test hook, runs on the HOST (no GPU, no stream): fl_gemv_dequantize's own per-unit code over
  * host buffers, writing the f32 values before the rounding to dtype into out [n, k]. Same
  * argument checks (no alignment requirement). */

@@ -1,6 +1,7 @@
 //! Table cases for `fl_kernels::embedding` (torch side: `torch_embedding.py`).
 
 use fl_kernels::embedding::{self, DeviceStatus};
+use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
 use fl_kernels::{bf16, f16, DeviceTensor, FloatDType, Gpu, Result};
 
 use super::{bench_tensor, bench_values, Case, Launch};
@@ -39,7 +40,31 @@ fn case<T: FloatDType>(n: usize, hidden: usize) -> Case {
     }
 }
 
-/// Lookups of 1, 16 (hidden 8192), 64, 4096 and 65536 tokens (f16), 65536 tokens (bf16).
+/// A lookup of `n` tokens straight from a quantised `[VOCAB, hidden]` table
+/// (`gemv::embedding`): the bytes are the rows' quantised bytes read and f16 written.
+fn quant_case(n: usize, hidden: usize, format: QuantFormat) -> Case {
+    Case {
+        op: "embedding_quant",
+        dtype: <f16 as fl_kernels::DType>::NAME,
+        shape: format!("n{n}_h{hidden}_v{VOCAB}_{}", format.name()),
+        bytes: (format.weight_bytes(n, hidden) + n * hidden * 2) as u64,
+        make: Box::new(move |gpu| {
+            let s = gpu.stream().clone();
+            let w = bench_values(VOCAB * hidden, 13);
+            let q = gemv::quantize(&w, VOCAB, hidden, format)?;
+            let table = QuantWeight::upload(&s, &q)?;
+            let ids = DeviceTensor::from_host(&s, &bench_ids(n, VOCAB, 12), &[n])?;
+            let mut out = DeviceTensor::<f16>::zeros(&s, &[n, hidden])?;
+            let mut status = DeviceStatus::new(&s)?;
+            let l: Launch =
+                Box::new(move || gemv::embedding(&s, &ids, &table, &mut out, &mut status));
+            Ok(l)
+        }),
+    }
+}
+
+/// Lookups of 1, 16 (hidden 8192), 64, 4096 and 65536 tokens (f16), 65536 tokens (bf16);
+/// from quantised tables (Q8_0, Q4_0, Q4_K, Q6_K): 1 and 4096 tokens.
 pub fn cases() -> Vec<Case> {
     let mut v = Vec::new();
     for n in [1usize, 64, 4096, 65536] {
@@ -47,5 +72,15 @@ pub fn cases() -> Vec<Case> {
     }
     v.push(case::<f16>(16, 8192));
     v.push(case::<bf16>(65536, 4096));
+    for format in [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ] {
+        for n in [1usize, 4096] {
+            v.push(quant_case(n, 4096, format));
+        }
+    }
     v
 }

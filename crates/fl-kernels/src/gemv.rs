@@ -45,14 +45,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaStream, SyncOnDrop};
 use fl_kernels_sys::fl_gemv_format;
 use half::f16;
 
 use crate::dtype::{FloatDType, HalfDType};
 use crate::error::check;
 use crate::ggml::{GgmlType, QK_K};
-use crate::tensor::{as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i32, as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// The largest number of tokens (`m`, rows of `x`) one [`gemv`] call takes.
@@ -613,6 +613,22 @@ pub struct QuantWeight {
 }
 
 impl QuantWeight {
+    /// The device pointer of the scales (f32 for int8, f16 for int4; 0 for the self-contained
+    /// GGUF blocks) for a launch on `stream`, with the guard that keeps them in use.
+    fn scales_ptr<'a>(&'a self, stream: &'a CudaStream) -> (u64, Option<SyncOnDrop<'a>>) {
+        match (&self.scales_f32, &self.scales_f16) {
+            (Some(s), _) => {
+                let (p, g) = s.ptr(stream);
+                (p, Some(g))
+            }
+            (None, Some(s)) => {
+                let (p, g) = s.ptr(stream);
+                (p, Some(g))
+            }
+            _ => (0, None),
+        }
+    }
+
     /// Copies a host-quantised weight to the device (queued on `stream`).
     ///
     /// Errors: a driver error from the allocation or the copy.
@@ -788,17 +804,7 @@ pub fn gemv_with_path<T: HalfDType>(
     };
     let (px, _gx) = x.ptr(stream);
     let (pw, _gw) = w.data.ptr(stream);
-    let (ps, _gs) = match (&w.scales_f32, &w.scales_f16) {
-        (Some(s), _) => {
-            let (p, g) = s.ptr(stream);
-            (p, Some(g))
-        }
-        (None, Some(s)) => {
-            let (p, g) = s.ptr(stream);
-            (p, Some(g))
-        }
-        _ => (0, None),
-    };
+    let (ps, _gs) = w.scales_ptr(stream);
     let (pz, _gz) = crate::tensor::opt_ptr(w.zeros.as_ref(), stream);
     let (py, _gy) = y.ptr_mut(stream);
     // SAFETY: x holds m·k and y m·n elements of T (shapes checked above); the weight's
@@ -869,17 +875,7 @@ pub fn dequantize<T: FloatDType>(
         _ => 0,
     };
     let (pw, _gw) = w.data.ptr(stream);
-    let (ps, _gs) = match (&w.scales_f32, &w.scales_f16) {
-        (Some(s), _) => {
-            let (p, g) = s.ptr(stream);
-            (p, Some(g))
-        }
-        (None, Some(s)) => {
-            let (p, g) = s.ptr(stream);
-            (p, Some(g))
-        }
-        _ => (0, None),
-    };
+    let (ps, _gs) = w.scales_ptr(stream);
     let (pz, _gz) = crate::tensor::opt_ptr(w.zeros.as_ref(), stream);
     let (po, _go) = out.ptr_mut(stream);
     // SAFETY: out holds n·k elements of T (checked above); the weight's buffers were sized by
@@ -900,4 +896,93 @@ pub fn dequantize<T: FloatDType>(
         )
     };
     check("gemv::dequantize", status)
+}
+
+/// Embedding lookup straight from a quantised table: `out[i, :] = T(W[ids[i], :])`, where `W`
+/// is the `[vocab, hidden]` table that `table` holds (`vocab = table.n()`, `hidden =
+/// table.k()`), each value exactly as [`dequantize`] gives it. A GGUF file's `token_embd` in
+/// its own blocks (Q4_K in a Q4_K_M file) stays that size on the device instead of a dense
+/// copy; only the rows looked up are read.
+///
+/// An id outside `0..vocab` is never read: its row of `out` is zero and the failure is recorded
+/// in `status` (as [`embedding::lookup`](crate::embedding::lookup) records it; nothing is
+/// synchronised: check `status` when convenient).
+///
+/// Shapes: `ids [..]` (any shape, `i32`), `out [.., hidden]` (ids' shape plus hidden).
+/// Dtypes: `out` `f32`, `f16` or `bf16`.
+///
+/// Errors: [`Error::Shape`] naming `out`; [`Error::InvalidArgument`] naming `ids` for more
+/// than `i32::MAX` ids.
+///
+/// ```no_run
+/// use fl_kernels::embedding::DeviceStatus;
+/// use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
+/// use fl_kernels::{f16, DeviceTensor, Gpu};
+/// let gpu = Gpu::new(0)?;
+/// let s = gpu.stream();
+/// let (vocab, hidden) = (32000, 4096);
+/// let q = gemv::quantize(&vec![0.01f32; vocab * hidden], vocab, hidden, QuantFormat::Q8_0)?;
+/// let table = QuantWeight::upload(s, &q)?;
+/// let ids = DeviceTensor::from_host(s, &[1i32, 15043, 29892], &[3])?;
+/// let mut x = DeviceTensor::<f16>::zeros(s, &[3, hidden])?;
+/// let mut status = DeviceStatus::new(s)?;
+/// gemv::embedding(s, &ids, &table, &mut x, &mut status)?;
+/// status.check(s)?;
+/// # Ok::<(), fl_kernels::Error>(())
+/// ```
+pub fn embedding<T: FloatDType>(
+    stream: &CudaStream,
+    ids: &DeviceTensor<i32>,
+    table: &QuantWeight,
+    out: &mut DeviceTensor<T>,
+    status: &mut crate::embedding::DeviceStatus,
+) -> Result<()> {
+    let (vocab, hidden) = (table.n, table.k);
+    let mut want = ids.shape().to_vec();
+    want.push(hidden);
+    expect_shape("out", out, &want)?;
+    let n = ids.len();
+    as_i32("ids", n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (ni, vi, hi) = (
+        as_i64("ids", n)?,
+        as_i64("table", vocab)?,
+        as_i64("table", hidden)?,
+    );
+    let group = match table.format {
+        QuantFormat::Int4 { group, .. } => group as i32,
+        _ => 0,
+    };
+    let (pi, _gi) = ids.ptr(stream);
+    let (pw, _gw) = table.data.ptr(stream);
+    let (ps, _gs) = table.scales_ptr(stream);
+    let (pz, _gz) = crate::tensor::opt_ptr(table.zeros.as_ref(), stream);
+    let (po, _go) = out.ptr_mut(stream);
+    let (pst, nonce, _gst) = status.arm(stream);
+    // SAFETY: ids holds n i32 and out n·hidden elements of T (shapes checked above); the
+    // table's buffers were sized by QuantizedHost::new for its format and [vocab, hidden];
+    // status holds FL_DEVICE_STATUS_WORDS i32, 8-byte aligned; every buffer lives until the
+    // guards drop, after the launch is queued on `stream`; out is a distinct allocation (&mut)
+    // and the kernel reads no row outside the table.
+    let st = unsafe {
+        fl_kernels_sys::fl_gemv_embedding(
+            T::ID,
+            table.format.ffi(),
+            pi as _,
+            ni,
+            pw as _,
+            ps as _,
+            pz as _,
+            group,
+            vi,
+            hi,
+            po as _,
+            pst as _,
+            nonce,
+            raw_stream(stream),
+        )
+    };
+    check("gemv::embedding", st)
 }
