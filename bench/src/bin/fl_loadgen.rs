@@ -1644,21 +1644,36 @@ mod tests {
         format!("http://{addr}")
     }
 
-    #[test]
-    fn an_embeddings_run_against_a_loopback_server() {
+    /// `fl_loadgen --embeddings --base-url URL --model m ARGS` against a fresh loopback
+    /// embedding server (bounded at 20 s): the plan, the report's JSON and the run's time.
+    fn run_against_fake_embeddings(args: &[&str]) -> (Plan, Value, Duration) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let url = rt.block_on(fake_embedding_server());
-        let a = Args::parse_from([
+        let base = [
             "fl_loadgen",
             "--embeddings",
             "--base-url",
             &url,
             "--model",
             "m",
+        ];
+        let a = Args::parse_from(base.iter().chain(args));
+        let p = plan(&a).unwrap();
+        let t0 = Instant::now();
+        let report = rt
+            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
+            .unwrap();
+        let v = summarize(&report, &p, &a);
+        (p, v, t0.elapsed())
+    }
+
+    #[test]
+    fn an_embeddings_run_against_a_loopback_server() {
+        let (p, v, _) = run_against_fake_embeddings(&[
             "--num-prompts",
             "24",
             "--inputs-per-request",
@@ -1670,11 +1685,6 @@ mod tests {
             "--max-duration",
             "20",
         ]);
-        let p = plan(&a).unwrap();
-        let report = rt
-            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
-            .unwrap();
-        let v = summarize(&report, &p, &a);
         assert_eq!(v["completed"], 24, "{v}");
         assert_eq!(
             (v["failed"].as_u64(), v["not_sent"].as_u64()),
@@ -1689,20 +1699,8 @@ mod tests {
 
     #[test]
     fn send_duration_holds_back_the_rest_and_lets_requests_in_flight_finish() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let url = rt.block_on(fake_embedding_server());
         // 400 arrivals at 40/s span ~10 s; sending stops after 0.5 s.
-        let a = Args::parse_from([
-            "fl_loadgen",
-            "--embeddings",
-            "--base-url",
-            &url,
-            "--model",
-            "m",
+        let (_, v, took) = run_against_fake_embeddings(&[
             "--num-prompts",
             "400",
             "--rate",
@@ -1714,16 +1712,7 @@ mod tests {
             "--max-duration",
             "20",
         ]);
-        let p = plan(&a).unwrap();
-        let t0 = Instant::now();
-        let report = rt
-            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
-            .unwrap();
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "did not stop sending"
-        );
-        let v = summarize(&report, &p, &a);
+        assert!(took < Duration::from_secs(10), "did not stop sending");
         let (done, held) = (
             v["completed"].as_u64().unwrap(),
             v["held_back"].as_u64().unwrap(),

@@ -1597,41 +1597,26 @@ fn beam_search_without_max_tokens_fits_the_kv_cache() {
     assert_eq!(param, "best_of", "{msg}");
 }
 
-#[test]
-fn openai_package_checks_pass_against_the_mock_server() {
-    // bench/scripts/check_openai_client.py (the official `openai` package and curl) against
-    // this mock-backed server: the response shapes as a real client parses them. Skipped
-    // where python3 has no `openai` package (CI); the GPU machine runs the same script
-    // against `fl serve`.
-    let python = std::env::var("FL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_openai = std::process::Command::new(&python)
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_openai {
-        eprintln!(
-            "skip openai_package_checks_pass_against_the_mock_server: no `openai` for {python}"
-        );
-        return;
-    }
-    let t = start(Opts::default());
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/scripts/check_openai_client.py"
+/// The interpreter for bench/scripts' Python checks (`FL_PYTHON`, default python3).
+fn python() -> String {
+    std::env::var("FL_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Runs bench/scripts/`script` with `args` against the test server at `t`: it must exit 0
+/// with a summary line and no FAIL (its output is printed, and shown on failure).
+fn run_python_check(t: &TestServer, script: &str, args: &[&str]) {
+    let path = format!(
+        "{}/../../bench/scripts/{script}",
+        env!("CARGO_MANIFEST_DIR")
     );
-    let out = std::process::Command::new(&python)
-        .args([
-            script,
-            "--base-url",
-            &format!("http://{}", t.addr),
-            "--timeout",
-            "20",
-        ])
-        // The mock's beams are not its greedy continuation (`hypotheses`).
-        .args(["--skip", "one beam = greedy"])
+    let out = std::process::Command::new(python())
+        .arg(&path)
+        .args(["--base-url", &format!("http://{}", t.addr)])
+        .args(args)
         .output()
-        .expect("run check_openai_client.py");
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
     let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
     assert!(
         out.status.success(),
         "{text}\n{}",
@@ -1644,39 +1629,52 @@ fn openai_package_checks_pass_against_the_mock_server() {
 }
 
 #[test]
+fn openai_package_checks_pass_against_the_mock_server() {
+    // bench/scripts/check_openai_client.py (the official `openai` package and curl) against
+    // this mock-backed server: the response shapes as a real client parses them. Skipped
+    // where python3 has no `openai` package (CI); the GPU machine runs the same script
+    // against `fl serve`.
+    let has_openai = std::process::Command::new(python())
+        .args(["-c", "import openai"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_openai {
+        eprintln!(
+            "skip openai_package_checks_pass_against_the_mock_server: no `openai` for {}",
+            python()
+        );
+        return;
+    }
+    let t = start(Opts::default());
+    // The mock's beams are not its greedy continuation (`hypotheses`).
+    run_python_check(
+        &t,
+        "check_openai_client.py",
+        &["--timeout", "20", "--skip", "one beam = greedy"],
+    );
+}
+
+#[test]
 fn misbehaving_clients_get_4xx_and_the_server_keeps_serving() {
     // bench/scripts/abuse_client.py (standard library only; the GPU machine runs it against
     // `fl serve` under load): malformed and mistyped bodies, a 1 MB prompt, clients that leave
     // mid-stream, 200 idle connections held meanwhile, and a good request after each round.
-    let python = std::env::var("FL_PYTHON").unwrap_or_else(|_| "python3".into());
-    if std::process::Command::new(&python)
+    if std::process::Command::new(python())
         .arg("--version")
         .output()
         .is_err()
     {
-        eprintln!("skip misbehaving_clients_get_4xx_and_the_server_keeps_serving: no {python}");
+        eprintln!(
+            "skip misbehaving_clients_get_4xx_and_the_server_keeps_serving: no {}",
+            python()
+        );
         return;
     }
     let t = start(Opts::default());
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/scripts/abuse_client.py"
-    );
-    let out = std::process::Command::new(&python)
-        .args([script, "--base-url", &format!("http://{}", t.addr)])
-        .args(["--rounds", "2", "--hold", "200", "--max-seconds", "60"])
-        .output()
-        .expect("run abuse_client.py");
-    let text = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{text}");
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("summary:") && !text.contains("FAIL"),
-        "{text}"
+    run_python_check(
+        &t,
+        "abuse_client.py",
+        &["--rounds", "2", "--hold", "200", "--max-seconds", "60"],
     );
     // The clients that left had their requests aborted: nothing is left active.
     t.wait_until("the aborts", |s| s.stats().active == 0);

@@ -171,6 +171,20 @@ impl DeviceStatus {
     }
 }
 
+/// A lookup's shapes: `out` must be `ids`' shape plus `hidden`, and the ids at most
+/// `i32::MAX`; returns the number of ids.
+pub(crate) fn lookup_shapes<T: FloatDType>(
+    ids: &DeviceTensor<i32>,
+    hidden: usize,
+    out: &DeviceTensor<T>,
+) -> Result<usize> {
+    let mut want = ids.shape().to_vec();
+    want.push(hidden);
+    expect_shape("out", out, &want)?;
+    as_i32("ids", ids.len())?;
+    Ok(ids.len())
+}
+
 /// Embedding lookup: `out[i, :] = table[ids[i], :]` for every token `i` (a raw row copy).
 ///
 /// Shapes: `ids` any shape with `n` elements (e.g. `[n]` or `[batch, seq]`); `table`
@@ -218,11 +232,7 @@ pub fn lookup<T: FloatDType>(
     if hidden == 0 {
         return Err(Error::invalid("table", "hidden size (dimension 1) is 0"));
     }
-    let mut want = ids.shape().to_vec();
-    want.push(hidden);
-    expect_shape("out", out, &want)?;
-    let n = ids.len();
-    as_i32("ids", n)?;
+    let n = lookup_shapes(ids, hidden, out)?;
     if n == 0 {
         return Ok(());
     }

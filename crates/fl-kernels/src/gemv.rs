@@ -52,7 +52,7 @@ use half::f16;
 use crate::dtype::{FloatDType, HalfDType};
 use crate::error::check;
 use crate::ggml::{GgmlType, QK_K};
-use crate::tensor::{as_i32, as_i64, expect_shape, raw_stream};
+use crate::tensor::{as_i64, expect_shape, raw_stream};
 use crate::{DeviceTensor, Error, Result};
 
 /// The largest number of tokens (`m`, rows of `x`) one [`gemv`] call takes.
@@ -174,7 +174,7 @@ impl QuantFormat {
             }
     }
 
-    fn ffi(&self) -> fl_gemv_format {
+    pub(crate) fn ffi(&self) -> fl_gemv_format {
         match self {
             QuantFormat::Int8 => fl_gemv_format::FL_GEMV_INT8,
             QuantFormat::Int4 {
@@ -938,11 +938,7 @@ pub fn embedding<T: FloatDType>(
     status: &mut crate::embedding::DeviceStatus,
 ) -> Result<()> {
     let (vocab, hidden) = (table.n, table.k);
-    let mut want = ids.shape().to_vec();
-    want.push(hidden);
-    expect_shape("out", out, &want)?;
-    let n = ids.len();
-    as_i32("ids", n)?;
+    let n = crate::embedding::lookup_shapes(ids, hidden, out)?;
     if n == 0 {
         return Ok(());
     }

@@ -212,3 +212,33 @@ pub mod strategies {
         proptest::collection::vec(value(), n)
     }
 }
+
+/// The C ABI view of a host-quantised weight, for tests that call the launchers' host twins
+/// (`fl_gemv_dequantize_host`, `fl_gemv_embedding_host`) on its buffers: its format, the int4
+/// group size (0 for the other formats), and pointers to its scales and zeros (null where the
+/// format has none). The pointers borrow `q`'s buffers.
+pub fn host_weight_ffi(
+    q: &crate::gemv::QuantizedHost,
+) -> (
+    fl_kernels_sys::fl_gemv_format,
+    i32,
+    *const std::ffi::c_void,
+    *const std::ffi::c_void,
+) {
+    use crate::gemv::{QuantFormat, Scales};
+    let group = match q.format() {
+        QuantFormat::Int4 { group, .. } => group as i32,
+        _ => 0,
+    };
+    let scales: *const std::ffi::c_void = match q.scales() {
+        Scales::F32(s) => s.as_ptr() as _,
+        Scales::F16(s) => s.as_ptr() as _,
+        Scales::None => std::ptr::null(),
+    };
+    let zeros: *const std::ffi::c_void = if q.zeros().is_empty() {
+        std::ptr::null()
+    } else {
+        q.zeros().as_ptr() as _
+    };
+    (q.format().ffi(), group, scales, zeros)
+}

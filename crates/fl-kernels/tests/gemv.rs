@@ -6,7 +6,8 @@ use fl_kernels::gemv::{
     Q8_0_BLOCK_BYTES,
 };
 use fl_kernels::testing::{
-    gpu_or_skip, normal, random, rel_l2, rel_l2_floored, rng, strategies, tolerance,
+    gpu_or_skip, host_weight_ffi, normal, random, rel_l2, rel_l2_floored, rng, strategies,
+    tolerance,
 };
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, Gpu, HalfDType};
 use proptest::prelude::*;
@@ -1583,33 +1584,7 @@ fn kernel_raw_nibbles_less_their_offsets_are_the_nibbles() {
 /// `fl_gemv_dequantize_host`: the GPU dequantisation kernel's own per-unit code, run on the
 /// host over `q`'s buffers; `Err(status)` when the launcher's checks refuse.
 fn host_dequantize(q: &QuantizedHost, k_override: Option<i64>) -> Result<Vec<f32>, i32> {
-    use fl_kernels_sys::fl_gemv_format as F;
-    let (f, group) = match q.format() {
-        QuantFormat::Int8 => (F::FL_GEMV_INT8, 0),
-        QuantFormat::Int4 {
-            group,
-            zero_point: false,
-        } => (F::FL_GEMV_INT4, group as i32),
-        QuantFormat::Int4 {
-            group,
-            zero_point: true,
-        } => (F::FL_GEMV_INT4_ZP, group as i32),
-        QuantFormat::Q8_0 => (F::FL_GEMV_Q8_0, 0),
-        QuantFormat::Q4_0 => (F::FL_GEMV_Q4_0, 0),
-        QuantFormat::Q4_K => (F::FL_GEMV_Q4_K, 0),
-        QuantFormat::Q5_K => (F::FL_GEMV_Q5_K, 0),
-        QuantFormat::Q6_K => (F::FL_GEMV_Q6_K, 0),
-    };
-    let scales: *const std::ffi::c_void = match q.scales() {
-        Scales::F32(s) => s.as_ptr() as _,
-        Scales::F16(s) => s.as_ptr() as _,
-        Scales::None => std::ptr::null(),
-    };
-    let zeros: *const std::ffi::c_void = if q.zeros().is_empty() {
-        std::ptr::null()
-    } else {
-        q.zeros().as_ptr() as _
-    };
+    let (f, group, scales, zeros) = host_weight_ffi(q);
     let mut out = vec![f32::NAN; q.n() * q.k()];
     // SAFETY: a host-only function over host buffers: data, scales and zeros are those of a
     // consistent QuantizedHost of [n, k] (k_override only ever makes the call refuse or read

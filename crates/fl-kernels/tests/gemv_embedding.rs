@@ -4,10 +4,10 @@
 //! run on the host (`fl_gemv_embedding_host`), the launcher's checks.
 
 use fl_kernels::embedding::DeviceStatus;
-use fl_kernels::gemv::{self, QuantFormat, QuantWeight, QuantizedHost, Scales};
+use fl_kernels::gemv::{self, QuantFormat, QuantWeight, QuantizedHost};
 use fl_kernels::ggml::GgmlType;
 use fl_kernels::reference::ggml::random_blocks;
-use fl_kernels::testing::{gpu_or_skip, normal, rng};
+use fl_kernels::testing::{gpu_or_skip, host_weight_ffi, normal, rng};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
 use rand::Rng;
 
@@ -96,40 +96,10 @@ fn want_rows(q: &QuantizedHost, ids: &[i32]) -> Vec<f64> {
     out
 }
 
-fn ffi_format(q: &QuantizedHost) -> (fl_kernels_sys::fl_gemv_format, i32) {
-    use fl_kernels_sys::fl_gemv_format as F;
-    match q.format() {
-        QuantFormat::Int8 => (F::FL_GEMV_INT8, 0),
-        QuantFormat::Int4 {
-            group,
-            zero_point: false,
-        } => (F::FL_GEMV_INT4, group as i32),
-        QuantFormat::Int4 {
-            group,
-            zero_point: true,
-        } => (F::FL_GEMV_INT4_ZP, group as i32),
-        QuantFormat::Q8_0 => (F::FL_GEMV_Q8_0, 0),
-        QuantFormat::Q4_0 => (F::FL_GEMV_Q4_0, 0),
-        QuantFormat::Q4_K => (F::FL_GEMV_Q4_K, 0),
-        QuantFormat::Q5_K => (F::FL_GEMV_Q5_K, 0),
-        QuantFormat::Q6_K => (F::FL_GEMV_Q6_K, 0),
-    }
-}
-
 /// `fl_gemv_embedding_host` over `q`'s buffers: the kernel's own per-unit code on the host;
 /// `Err(status)` when the launcher's checks refuse.
 fn host_embedding(q: &QuantizedHost, ids: &[i32], hidden: i64) -> Result<Vec<f32>, i32> {
-    let (f, group) = ffi_format(q);
-    let scales: *const std::ffi::c_void = match q.scales() {
-        Scales::F32(s) => s.as_ptr() as _,
-        Scales::F16(s) => s.as_ptr() as _,
-        Scales::None => std::ptr::null(),
-    };
-    let zeros: *const std::ffi::c_void = if q.zeros().is_empty() {
-        std::ptr::null()
-    } else {
-        q.zeros().as_ptr() as _
-    };
+    let (f, group, scales, zeros) = host_weight_ffi(q);
     let mut out = vec![f32::NAN; ids.len() * q.k()];
     // SAFETY: a host-only function over host buffers: data, scales and zeros are those of a
     // consistent QuantizedHost of [vocab, k] (a different `hidden` only makes the call refuse),
