@@ -1,7 +1,8 @@
 //! Table cases for `fl_kernels::embedding` (torch side: `torch_embedding.py`).
 
 use fl_kernels::embedding::{self, DeviceStatus};
-use fl_kernels::gemv::{self, QuantFormat, QuantWeight};
+use fl_kernels::gemv::{self, QuantFormat, QuantWeight, QuantizedHost};
+use fl_kernels::reference::ggml::random_blocks;
 use fl_kernels::{bf16, f16, DeviceTensor, FloatDType, Gpu, Result};
 
 use super::{bench_tensor, bench_values, Case, Launch};
@@ -50,8 +51,20 @@ fn quant_case(n: usize, hidden: usize, format: QuantFormat) -> Case {
         bytes: (format.weight_bytes(n, hidden) + n * hidden * 2) as u64,
         make: Box::new(move |gpu| {
             let s = gpu.stream().clone();
-            let w = bench_values(VOCAB * hidden, 13);
-            let q = gemv::quantize(&w, VOCAB, hidden, format)?;
+            // K-quant tables as random blocks (quantising 131M values through the reference
+            // K-quant quantiser takes tens of seconds; a lookup's time does not depend on them).
+            let q = match format.ggml_type() {
+                Some(ty)
+                    if matches!(
+                        format,
+                        QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K
+                    ) =>
+                {
+                    let blocks = random_blocks(ty, VOCAB * hidden / 256, 13);
+                    QuantizedHost::from_ggml(ty, VOCAB, hidden, blocks)?
+                }
+                _ => gemv::quantize(&bench_values(VOCAB * hidden, 13), VOCAB, hidden, format)?,
+            };
             let table = QuantWeight::upload(&s, &q)?;
             let ids = DeviceTensor::from_host(&s, &bench_ids(n, VOCAB, 12), &[n])?;
             let mut out = DeviceTensor::<f16>::zeros(&s, &[n, hidden])?;
