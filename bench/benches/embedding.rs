@@ -2,8 +2,9 @@
 //! next to a device copy of the same traffic.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use fl_bench::ops::embedding::{prepare, VOCAB};
+use fl_bench::ops::embedding::{prepare, prepare_quant, quant_bytes, VOCAB};
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
+use fl_kernels::gemv::QuantFormat;
 use fl_kernels::{bf16, f16, FloatDType, Gpu};
 
 fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) {
@@ -13,6 +14,32 @@ fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) 
         let id = format!("n{n}_h{hidden}_v{VOCAB}");
         let mut launch = prepare::<T>(gpu, n, hidden).unwrap();
         let bytes = n * hidden * 2 * std::mem::size_of::<T>();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_with_input(BenchmarkId::new("fl", &id), &n, |bch, _| {
+            bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
+        });
+        let mut cp = CopyProbe::new(gpu, bytes / 2).unwrap();
+        g.bench_with_input(BenchmarkId::new("copy", &id), &n, |bch, _| {
+            bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
+        });
+    }
+    g.finish();
+}
+
+/// Lookups straight from quantised tables (`gemv::embedding`, f16 out) beside a copy of the
+/// same traffic (the rows' quantised bytes read, f16 written).
+fn quant_group(c: &mut Criterion, gpu: &Gpu, n: usize, hidden: usize) {
+    let s = gpu.stream().clone();
+    let mut g = c.benchmark_group("embedding_quant_f16");
+    for format in [
+        QuantFormat::Q8_0,
+        QuantFormat::Q4_0,
+        QuantFormat::Q4_K,
+        QuantFormat::Q6_K,
+    ] {
+        let id = format!("n{n}_h{hidden}_v{VOCAB}_{}", format.name());
+        let mut launch = prepare_quant(gpu, n, hidden, format).unwrap();
+        let bytes = quant_bytes(n, hidden, format);
         g.throughput(Throughput::Bytes(bytes as u64));
         g.bench_with_input(BenchmarkId::new("fl", &id), &n, |bch, _| {
             bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
@@ -42,6 +69,7 @@ fn benches(c: &mut Criterion) {
         ],
     );
     group::<bf16>(c, &gpu, &[(65536, 4096)]);
+    quant_group(c, &gpu, 4096, 4096);
 }
 
 criterion_group! {

@@ -41,38 +41,40 @@ fn case<T: FloatDType>(n: usize, hidden: usize) -> Case {
     }
 }
 
-/// A lookup of `n` tokens straight from a quantised `[VOCAB, hidden]` table
-/// (`gemv::embedding`): the bytes are the rows' quantised bytes read and f16 written.
+/// A prepared lookup of `n` tokens straight from a quantised `[VOCAB, hidden]` table
+/// (`gemv::embedding`, f16 out). K-quant tables are random blocks: quantising 131M values
+/// through the reference K-quant quantiser takes tens of seconds, and a lookup's time does not
+/// depend on the values.
+pub fn prepare_quant(gpu: &Gpu, n: usize, hidden: usize, format: QuantFormat) -> Result<Launch> {
+    let s = gpu.stream().clone();
+    let q = match (format, format.ggml_type()) {
+        (QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K, Some(ty)) => {
+            let blocks = random_blocks(ty, VOCAB * hidden / 256, 13);
+            QuantizedHost::from_ggml(ty, VOCAB, hidden, blocks)?
+        }
+        _ => gemv::quantize(&bench_values(VOCAB * hidden, 13), VOCAB, hidden, format)?,
+    };
+    let table = QuantWeight::upload(&s, &q)?;
+    let ids = DeviceTensor::from_host(&s, &bench_ids(n, VOCAB, 12), &[n])?;
+    let mut out = DeviceTensor::<f16>::zeros(&s, &[n, hidden])?;
+    let mut status = DeviceStatus::new(&s)?;
+    Ok(Box::new(move || {
+        gemv::embedding(&s, &ids, &table, &mut out, &mut status)
+    }))
+}
+
+/// Bytes a quantised lookup moves: the rows' quantised bytes read, f16 written.
+pub fn quant_bytes(n: usize, hidden: usize, format: QuantFormat) -> usize {
+    format.weight_bytes(n, hidden) + n * hidden * 2
+}
+
 fn quant_case(n: usize, hidden: usize, format: QuantFormat) -> Case {
     Case {
         op: "embedding_quant",
         dtype: <f16 as fl_kernels::DType>::NAME,
         shape: format!("n{n}_h{hidden}_v{VOCAB}_{}", format.name()),
-        bytes: (format.weight_bytes(n, hidden) + n * hidden * 2) as u64,
-        make: Box::new(move |gpu| {
-            let s = gpu.stream().clone();
-            // K-quant tables as random blocks (quantising 131M values through the reference
-            // K-quant quantiser takes tens of seconds; a lookup's time does not depend on them).
-            let q = match format.ggml_type() {
-                Some(ty)
-                    if matches!(
-                        format,
-                        QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K
-                    ) =>
-                {
-                    let blocks = random_blocks(ty, VOCAB * hidden / 256, 13);
-                    QuantizedHost::from_ggml(ty, VOCAB, hidden, blocks)?
-                }
-                _ => gemv::quantize(&bench_values(VOCAB * hidden, 13), VOCAB, hidden, format)?,
-            };
-            let table = QuantWeight::upload(&s, &q)?;
-            let ids = DeviceTensor::from_host(&s, &bench_ids(n, VOCAB, 12), &[n])?;
-            let mut out = DeviceTensor::<f16>::zeros(&s, &[n, hidden])?;
-            let mut status = DeviceStatus::new(&s)?;
-            let l: Launch =
-                Box::new(move || gemv::embedding(&s, &ids, &table, &mut out, &mut status));
-            Ok(l)
-        }),
+        bytes: quant_bytes(n, hidden, format) as u64,
+        make: Box::new(move |gpu| prepare_quant(gpu, n, hidden, format)),
     }
 }
 

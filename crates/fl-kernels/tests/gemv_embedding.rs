@@ -9,7 +9,8 @@ use fl_kernels::ggml::GgmlType;
 use fl_kernels::reference::ggml::random_blocks;
 use fl_kernels::testing::{gpu_or_skip, host_weight_ffi, normal, rng};
 use fl_kernels::{bf16, f16, reference, DeviceTensor, Error, FloatDType, Gpu};
-use rand::Rng;
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
 
 /// Every format, with a table width it takes: hidden sizes that are multiples of 32 but not of
 /// 256 (GGUF rows then start off 16-byte boundaries) where the format allows.
@@ -47,23 +48,27 @@ fn tables(r: &mut impl Rng) -> Vec<QuantizedHost> {
         v.push(gemv::quantize(&w, vocab, hidden, f).unwrap());
     }
     for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-        let (vocab, hidden) = (29, 768);
-        let mut b = random_blocks(ty, vocab * hidden / 256, r.random());
-        // Tame f16 super-block scales (random_blocks spans the whole f16 range).
-        let at: &[usize] = if ty == GgmlType::Q6_K {
-            &[208]
-        } else {
-            &[0, 2]
-        };
-        for blk in b.chunks_exact_mut(ty.block_bytes()) {
-            for &o in at {
-                let d = f16::from_f32(2f32.powf(r.random_range(-10.0..-4.0)));
-                blk[o..o + 2].copy_from_slice(&d.to_le_bytes());
-            }
-        }
-        v.push(QuantizedHost::from_ggml(ty, vocab, hidden, b).unwrap());
+        v.push(kquant_table(ty, 29, 768, r));
     }
     v
+}
+
+/// A random `[vocab, hidden]` K-quant table whose f16 super-block scales are tame (in
+/// [2^-10, 2^-4]: random_blocks spans the whole f16 range, inf and NaN included).
+fn kquant_table(ty: GgmlType, vocab: usize, hidden: usize, r: &mut impl Rng) -> QuantizedHost {
+    let mut b = random_blocks(ty, vocab * hidden / 256, r.random());
+    let at: &[usize] = if ty == GgmlType::Q6_K {
+        &[208]
+    } else {
+        &[0, 2]
+    };
+    for blk in b.chunks_exact_mut(ty.block_bytes()) {
+        for &o in at {
+            let d = f16::from_f32(2f32.powf(r.random_range(-10.0..-4.0)));
+            blk[o..o + 2].copy_from_slice(&d.to_le_bytes());
+        }
+    }
+    QuantizedHost::from_ggml(ty, vocab, hidden, b).unwrap()
 }
 
 /// Ids of every kind: repeats, the first and last rows, and ids outside the table.
@@ -151,6 +156,59 @@ fn kernel_embedding_code_matches_the_reference_on_the_host() {
         assert!(host_embedding(&q, &ids, q.k() as i64 + 16).is_err());
         // No ids: nothing to do.
         assert_eq!(host_embedding(&q, &[], q.k() as i64), Ok(vec![]));
+    }
+}
+
+/// Every format the op takes, for the proptest.
+const PROP_FORMATS: [QuantFormat; 9] = [
+    QuantFormat::Int8,
+    QuantFormat::Int4 {
+        group: 32,
+        zero_point: true,
+    },
+    QuantFormat::Int4 {
+        group: 64,
+        zero_point: false,
+    },
+    QuantFormat::Int4 {
+        group: 128,
+        zero_point: true,
+    },
+    QuantFormat::Q8_0,
+    QuantFormat::Q4_0,
+    QuantFormat::Q4_K,
+    QuantFormat::Q5_K,
+    QuantFormat::Q6_K,
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The kernel's host twin on random tables (any format, 1-40 rows of 256 or 512) and
+    /// random ids, a few outside the table: each row exactly the reference's, zero rows for
+    /// the others. Runs without a GPU.
+    #[test]
+    fn host_embedding_proptest(
+        fi in 0usize..PROP_FORMATS.len(),
+        vocab in 1usize..40,
+        wide in any::<bool>(),
+        seed in any::<u64>(),
+        ids in proptest::collection::vec(-3i32..43, 0..24),
+    ) {
+        let f = PROP_FORMATS[fi];
+        let hidden = if wide { 512 } else { 256 };
+        let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+        let q = match (f, f.ggml_type()) {
+            (QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K, Some(ty)) => {
+                kquant_table(ty, vocab, hidden, &mut r)
+            }
+            _ => gemv::quantize(&normal(&mut r, vocab * hidden, 1.0), vocab, hidden, f).unwrap(),
+        };
+        let got = host_embedding(&q, &ids, hidden as i64).unwrap();
+        let want = want_rows(&q, &ids);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            prop_assert_eq!(g.to_bits(), (*w as f32).to_bits(), "{} id {} element {}", f.name(), ids[i / hidden], i % hidden);
+        }
     }
 }
 
