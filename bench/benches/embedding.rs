@@ -1,27 +1,47 @@
 //! Embedding lookup: time and GB/s (each output row read from the table and written once),
 //! next to a device copy of the same traffic.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use fl_bench::ops::embedding::{prepare, prepare_quant, quant_bytes, VOCAB};
+use fl_bench::ops::Launch;
 use fl_bench::{gpu_or_skip, time_on_device, CopyProbe};
 use fl_kernels::gemv::QuantFormat;
 use fl_kernels::{bf16, f16, FloatDType, Gpu};
 
-fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) {
+/// One prepared launch as "fl" and a copy of the same `bytes` (read + written) as "copy".
+fn fl_and_copy(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    gpu: &Gpu,
+    id: &str,
+    bytes: usize,
+    mut launch: Launch,
+) {
     let s = gpu.stream().clone();
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_with_input(BenchmarkId::new("fl", id), &bytes, |bch, _| {
+        bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
+    });
+    let mut cp = CopyProbe::new(gpu, bytes / 2).unwrap();
+    g.bench_with_input(BenchmarkId::new("copy", id), &bytes, |bch, _| {
+        bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
+    });
+}
+
+fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) {
     let mut g = c.benchmark_group(format!("embedding_{}", T::NAME));
     for &(n, hidden) in sizes {
-        let id = format!("n{n}_h{hidden}_v{VOCAB}");
-        let mut launch = prepare::<T>(gpu, n, hidden).unwrap();
+        let launch = prepare::<T>(gpu, n, hidden).unwrap();
         let bytes = n * hidden * 2 * std::mem::size_of::<T>();
-        g.throughput(Throughput::Bytes(bytes as u64));
-        g.bench_with_input(BenchmarkId::new("fl", &id), &n, |bch, _| {
-            bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
-        });
-        let mut cp = CopyProbe::new(gpu, bytes / 2).unwrap();
-        g.bench_with_input(BenchmarkId::new("copy", &id), &n, |bch, _| {
-            bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
-        });
+        fl_and_copy(
+            &mut g,
+            gpu,
+            &format!("n{n}_h{hidden}_v{VOCAB}"),
+            bytes,
+            launch,
+        );
     }
     g.finish();
 }
@@ -29,7 +49,6 @@ fn group<T: FloatDType>(c: &mut Criterion, gpu: &Gpu, sizes: &[(usize, usize)]) 
 /// Lookups straight from quantised tables (`gemv::embedding`, f16 out) beside a copy of the
 /// same traffic (the rows' quantised bytes read, f16 written).
 fn quant_group(c: &mut Criterion, gpu: &Gpu, n: usize, hidden: usize) {
-    let s = gpu.stream().clone();
     let mut g = c.benchmark_group("embedding_quant_f16");
     for format in [
         QuantFormat::Q8_0,
@@ -38,16 +57,8 @@ fn quant_group(c: &mut Criterion, gpu: &Gpu, n: usize, hidden: usize) {
         QuantFormat::Q6_K,
     ] {
         let id = format!("n{n}_h{hidden}_v{VOCAB}_{}", format.name());
-        let mut launch = prepare_quant(gpu, n, hidden, format).unwrap();
-        let bytes = quant_bytes(n, hidden, format);
-        g.throughput(Throughput::Bytes(bytes as u64));
-        g.bench_with_input(BenchmarkId::new("fl", &id), &n, |bch, _| {
-            bch.iter_custom(|it| time_on_device(&s, it, &mut launch))
-        });
-        let mut cp = CopyProbe::new(gpu, bytes / 2).unwrap();
-        g.bench_with_input(BenchmarkId::new("copy", &id), &n, |bch, _| {
-            bch.iter_custom(|it| time_on_device(&s, it, || cp.copy(&s)))
-        });
+        let launch = prepare_quant(gpu, n, hidden, format).unwrap();
+        fl_and_copy(&mut g, gpu, &id, quant_bytes(n, hidden, format), launch);
     }
     g.finish();
 }
