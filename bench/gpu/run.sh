@@ -41,6 +41,11 @@
 #   step-profile [MODEL [PROMPT]] ncu per kernel over the last 16 decode steps of one sequence (default
 #                                 llama-2-7b, 128-token prompt): the static engine beside the runner
 #                                 (ncu_steps.py); the step's wall time minus the kernels is idle GPU
+#   gguf-compare [TYPE...]        issue 33's speed rows: a random llama-2-7b f16 GGUF, llama-quantize to
+#                                 each TYPE (default Q8_0 Q4_K_M; F16 = the f16 file itself), then
+#                                 llama-bench (tg128, pp2048, -fa 1) and fl bench (1 x 128 + 128,
+#                                 1 x 2048) on the same file; each quantised file is removed after its
+#                                 row unless FL_KEEP_GGUF is set (FL_LLAMA as serve-compare)
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
 #                                 64-4096, outputs 16-1024): the runner, or part K of N of the
 #                                 static batches (the static side takes longer than one call: run
@@ -385,6 +390,50 @@ t_step_profile() {
   (cd "$LOGS" && python3 "$B/scripts/ncu_steps.py" ncu-static.csv ncu-runner.csv --steps 16)
 }
 
+# Issue 33's speed rows: llama.cpp and fl on the same GGUF files, made from one random f16 file
+# by llama-quantize, one format after another (files live only as long as the machine).
+t_gguf_compare() {
+  local L="${FL_LLAMA:-$B/../llama}" dir="${FL_GGUF_DIR:-$LOGS/gguf}" rows=() t f
+  local formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(Q8_0 Q4_K_M)
+  [ -x "$L/bin/llama-bench" ] || { echo "gguf-compare: no llama.cpp build at $L (FL_LLAMA)" >&2; return 2; }
+  local lenv=(env "LD_LIBRARY_PATH=$L/lib:$LD_LIBRARY_PATH")
+  mkdir -p "$dir"
+  [ -s "$dir/F16.gguf" ] || python3 "$B/scripts/make_random_gguf.py" "$dir/F16.gguf" >&2 || return 1
+  for t in "${formats[@]}"; do
+    f="$dir/$t.gguf"
+    [ "$t" = F16 ] || [ -s "$f" ] || timeout 300 "${lenv[@]}" "$L/bin/llama-quantize" "$dir/F16.gguf" "$f" "$t" \
+      > "$LOGS/quantize-$t.log" 2>&1 || { echo "gguf-compare: llama-quantize $t failed: $(tail -2 "$LOGS/quantize-$t.log")" >&2; continue; }
+    timeout 240 "${lenv[@]}" "$L/bin/llama-bench" -m "$f" -p 2048 -n 128 -fa 1 -ngl 99 -o jsonl \
+      > "$LOGS/llama-bench-$t.jsonl" 2> "$LOGS/llama-bench-$t.err"
+    timeout 240 "$B/bin/fl" bench --model "$f" --runs 1:128:128,1:2048:2 --json \
+      > "$LOGS/fl-bench-$t.jsonl" 2> "$LOGS/fl-bench-$t.err"
+    rows+=("$(python3 - "$t" "$LOGS/llama-bench-$t.jsonl" "$LOGS/fl-bench-$t.jsonl" <<'PY'
+import json, sys
+t, lp, fp = sys.argv[1:4]
+def lines(p):
+    out = []
+    for ln in open(p):
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            pass
+    return out
+ll, fl = lines(lp), lines(fp)
+tg = next((v["avg_ts"] for v in ll if v.get("n_gen") == 128), None)
+pp = next((v["avg_ts"] for v in ll if v.get("n_prompt") == 2048), None)
+dec = next((v["decode_tokens_per_s"] for v in fl if v.get("prompt_len") == 128), None)
+pre = next((v["prefill_tokens_per_s"] for v in fl if v.get("prompt_len") == 2048), None)
+f = lambda x: "-" if x is None else f"{x:,.1f}"
+r = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}x"
+print("\t".join([t, f(tg), f(dec), r(dec, tg), f(pp), f(pre), r(pre, pp)]))
+PY
+)")
+    [ "$t" = F16 ] || [ -n "${FL_KEEP_GGUF:-}" ] || rm -f "$f"
+  done
+  { echo "file${TAB}llama.cpp tg128 tok/s${TAB}fl decode b1 tok/s${TAB}fl / llama.cpp${TAB}llama.cpp pp2048 tok/s${TAB}fl prefill 2048 tok/s${TAB}fl / llama.cpp"
+    printf '%s\n' "${rows[@]}"; } | show_table
+}
+
 t_trace() {
   local side="${1:-runner}" part="${2:-1/1}" extra=()
   [ "$side" = static ] && extra=(--trace-static-part "$part")
@@ -523,6 +572,7 @@ case "$target" in
   serve-stress) t_serve_stress "$@" ;;
   serve-check) t_serve_check "$@" ;;
   step-profile) t_step_profile "$@" ;;
+  gguf-compare) t_gguf_compare "$@" ;;
   trace) t_trace "$@" ;;
   ab) t_ab "$@" ;;
   *) echo "run.sh: unknown target '$target' (bash run.sh help)" >&2; exit 2 ;;
