@@ -44,7 +44,9 @@
 #   gguf-compare [TYPE...]        issue 33's speed rows: a random llama-2-7b f16 GGUF, llama-quantize to
 #                                 each TYPE (default Q8_0 Q4_K_M; F16 = the f16 file itself), then
 #                                 llama-bench (tg128, pp2048, -fa 1) and fl bench (1 x 128 + 128,
-#                                 1 x 2048) on the same file; each quantised file is removed after its
+#                                 1 x 2048) on the same file, and teacher-forced logits of a ragged
+#                                 batch against llama.cpp's (compare_llamacpp_logits.py, with the
+#                                 build's dump_logits); each quantised file is removed after its
 #                                 row unless FL_KEEP_GGUF is set (FL_LLAMA as serve-compare)
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
 #                                 64-4096, outputs 16-1024): the runner, or part K of N of the
@@ -407,9 +409,21 @@ t_gguf_compare() {
       > "$LOGS/llama-bench-$t.jsonl" 2> "$LOGS/llama-bench-$t.err"
     timeout 240 "$B/bin/fl" bench --model "$f" --runs 1:128:128,1:2048:2 --json \
       > "$LOGS/fl-bench-$t.jsonl" 2> "$LOGS/fl-bench-$t.err"
-    rows+=("$(python3 - "$t" "$LOGS/llama-bench-$t.jsonl" "$LOGS/fl-bench-$t.jsonl" <<'PY'
-import json, sys
-t, lp, fp = sys.argv[1:4]
+    # Teacher-forced logits on a ragged batch (16 prompts of 1-129 tokens, 8 steps) against
+    # llama.cpp's for the same sequences (bench/llamacpp/dump_logits in the llama build).
+    local cmp="-"
+    if [ -x "$L/bin/dump_logits" ]; then
+      [ -s "$LOGS/logits-in.json" ] || python3 "$B/scripts/compare_llamacpp_logits.py" \
+        --input "$LOGS/logits-in.json" --make-input 16 >&2
+      timeout 200 "$B/bin/fl" logits --model "$f" --input "$LOGS/logits-in.json" \
+        --out "$LOGS/fl-logits-$t.json" > "$LOGS/fl-logits-$t.err" 2>&1
+      cmp="$(timeout 200 "${lenv[@]}" python3 "$B/scripts/compare_llamacpp_logits.py" --gguf "$f" \
+        --input "$LOGS/logits-in.json" --fl "$LOGS/fl-logits-$t.json" --dump-logits "$L/bin/dump_logits" \
+        2>&1 | tee "$LOGS/compare-$t.log" | grep '^summary' || echo "- (see compare-$t.log)")"
+    fi
+    rows+=("$(python3 - "$t" "$LOGS/llama-bench-$t.jsonl" "$LOGS/fl-bench-$t.jsonl" "$cmp" <<'PY'
+import json, re, sys
+t, lp, fp, cmp = sys.argv[1:5]
 def lines(p):
     out = []
     for ln in open(p):
@@ -425,12 +439,14 @@ dec = next((v["decode_tokens_per_s"] for v in fl if v.get("prompt_len") == 128),
 pre = next((v["prefill_tokens_per_s"] for v in fl if v.get("prompt_len") == 2048), None)
 f = lambda x: "-" if x is None else f"{x:,.1f}"
 r = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}x"
-print("\t".join([t, f(tg), f(dec), r(dec, tg), f(pp), f(pre), r(pre, pp)]))
+m = re.search(r"top-1 agreement (\S+) \(([^)]*)\), rel L2 max (\S+)", cmp)
+logits = f"{m.group(1)} ({m.group(2)}), {m.group(3)}" if m else cmp
+print("\t".join([t, f(tg), f(dec), r(dec, tg), f(pp), f(pre), r(pre, pp), logits]))
 PY
 )")
     [ "$t" = F16 ] || [ -n "${FL_KEEP_GGUF:-}" ] || rm -f "$f"
   done
-  { echo "file${TAB}llama.cpp tg128 tok/s${TAB}fl decode b1 tok/s${TAB}fl / llama.cpp${TAB}llama.cpp pp2048 tok/s${TAB}fl prefill 2048 tok/s${TAB}fl / llama.cpp"
+  { echo "file${TAB}llama.cpp tg128 tok/s${TAB}fl decode b1 tok/s${TAB}fl / llama.cpp${TAB}llama.cpp pp2048 tok/s${TAB}fl prefill 2048 tok/s${TAB}fl / llama.cpp${TAB}logits: top-1 agree, rel L2 max"
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""fl's logits against llama.cpp's on the same GGUF file, under teacher forcing (issue 33):
+`fl logits` runs a ragged batch; llama.cpp (bench/llamacpp/dump_logits) runs each sequence
+alone over the same tokens; per step, the top-1 agreement and the relative L2 of the logits.
+
+    fl logits --model F.gguf --input in.json --out fl.json
+    python3 bench/scripts/compare_llamacpp_logits.py --gguf F.gguf --input in.json --fl fl.json \\
+        --dump-logits LLAMA/bin/dump_logits [--ngl 99]
+
+in.json is `fl logits`' input ({"prompts", "forced" (optional), "steps"}); without "forced", the
+tokens fl chose (fl.json's "tokens") are forced on llama.cpp, so both see the same sequences.
+`--make-input N_PROMPTS` writes a ragged input instead (prompt lengths 1-129, random ids below
+the vocabulary, 8 forced steps) to --input and exits. Prints a line per step and a summary;
+exit status 1 when top-1 agreement is below 100%. Needs numpy.
+"""
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf")
+    ap.add_argument("--input", required=True)
+    ap.add_argument("--fl")
+    ap.add_argument("--dump-logits")
+    ap.add_argument("--ngl", type=int, default=99)
+    ap.add_argument("--make-input", type=int, metavar="N_PROMPTS")
+    ap.add_argument("--vocab", type=int, default=32000, help="with --make-input")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.make_input:
+        r = random.Random(args.seed)
+        lens = [1 + (i * 37) % 129 for i in range(args.make_input)]
+        steps = 8
+        v = {"prompts": [[r.randrange(3, args.vocab) for _ in range(n)] for n in lens],
+             "forced": [[r.randrange(3, args.vocab) for _ in range(steps + 1)] for _ in lens],
+             "steps": steps}
+        json.dump(v, open(args.input, "w"))
+        print(f"compare_llamacpp_logits: {args.input}: {len(lens)} prompts of {min(lens)}-{max(lens)} tokens, {steps} steps")
+        return 0
+    import numpy as np
+
+    inp = json.load(open(args.input))
+    fl = json.load(open(args.fl))
+    steps = int(inp.get("steps", 0))
+    prompts = inp["prompts"]
+    forced = inp.get("forced") or fl["tokens"]
+    # fl: prefill logits (after the prompt) then one per step, step k fed token k - 1.
+    fl_rows = [[fl["prefill"][p]] + [fl["steps"][k][p] for k in range(steps)] for p in range(len(prompts))]
+    with tempfile.TemporaryDirectory() as d:
+        txt, out = os.path.join(d, "in.txt"), os.path.join(d, "out.bin")
+        with open(txt, "w") as f:
+            for p, pr in enumerate(prompts):
+                seq = list(pr) + list(forced[p][:steps])
+                f.write(f"{steps + 1} " + " ".join(map(str, seq)) + "\n")
+        subprocess.run([args.dump_logits, args.gguf, txt, out, str(args.ngl)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        ref = np.fromfile(out, dtype="<f4")
+    vocab = len(fl_rows[0][0])
+    ref = ref.reshape(len(prompts), steps + 1, vocab)
+    agree, total, worst = 0, 0, 0.0
+    per_step = []
+    for k in range(steps + 1):
+        a, l2 = 0, []
+        for p in range(len(prompts)):
+            x = np.asarray(fl_rows[p][k], dtype=np.float64)
+            y = ref[p, k].astype(np.float64)
+            a += int(np.argmax(x) == np.argmax(y))
+            l2.append(float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30)))
+        per_step.append((k, a, len(prompts), max(l2), sum(l2) / len(l2)))
+        agree += a
+        total += len(prompts)
+        worst = max(worst, max(l2))
+    for k, a, n, mx, mean in per_step:
+        print(f"step {k}: top-1 {a}/{n}, rel L2 max {mx:.3e} mean {mean:.3e}")
+    print(f"summary: top-1 agreement {agree}/{total} ({100.0 * agree / total:.2f}%), "
+          f"rel L2 max {worst:.3e}, {len(prompts)} prompts x {steps + 1} positions, vocab {vocab}")
+    return 0 if agree == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
