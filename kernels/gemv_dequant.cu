@@ -209,6 +209,30 @@ inline fl_status dequant_check(fl_gemv_format format, const void *w, const void 
     return FL_OK;
 }
 
+// The alignment the dequantisation kernels need (fl_gemv_dequantize and fl_gemv_embedding): w
+// and out 16-byte, int8's f32 scales 4-byte, int4's f16 scales 2-byte.
+inline fl_status dequant_aligned(fl_gemv_format format, const void *w, const void *scales,
+                                 const void *out) {
+    if (!aligned16(w) || !aligned16(out)) return FL_ERR_MISALIGNED;
+    const uintptr_t sc = reinterpret_cast<uintptr_t>(scales);
+    if (format == FL_GEMV_INT8 && (sc & 3u) != 0) return FL_ERR_MISALIGNED;
+    if ((format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP) && (sc & 1u) != 0)
+        return FL_ERR_MISALIGNED;
+    return FL_OK;
+}
+
+// Launches the dequantisation of checked arguments: out [n, k] = dtype(W) under `map` (the
+// K-quants through gemv_kquant.cu).
+inline fl_status dequant_launch_checked(fl_dtype dtype, fl_gemv_format format, const void *w,
+                                        const void *scales, const void *zeros, int group,
+                                        void *out, int64_t n, int64_t k, cudaStream_t s,
+                                        const RowMap &map) {
+    if (is_kquant(format)) return launch_kquant_dequantize(dtype, format, w, out, n, k, s, map);
+    FL_DISPATCH_FLOAT(dtype, return dequant_dispatch<scalar_t>(format, w, scales, zeros, group,
+                                                                out, n, k, s, map));
+    return FL_ERR_UNSUPPORTED_DTYPE;
+}
+
 }  // namespace
 }  // namespace gemv
 }  // namespace fl
@@ -222,17 +246,10 @@ extern "C" fl_status fl_gemv_dequantize(fl_dtype dtype, fl_gemv_format format, c
     if (dtype != FL_DTYPE_F32 && dtype != FL_DTYPE_F16 && dtype != FL_DTYPE_BF16)
         return FL_ERR_UNSUPPORTED_DTYPE;
     if (n == 0) return FL_OK;
-    if (!aligned16(w) || !aligned16(out)) return FL_ERR_MISALIGNED;
-    if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
-    if ((format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP) &&
-        (reinterpret_cast<uintptr_t>(scales) & 1u) != 0)
-        return FL_ERR_MISALIGNED;
-    const cudaStream_t s = as_stream(stream);
-    if (gemv::is_kquant(format)) return gemv::launch_kquant_dequantize(dtype, format, w, out, n, k, s);
-    FL_DISPATCH_FLOAT(dtype, return gemv::dequant_dispatch<scalar_t>(format, w, scales, zeros,
-                                                                    group_size, out, n, k, s,
-                                                                    gemv::RowMap{}));
-    return FL_ERR_UNSUPPORTED_DTYPE;
+    const fl_status al = gemv::dequant_aligned(format, w, scales, out);
+    if (al != FL_OK) return al;
+    return gemv::dequant_launch_checked(dtype, format, w, scales, zeros, group_size, out, n, k,
+                                        as_stream(stream), gemv::RowMap{});
 }
 
 namespace fl {
@@ -265,19 +282,11 @@ extern "C" fl_status fl_gemv_embedding(fl_dtype dtype, fl_gemv_format format, co
         return FL_ERR_UNSUPPORTED_DTYPE;
     if (n == 0) return FL_OK;
     if (status && (reinterpret_cast<uintptr_t>(status) & 7u)) return FL_ERR_MISALIGNED;
-    if (!aligned16(w) || !aligned16(out)) return FL_ERR_MISALIGNED;
-    if (format == FL_GEMV_INT8 && (reinterpret_cast<uintptr_t>(scales) & 3u) != 0) return FL_ERR_MISALIGNED;
-    if ((format == FL_GEMV_INT4 || format == FL_GEMV_INT4_ZP) &&
-        (reinterpret_cast<uintptr_t>(scales) & 1u) != 0)
-        return FL_ERR_MISALIGNED;
-    const gemv::RowMap map{ids, vocab, status, status_nonce};
-    const cudaStream_t s = as_stream(stream);
-    if (gemv::is_kquant(format))
-        return gemv::launch_kquant_dequantize(dtype, format, w, out, n, hidden, s, map);
-    FL_DISPATCH_FLOAT(dtype, return gemv::dequant_dispatch<scalar_t>(format, w, scales, zeros,
-                                                                    group_size, out, n, hidden, s,
-                                                                    map));
-    return FL_ERR_UNSUPPORTED_DTYPE;
+    st = gemv::dequant_aligned(format, w, scales, out);
+    if (st != FL_OK) return st;
+    return gemv::dequant_launch_checked(dtype, format, w, scales, zeros, group_size, out, n,
+                                        hidden, as_stream(stream),
+                                        gemv::RowMap{ids, vocab, status, status_nonce});
 }
 
 extern "C" fl_status fl_gemv_embedding_host(fl_gemv_format format, const int32_t *ids, int64_t n,
