@@ -595,6 +595,18 @@ fn gen_params(f: &Fields<'_>, max_keys: &[&'static str]) -> Result<GenParams, Ap
     })
 }
 
+/// The number of alternatives `k` read from field `key` (completions' `logprobs`, chat's
+/// `top_logprobs`): 0 to [`MAX_TOP_LOGPROBS`], else a 400 naming `key`.
+fn top_logprobs(key: &'static str, k: Option<u64>) -> Result<Option<usize>, ApiError> {
+    match k {
+        Some(k) if k > MAX_TOP_LOGPROBS as u64 => Err(ApiError::invalid(
+            key,
+            format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+        )),
+        k => Ok(k.map(|k| k as usize)),
+    }
+}
+
 /// `logprobs` for sampled choices; a beam search ranks hypotheses by their score instead.
 fn with_logprobs(p: &GenParams, logprobs: Option<usize>) -> Result<Option<usize>, ApiError> {
     if logprobs.is_some() && p.beam.is_some() {
@@ -726,15 +738,7 @@ pub fn parse_completion(body: &[u8]) -> Result<CompletionRequest, ApiError> {
         None => return Err(ApiError::invalid("prompt", "is required")),
         Some(v) => prompt(v)?,
     };
-    let logprobs = match f.u64("logprobs")? {
-        Some(k) if k > MAX_TOP_LOGPROBS as u64 => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
-            ))
-        }
-        k => k.map(|k| k as usize),
-    };
+    let logprobs = top_logprobs("logprobs", f.u64("logprobs")?)?;
     if f.bool("echo")? == Some(true) {
         return Err(unsupported("echo", "echo"));
     }
@@ -862,17 +866,12 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let model = f.str("model")?.map(str::to_string);
     let messages = messages(m.get("messages"))?;
     let top = f.u64("top_logprobs")?;
-    let logprobs = match (f.bool("logprobs")?.unwrap_or(false), top) {
-        (_, Some(k)) if k > MAX_TOP_LOGPROBS as u64 => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("must be at most {MAX_TOP_LOGPROBS}, got {k}"),
-            ))
-        }
+    let on = f.bool("logprobs")?.unwrap_or(false);
+    let logprobs = match (on, top_logprobs("top_logprobs", top)?) {
         (false, Some(k)) if k > 0 => {
             return Err(ApiError::invalid("top_logprobs", "needs `logprobs: true`"))
         }
-        (true, k) => Some(k.unwrap_or(0) as usize),
+        (true, k) => Some(k.unwrap_or(0)),
         (false, _) => None,
     };
     match f.get("tools") {

@@ -536,7 +536,8 @@ pub fn trace_static<T: RunDType>(
     }
     let all = bounds.len();
     let (k, parts) = part.unwrap_or((1, 1));
-    let run = &bounds[all * (k - 1) / parts..all * k / parts];
+    let first = all * (k - 1) / parts;
+    let run = &bounds[first..all * k / parts];
     // Warm-up.
     e.generate(
         &make(&idx[..1.min(idx.len())]),
@@ -545,7 +546,6 @@ pub fn trace_static<T: RunDType>(
     )?;
     let t0 = Instant::now();
     let (mut useful, mut widest) = (0usize, 0usize);
-    let first = all * (k - 1) / parts;
     for (j, b) in run.iter().enumerate() {
         let req = make(&idx[b.clone()]);
         e.generate(&req, StepNeeds::default(), &mut |_| true)?;
