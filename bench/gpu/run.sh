@@ -41,13 +41,14 @@
 #   step-profile [MODEL [PROMPT]] ncu per kernel over the last 16 decode steps of one sequence (default
 #                                 llama-2-7b, 128-token prompt): the static engine beside the runner
 #                                 (ncu_steps.py); the step's wall time minus the kernels is idle GPU
-#   gguf-compare [TYPE...]        issue 33's speed rows: a random llama-2-7b f16 GGUF, llama-quantize to
-#                                 each TYPE (default Q8_0 Q4_K_M; F16 = the f16 file itself), then
-#                                 llama-bench (tg128, pp2048, -fa 1) and fl bench (1 x 128 + 128,
-#                                 1 x 2048) on the same file, and teacher-forced logits of a ragged
-#                                 batch against llama.cpp's (compare_llamacpp_logits.py, with the
-#                                 build's dump_logits); each quantised file is removed after its
-#                                 row unless FL_KEEP_GGUF is set (FL_LLAMA as serve-compare)
+#   gguf-compare [TYPE...]        issue 33's speed rows: serve-compare's random llama-2-7b f16
+#                                 GGUF, llama-quantize to each TYPE (default Q8_0 Q4_K_M; F16 = the
+#                                 f16 file itself), then llama-bench (tg128, pp2048, -fa 1) and fl
+#                                 bench (1 x 128 + 128, 1 x 2048) on the same file, and teacher-forced
+#                                 logits of a ragged batch against llama.cpp's
+#                                 (compare_llamacpp_logits.py, with the build's dump_logits); each
+#                                 quantised file is removed after its row unless FL_KEEP_GGUF is set
+#                                 (FL_LLAMA as serve-compare)
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
 #                                 64-4096, outputs 16-1024): the runner, or part K of N of the
 #                                 static batches (the static side takes longer than one call: run
@@ -258,14 +259,29 @@ t_serve_load() {
   { echo "$LOAD_HEADER"; printf '%s\n' "${rows[@]}"; } | show_table
 }
 
+# The llama.cpp build (FL_LLAMA, default ../llama beside the bundle) as L, and LENV: env with its
+# lib/ first. Fails, naming TARGET, when it has no bin/TOOL.
+use_llama() {  # TARGET TOOL
+  L="${FL_LLAMA:-$B/../llama}"
+  LENV=(env "LD_LIBRARY_PATH=$L/lib:$LD_LIBRARY_PATH")
+  [ -x "$L/bin/$2" ] || { echo "$1: no llama.cpp build at $L (FL_LLAMA)" >&2; return 2; }
+}
+
+# The random llama-2-7b f16 GGUF both engines read (FL_GGUF, default in $LOGS), made once per
+# machine by make_random_gguf.py; GGUF is its path.
+use_random_gguf() {
+  GGUF="${FL_GGUF:-$LOGS/llama-2-7b-f16.gguf}"
+  [ -s "$GGUF" ] || python3 "$B/scripts/make_random_gguf.py" "$GGUF" >&2
+}
+
 # Issue 32's side by side: one random-weight GGUF served by llama-server and by fl serve.
 t_serve_compare() {
-  local L="${FL_LLAMA:-$B/../llama}" gguf="${FL_GGUF:-$LOGS/llama-2-7b-f16.gguf}" port=8433 rows=() c n line srv
+  local port=8433 rows=() c n line srv
   local clients=("$@"); [ ${#clients[@]} -gt 0 ] || clients=(1 8 64 256)
   local args=(--prompt-lens 512 --output-lens 256 --vocab-size 32000)
-  [ -x "$L/bin/llama-server" ] || { echo "serve-compare: no llama.cpp build at $L (FL_LLAMA)" >&2; return 2; }
-  [ -s "$gguf" ] || python3 "$B/scripts/make_random_gguf.py" "$gguf" >&2 || return 1
-  local lenv=(env "LD_LIBRARY_PATH=$L/lib:$LD_LIBRARY_PATH")
+  use_llama serve-compare llama-server || return 2
+  use_random_gguf || return 1
+  local gguf="$GGUF" lenv=("${LENV[@]}")
   # The peer's own batched decode at 64 x (512 + 256): what its server should come close to.
   timeout 240 "${lenv[@]}" "$L/bin/llama-batched-bench" -m "$gguf" -ngl 99 -fa on -c $((64 * 800)) \
     -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 > "$LOGS/batched-bench.log" 2>&1
@@ -395,15 +411,16 @@ t_step_profile() {
 # Issue 33's speed rows: llama.cpp and fl on the same GGUF files, made from one random f16 file
 # by llama-quantize, one format after another (files live only as long as the machine).
 t_gguf_compare() {
-  local L="${FL_LLAMA:-$B/../llama}" dir="${FL_GGUF_DIR:-$LOGS/gguf}" rows=() t f
+  local dir="${FL_GGUF_DIR:-$LOGS/gguf}" rows=() t f
   local formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(Q8_0 Q4_K_M)
-  [ -x "$L/bin/llama-bench" ] || { echo "gguf-compare: no llama.cpp build at $L (FL_LLAMA)" >&2; return 2; }
-  local lenv=(env "LD_LIBRARY_PATH=$L/lib:$LD_LIBRARY_PATH")
+  use_llama gguf-compare llama-bench || return 2
+  use_random_gguf || return 1
+  local f16="$GGUF" lenv=("${LENV[@]}")
   mkdir -p "$dir"
-  [ -s "$dir/F16.gguf" ] || python3 "$B/scripts/make_random_gguf.py" "$dir/F16.gguf" >&2 || return 1
   for t in "${formats[@]}"; do
     f="$dir/$t.gguf"
-    [ "$t" = F16 ] || [ -s "$f" ] || timeout 300 "${lenv[@]}" "$L/bin/llama-quantize" "$dir/F16.gguf" "$f" "$t" \
+    [ "$t" = F16 ] && f="$f16"
+    [ -s "$f" ] || timeout 300 "${lenv[@]}" "$L/bin/llama-quantize" "$f16" "$f" "$t" \
       > "$LOGS/quantize-$t.log" 2>&1 || { echo "gguf-compare: llama-quantize $t failed: $(tail -2 "$LOGS/quantize-$t.log")" >&2; continue; }
     timeout 240 "${lenv[@]}" "$L/bin/llama-bench" -m "$f" -p 2048 -n 128 -fa 1 -ngl 99 -o jsonl \
       > "$LOGS/llama-bench-$t.jsonl" 2> "$LOGS/llama-bench-$t.err"
