@@ -289,9 +289,16 @@ t_serve_compare() {
   for srv in llama-server fl; do
     if [ "$srv" = llama-server ]; then
       # 64 slots of 800 tokens (512 + 256 and room), flash attention, a thread per client.
+      # --cache-ram 0: llama-server's host-RAM prompt cache (default 8 GiB) saves a slot's
+      # whole KV state (383 MiB at 767 tokens of this model) to host memory each time the slot
+      # takes a new request, and evicts older entries one by one to make room, ~0.3 s each on
+      # the server's one loop: with 8 clients and more it did little else (2026-11-28, H100:
+      # 80 output tok/s at 8 clients with a 65 s p90 TTFT, nothing finished in 180 s at 64).
+      # Each slot still reuses its own cached prefix (cache_prompt), as the shared-prefix row
+      # needs.
       start_server llama-server "$port" 300 "${lenv[@]}" "$L/bin/llama-server" -m "$gguf" -ngl 99 \
-        -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --host 127.0.0.1 \
-        --port "$port" --no-webui || continue
+        -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --cache-ram 0 \
+        --host 127.0.0.1 --port "$port" --no-webui || continue
     else
       start_server fl-serve "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" || continue
     fi
