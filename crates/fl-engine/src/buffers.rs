@@ -57,6 +57,12 @@ pub struct Buffers<T: RunDType> {
     pub ctx_lens: DeviceTensor<i32>,
     /// The decode attention's split workspace.
     pub(crate) attn_ws: DecodeWorkspace,
+    /// Decode passes: an upper bound on every token's visible keys that sizes the attention's
+    /// split layout instead of the cache's whole capacity (0: the capacity). A CUDA graph
+    /// captured under one bound stays valid while no sequence passes it; the runner keeps a
+    /// graph per power-of-two bound, so short contexts do not pay for a long capacity's
+    /// splits.
+    pub(crate) decode_bound: usize,
     /// Embedding-lookup status (an out-of-vocabulary id).
     pub status: DeviceStatus,
     /// The quantised projections' scratch ([`Model::buffers`](crate::model::Model::buffers);
@@ -130,6 +136,7 @@ impl<T: RunDType> Buffers<T> {
             block_table,
             ctx_lens: zi(&[cache.batch])?,
             attn_ws: DecodeWorkspace::new(stream, ws_bytes)?,
+            decode_bound: 0,
             status: DeviceStatus::new(stream)?,
             quant: QuantBuffers::default(),
         })

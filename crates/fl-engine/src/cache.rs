@@ -103,9 +103,9 @@ impl<T: RunDType> Cache<T> {
             .sum()
     }
 
-    /// The decode kernel's parameters for `cfg` over this cache. They always cover the whole
+    /// The decode kernel's parameters for `cfg` over this cache. They cover the whole
     /// capacity, so the split layout does not depend on the step (a captured graph stays
-    /// valid as sequences grow).
+    /// valid as sequences grow); a pass may narrow them (`Buffers::decode_bound`).
     pub(crate) fn decode_params(&self, cfg: &ModelConfig) -> DecodeParams {
         let mut p = DecodeParams::new(cfg.head_dim, self.capacity);
         p.scale = cfg.attention_scale() as f32;

@@ -330,13 +330,17 @@ impl<T: RunDType> Model<T> {
         }
         self.check_gemv_max_m()?;
         let gemv = m <= self.gemv_max_m;
+        let mut decode = cache.decode_params(&self.cfg);
+        if buf.decode_bound > 0 {
+            decode.max_seq_len = decode.max_seq_len.min(buf.decode_bound);
+        }
         let pass = Pass {
             stream,
             cfg: &self.cfg,
             rope: &self.rope,
             eps: self.eps,
             mode,
-            decode: cache.decode_params(&self.cfg),
+            decode,
             gemv,
             fuse_norm: gemv
                 && m <= self.fuse_norm_max_m

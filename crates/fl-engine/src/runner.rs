@@ -15,9 +15,10 @@
 //! - a step of single tokens (every decode step once the prompts are in) runs the decode
 //!   attention over the paged cache, the QKV GEMV rotating and appending to the paged cache in
 //!   its epilogue (f16 / bf16), and the LM head over every row; forward + LM head are captured
-//!   once per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) in a CUDA graph on
-//!   the bucket's second use and replayed after that (the attention's split layout covers the
-//!   whole capacity, so a graph stays valid as sequences grow);
+//!   per power-of-two row bucket (1, 2, 4, ... up to `max_num_seqs`) and attention bound in
+//!   a CUDA graph on the pair's second use and replayed after that (the attention's split
+//!   layout covers the bound, the next power of two from 256 above the longest context, so a
+//!   graph stays valid until a sequence passes its bound);
 //! - a step with a longer chunk runs every row through the paged prefill attention (prefix
 //!   from the cache, the chunk causal), then gathers the rows that need logits;
 //! - copy-on-write block copies of the plan run first ([`fl_kernels::kv_cache::copy_blocks`]);
@@ -147,10 +148,11 @@ struct BeamBuffers {
     out_ids: DeviceTensor<i32>,
 }
 
-/// A pass's buffers and, for a decode bucket, the CUDA graph of its forward + LM head.
+/// A pass's buffers and, for a decode bucket, the CUDA graphs of its forward + LM head, one
+/// per attention bound ([`decode_bound`]).
 struct PassBuffers<T: RunDType> {
     buf: Buffers<T>,
-    graph: Option<CudaGraph>,
+    graphs: HashMap<usize, CudaGraph>,
     /// Decode passes: the block table on the device (uploaded again only when it changes;
     /// the sequence rows are `0..m`, uploaded once).
     table: Vec<i32>,
@@ -158,9 +160,9 @@ struct PassBuffers<T: RunDType> {
     /// from pageable memory costs a staging copy in the driver on every step), one set per
     /// parity (a step and its lookahead step may be in flight).
     staging: Option<[[PinnedHostSlice<i32>; 3]; 2]>,
-    /// Eager runs so far (a decode bucket is captured on its second use, after module
-    /// loading and cuBLASLt's first plans).
-    runs: usize,
+    /// Eager runs so far per attention bound (a decode bucket is captured on its second use
+    /// under a bound, after module loading and cuBLASLt's first plans).
+    runs: HashMap<usize, usize>,
 }
 
 /// The rows that get logits and a token, `rows` of them (a power of two; padding rows
@@ -318,6 +320,22 @@ pub struct StepStats {
 /// Activation rows of a step of `m` tokens: the next power of two.
 fn bucket(m: usize) -> usize {
     m.next_power_of_two()
+}
+
+/// The smallest attention bound of a decode pass.
+const MIN_DECODE_BOUND: usize = 256;
+
+/// The decode attention's bound for a step whose longest visible length is `longest`, in a
+/// cache of `capacity` positions: the next power of two from [`MIN_DECODE_BOUND`], at most
+/// `capacity` (never below `longest`, which the capacity bounds). The split layout follows
+/// the bound, so a short context does not pay for the capacity's splits, and a few graphs
+/// per row bucket cover every length.
+fn decode_bound(longest: usize, capacity: usize) -> usize {
+    longest
+        .max(MIN_DECODE_BOUND)
+        .next_power_of_two()
+        .min(capacity)
+        .max(longest)
 }
 
 /// What a step's execution hands the scheduler: sampled `(request, token)`s and beam steps.
@@ -832,7 +850,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
                 key,
                 PassBuffers {
                     buf,
-                    graph: None,
+                    graphs: HashMap::new(),
                     table: vec![],
                     staging: if decode {
                         let set = || -> Result<[PinnedHostSlice<i32>; 3]> {
@@ -846,7 +864,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
                     } else {
                         None
                     },
-                    runs: 0,
+                    runs: HashMap::new(),
                 },
             );
         }
@@ -904,15 +922,25 @@ impl<'e, T: RunDType> Runner<'e, T> {
         let engine = &mut *self.engine;
         let model = &engine.model;
         let mut graph = false;
+        let bound = if decode {
+            let longest = ctx.iter().copied().max().unwrap_or(1).max(1) as usize;
+            decode_bound(longest, self.cache.capacity)
+        } else {
+            0
+        };
+        let runs = pass.runs.get(&bound).copied().unwrap_or(0);
         if decode {
-            if pass.graph.is_none() && engine.use_graph && pass.runs >= 1 {
+            buf.decode_bound = bound;
+            if !pass.graphs.contains_key(&bound) && engine.use_graph && runs >= 1 {
                 let g = capture_graph(&stream, |s| {
                     model.forward(s, &mut engine.blas, buf, &mut self.cache, mode)?;
                     model.lm_head(s, &mut engine.blas, &buf.x, &mut head.logits)
                 })?;
-                pass.graph = g;
+                if let Some(g) = g {
+                    pass.graphs.insert(bound, g);
+                }
             }
-            match &pass.graph {
+            match pass.graphs.get(&bound) {
                 Some(g) => {
                     g.launch()?;
                     graph = true;
@@ -932,7 +960,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             embedding::lookup(&stream, &head.rows, &buf.x, &mut head.x, &mut buf.status)?;
             model.lm_head(&stream, &mut engine.blas, &head.x, &mut head.logits)?;
         }
-        pass.runs += 1;
+        pass.runs.insert(bound, runs + 1);
         let mut launched = Launched {
             plan,
             heads: vec![],
@@ -1275,7 +1303,25 @@ pub(crate) fn run_to_completion<B: crate::service::Backend + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::token_logprobs;
+    use super::{decode_bound, token_logprobs, MIN_DECODE_BOUND};
+
+    #[test]
+    fn decode_bounds_are_powers_of_two_within_the_capacity() {
+        assert_eq!(decode_bound(1, 4096), MIN_DECODE_BOUND);
+        assert_eq!(decode_bound(256, 4096), 256);
+        assert_eq!(decode_bound(257, 4096), 512);
+        assert_eq!(decode_bound(1100, 4096), 2048);
+        assert_eq!(decode_bound(4096, 4096), 4096);
+        // A capacity that is no power of two, or below the smallest bound.
+        assert_eq!(decode_bound(3000, 3008), 3008);
+        assert_eq!(decode_bound(100, 128), 128);
+        for cap in [16, 128, 1000, 4096, 32768] {
+            for longest in 1..=cap {
+                let b = decode_bound(longest, cap);
+                assert!(b >= longest && b <= cap, "longest {longest}, capacity {cap}: {b}");
+            }
+        }
+    }
 
     /// log-softmax in f64, the reference.
     fn log_softmax(x: &[f32]) -> Vec<f64> {
