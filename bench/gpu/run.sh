@@ -42,11 +42,13 @@
 #                                 llama-2-7b, 128-token prompt): the static engine beside the runner
 #                                 (ncu_steps.py); the step's wall time minus the kernels is idle GPU
 #   gguf-compare [TYPE...]        issue 33's speed rows: serve-compare's random llama-2-7b f16
-#                                 GGUF, llama-quantize to each TYPE (default Q8_0 Q4_K_M; F16 = the
-#                                 f16 file itself), then llama-bench (tg128, pp2048, -fa 1) and fl
-#                                 bench (1 x 128 + 128, 1 x 2048) on the same file, and teacher-forced
-#                                 logits of a ragged batch against llama.cpp's
-#                                 (compare_llamacpp_logits.py, with the build's dump_logits); each
+#                                 GGUF, llama-quantize to each TYPE (default F16 Q8_0 Q4_K_M; F16 = the
+#                                 f16 file itself, run first), then llama-bench (tg128, pp2048, -fa 1)
+#                                 and fl bench (1 x 128 + 128, 1 x 2048) on the same file, and
+#                                 teacher-forced logits of a ragged batch against llama.cpp's
+#                                 (compare_llamacpp_logits.py, with the build's dump_logits); F16 is
+#                                 the control, and each quantised row also shows its quantisation's
+#                                 effect on each engine (rel L2 against its own F16 run); each
 #                                 quantised file is removed after its row unless FL_KEEP_GGUF is set
 #                                 (FL_LLAMA as serve-compare)
 #   trace [runner|static K/N]     issue 31's trace (llama-2-7b f16, 1,000 requests at once, prompts
@@ -419,7 +421,9 @@ t_step_profile() {
 # by llama-quantize, one format after another (files live only as long as the machine).
 t_gguf_compare() {
   local dir="${FL_GGUF_DIR:-$LOGS/gguf}" rows=() t f
-  local formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(Q8_0 Q4_K_M)
+  local formats=("$@"); [ ${#formats[@]} -gt 0 ] || formats=(F16 Q8_0 Q4_K_M)
+  # F16 first: the control of the logits check, and each quantised row's yardstick.
+  case " ${formats[*]} " in *" F16 "*) formats=(F16 $(printf '%s\n' "${formats[@]}" | grep -vx F16)) ;; esac
   use_llama gguf-compare llama-bench || return 2
   use_random_gguf || return 1
   local f16="$GGUF" lenv=("${LENV[@]}")
@@ -441,9 +445,14 @@ t_gguf_compare() {
         --input "$LOGS/logits-in.json" --make-input 16 >&2
       timeout 200 "$B/bin/fl" logits --model "$f" --input "$LOGS/logits-in.json" \
         --out "$LOGS/fl-logits-$t.json" > "$LOGS/fl-logits-$t.err" 2>&1
+      local vs=()
+      [ "$t" != F16 ] && [ -s "$LOGS/fl-logits-F16.json" ] && [ -s "$LOGS/ref-F16.npy" ] &&
+        vs=(--vs-f16 "$LOGS/fl-logits-F16.json" "$LOGS/ref-F16.npy")
       cmp="$(timeout 200 "${lenv[@]}" python3 "$B/scripts/compare_llamacpp_logits.py" --gguf "$f" \
         --input "$LOGS/logits-in.json" --fl "$LOGS/fl-logits-$t.json" --dump-logits "$L/bin/dump_logits" \
-        2>&1 | tee "$LOGS/compare-$t.log" | grep '^summary' || echo "- (see compare-$t.log)")"
+        --save-ref "$LOGS/ref-$t.npy" "${vs[@]}" 2>&1 | tee "$LOGS/compare-$t.log" |
+        grep -E '^(summary|quantisation)' | tr '\n' ' ')"
+      [ -n "$cmp" ] || cmp="- (see compare-$t.log)"
     fi
     rows+=("$(python3 - "$t" "$LOGS/llama-bench-$t.jsonl" "$LOGS/fl-bench-$t.jsonl" "$cmp" <<'PY'
 import json, re, sys
@@ -465,12 +474,15 @@ f = lambda x: "-" if x is None else f"{x:,.1f}"
 r = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}x"
 m = re.search(r"top-1 agreement (\S+) \(([^)]*)\), rel L2 max (\S+)", cmp)
 logits = f"{m.group(1)} ({m.group(2)}), {m.group(3)}" if m else cmp
-print("\t".join([t, f(tg), f(dec), r(dec, tg), f(pp), f(pre), r(pre, pp), logits]))
+# The quantisation's own effect on each engine (rel L2 mean against its F16 run).
+q = re.findall(r"(fl vs fl F16|llama.cpp vs llama.cpp F16): top-1 (\S+), rel L2 mean (\S+)", cmp)
+quant = " / ".join(f"{v} ({a})" for _, a, v in q) if q else "-"
+print("\t".join([t, f(tg), f(dec), r(dec, tg), f(pp), f(pre), r(pre, pp), logits, quant]))
 PY
 )")
     [ "$t" = F16 ] || [ -n "${FL_KEEP_GGUF:-}" ] || rm -f "$f"
   done
-  { echo "file${TAB}llama.cpp tg128 tok/s${TAB}fl decode b1 tok/s${TAB}fl / llama.cpp${TAB}llama.cpp pp2048 tok/s${TAB}fl prefill 2048 tok/s${TAB}fl / llama.cpp${TAB}logits: top-1 agree, rel L2 max"
+  { echo "file${TAB}llama.cpp tg128 tok/s${TAB}fl decode b1 tok/s${TAB}fl / llama.cpp${TAB}llama.cpp pp2048 tok/s${TAB}fl prefill 2048 tok/s${TAB}fl / llama.cpp${TAB}logits: top-1 agree, rel L2 max${TAB}vs own F16: fl / llama.cpp rel L2 mean (top-1)"
     printf '%s\n' "${rows[@]}"; } | show_table
 }
 

@@ -12,6 +12,15 @@ tokens fl chose (fl.json's "tokens") are forced on llama.cpp, so both see the sa
 `--make-input N_PROMPTS` writes a ragged input instead (prompt lengths 1-129, random ids below
 the vocabulary, 8 forced steps) to --input and exits. Prints a line per step and a summary;
 exit status 1 when top-1 agreement is below 100%. Needs numpy.
+
+How far apart two correct engines may be depends on the model: random weights have small
+top-1 margins, and a deep random network carries rounding differences forward. So the F16 file
+is the control (the same function in both engines: rel L2 at rounding level), and a quantised
+file is judged beside its quantisation's own effect on each engine: `--save-ref R.npy` keeps
+llama.cpp's logits of a run; `--vs-f16 FL_F16.json REF_F16.npy` (the F16 file's fl output and
+saved llama.cpp logits, same input) adds a line "quantisation" with fl against fl on F16 and
+llama.cpp against llama.cpp on F16: an fl-llama.cpp gap well below both is rounding, one of
+their size is a different function.
 """
 
 import argparse
@@ -33,6 +42,9 @@ def main():
     ap.add_argument("--make-input", type=int, metavar="N_PROMPTS")
     ap.add_argument("--vocab", type=int, default=32000, help="with --make-input")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-ref", metavar="NPY", help="save llama.cpp's logits here")
+    ap.add_argument("--vs-f16", nargs=2, metavar=("FL_F16_JSON", "REF_F16_NPY"),
+                    help="fl's output and llama.cpp's saved logits on the F16 file (same input)")
     args = ap.parse_args()
     if args.make_input:
         r = random.Random(args.seed)
@@ -51,8 +63,12 @@ def main():
     steps = int(inp.get("steps", 0))
     prompts = inp["prompts"]
     forced = inp.get("forced") or fl["tokens"]
-    # fl: prefill logits (after the prompt) then one per step, step k fed token k - 1.
-    fl_rows = [[fl["prefill"][p]] + [fl["steps"][k][p] for k in range(steps)] for p in range(len(prompts))]
+
+    def rows(out):
+        """fl's logits per prompt: prefill (after the prompt), then step k fed token k - 1."""
+        return [[out["prefill"][p]] + [out["steps"][k][p] for k in range(steps)] for p in range(len(prompts))]
+
+    fl_rows = rows(fl)
     with tempfile.TemporaryDirectory() as d:
         txt, out = os.path.join(d, "in.txt"), os.path.join(d, "out.bin")
         with open(txt, "w") as f:
@@ -64,6 +80,8 @@ def main():
         ref = np.fromfile(out, dtype="<f4")
     vocab = len(fl_rows[0][0])
     ref = ref.reshape(len(prompts), steps + 1, vocab)
+    if args.save_ref:
+        np.save(args.save_ref, ref)
     agree, total, worst = 0, 0, 0.0
     per_step = []
     for k in range(steps + 1):
@@ -81,6 +99,21 @@ def main():
         print(f"step {k}: top-1 {a}/{n}, rel L2 max {mx:.3e} mean {mean:.3e}")
     print(f"summary: top-1 agreement {agree}/{total} ({100.0 * agree / total:.2f}%), "
           f"rel L2 max {worst:.3e}, {len(prompts)} prompts x {steps + 1} positions, vocab {vocab}")
+    if args.vs_f16:
+        fl16 = rows(json.load(open(args.vs_f16[0])))
+        ref16 = np.load(args.vs_f16[1])
+        fl_q = [[np.asarray(fl_rows[p][k], dtype=np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
+        fl_f = [[np.asarray(fl16[p][k], dtype=np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
+        ll_q = [[ref[p, k].astype(np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
+        ll_f = [[ref16[p, k].astype(np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
+        parts = []
+        for name, a, b in (("fl vs fl F16", fl_q, fl_f), ("llama.cpp vs llama.cpp F16", ll_q, ll_f),
+                           ("fl vs llama.cpp", fl_q, ll_q)):
+            t1 = sum(int(np.argmax(a[p][k]) == np.argmax(b[p][k])) for p in range(len(prompts)) for k in range(steps + 1))
+            l2 = [float(np.linalg.norm(a[p][k] - b[p][k]) / max(np.linalg.norm(b[p][k]), 1e-30))
+                  for p in range(len(prompts)) for k in range(steps + 1)]
+            parts.append(f"{name}: top-1 {t1}/{total}, rel L2 mean {sum(l2) / len(l2):.3e} max {max(l2):.3e}")
+        print("quantisation: " + "; ".join(parts))
     return 0 if agree == total else 1
 
 
