@@ -472,7 +472,7 @@ dec = next((v["decode_tokens_per_s"] for v in fl if v.get("prompt_len") == 128),
 pre = next((v["prefill_tokens_per_s"] for v in fl if v.get("prompt_len") == 2048), None)
 f = lambda x: "-" if x is None else f"{x:,.1f}"
 r = lambda a, b: "-" if a is None or b is None else f"{a / b:.2f}x"
-m = re.search(r"top-1 agreement (\S+) \(([^)]*)\), rel L2 max (\S+)", cmp)
+m = re.search(r"top-1 agreement (\S+) \(([^)]*)\), rel L2 max ([0-9.e+-]+)", cmp)
 logits = f"{m.group(1)} ({m.group(2)}), {m.group(3)}" if m else cmp
 # The quantisation's own effect on each engine (rel L2 mean against its F16 run).
 q = re.findall(r"(fl vs fl F16|llama.cpp vs llama.cpp F16): top-1 (\S+), rel L2 mean (\S+)", cmp)
