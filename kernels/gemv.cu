@@ -11,7 +11,7 @@
 //   gemv_one_token_gguf.cu m = 1, Q8_0 / Q4_0 with k % 256 == 0: cp.async or TMA rings
 //   gemv_multi_token.cu    m = 2..16 with k % 256 == 0: cp.async rings with every token's x
 //   gemv_dequant.cu        fl_gemv_dequantize (the prefill path)
-//   gemv_kquant.cu         Q4_K / Q5_K / Q6_K on every path (CUDA cores), their dequantisation
+//   gemv_kquant.cu         Q4_K / Q5_K / Q6_K on every path (tensor cores), their dequantisation
 // What each kernel tried and lost is in kernels/experiments/gemv.md.
 //
 // The choice (GemvPath::Auto; GemvPath::Mma takes the tensor-core side whatever the shape,

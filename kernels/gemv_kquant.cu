@@ -16,12 +16,10 @@
 // is ggml's dequantize_row_* bit for bit (one rounding, the subtraction). The same code runs on
 // the host (fl_gemv_dequantize_host) for the CPU tests.
 //
-// The GEMV (gemv_kquant_kernel): one warp per output row, 4 rows per CTA; lane l takes units
-// l, l + 32, ... of its row, reads their bytes straight from global memory (Q4_K / Q5_K
-// super-blocks are 16-byte aligned in a 16-byte aligned w: 16-byte loads; Q6_K's 210-byte
-// super-blocks only 2-byte aligned: aligned 32-bit loads and funnel shifts), and per token adds
-// s * sum(q x) - mn * sum(x) per run (f32 FMAs; x by 16-byte loads). Correctness first: the
-// tensor-core product of the Q8_0 / Q4_0 one-token kernels is not done for these formats yet.
+// The GEMV (m = 1..16): Q4_K and Q5_K on tensor cores (gemv_kquant_kernel, one run of a scale
+// per mma; how, beside the kernel), Q6_K on CUDA cores (gemv_q6k_fma_kernel, one warp per row,
+// kq_unit per lane). The dequantisation (kq_unit) is CUDA-core code that also serves the host
+// reference.
 #include "gemv_kquant.cuh"
 
 namespace fl {
@@ -30,21 +28,17 @@ namespace {
 
 constexpr int kUnitValues = 64;   // values per unit
 constexpr int kUnitsPerSuper = 4; // units per 256-value super-block
-constexpr int kKqWarps = 4;       // warps (= output rows) per CTA of the GEMV
 
-// Per format: super-block bytes, runs per unit, values per run, whether runs have a min.
+// Per format: super-block bytes, runs per unit (of kq_unit), values per run.
 template <int F> struct KQuant;
 template <> struct KQuant<FL_GEMV_Q4_K> {
     static constexpr int bytes = 144, runs = 2, len = 32;
-    static constexpr bool mins = true;
 };
 template <> struct KQuant<FL_GEMV_Q5_K> {
     static constexpr int bytes = 176, runs = 2, len = 32;
-    static constexpr bool mins = true;
 };
 template <> struct KQuant<FL_GEMV_Q6_K> {
     static constexpr int bytes = 210, runs = 4, len = 16;
-    static constexpr bool mins = false;
 };
 
 // The 16 bytes at p (16-byte aligned on the device) as 4 little-endian words.
@@ -209,17 +203,201 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
     }
 }
 
+// ---------------------------------------------------------------- the GEMV, on tensor cores
+// Q4_K and Q5_K (Q6_K: gemv_q6k_fma_kernel below). One CTA per 16 output rows; its kKqWarps warps split the row's super-blocks (warp w takes
+// w, w + kKqWarps, ...) and add their sums through shared memory at the end. Each super-block
+// is a series of m16n8k16 mmas, A = 16 weight rows x 16 k (one run: all 16 values share a
+// scale), B = 16 k x 8 tokens of x (a second n-tile for m > 8), f32 accumulation:
+// - lane (g, t) supplies weight rows g and g + 8 at the k-slots {2t, 2t + 1, 2t + 8, 2t + 9},
+//   from one 32-bit word of each row's quants: 4 bytes (Q4_K: nibbles, run 2i in the low ones
+//   and 2i + 1 in the high ones; Q5_K: the assembled 5-bit values) at positions
+//   p..p + 3 of the run. Slots (2t, 2t + 1) take bytes (0, 2), slots (2t + 8, 2t + 9) bytes
+//   (1, 3): one LOP3 each puts a pair under the 16-bit magic (f16 1024 + q, bf16 128 + q,
+//   exact), with no shift of the bytes; x's B pairs are permuted to match, (x[p], x[p + 2]) and
+//   (x[p + 1], x[p + 3]): a dot product only needs A and B to agree.
+// - the mma sums (magic + q) x exactly per product; a second mma with an all-ones A gives the
+//   run's sum of x per token, so per run value = s * (D - magic * D1) - mn * D1 =
+//   s * sum(q x) - mn * sum(x).
+// - Q4_K / Q5_K super-blocks are 16-byte aligned: each lane reads 8 bytes of each unit's
+//   quants per row (positions 8t..8t + 7 of both runs' 32), the 16-byte header, Q5_K's 8 qh
+//   bytes.
+constexpr int kKqWarps = 8;  // warps per CTA, splitting the super-blocks of its 16 rows
+
+// The magic of the 16-bit pairs (the value a zero quant takes in the mma).
+template <typename T> __device__ __forceinline__ float kq_magic() {
+    return std::is_same<T, __half>::value ? 1024.f : 128.f;
+}
+// Bytes (0, 2) and (1, 3) of v, each masked by MASK (per byte: 0x0F for nibbles, 0xFF for
+// assembled values below 64), under the magic: the A fragment's even and odd pairs.
+template <typename T, uint32_t MASK> __device__ __forceinline__ uint32_t kq_even(uint32_t v) {
+    return and_or<MASK * 0x00010001u, Bits<T>::magic>(v);
+}
+template <typename T, uint32_t MASK> __device__ __forceinline__ uint32_t kq_odd(uint32_t v) {
+    return and_or<MASK * 0x00010001u, Bits<T>::magic>(v >> 8);
+}
+// x at positions p..p + 3 (two words of 16-bit pairs, as loaded) as the B fragment's pairs.
+__device__ __forceinline__ void kq_b(uint32_t u0, uint32_t u1, uint32_t &b0, uint32_t &b1) {
+    b0 = __byte_perm(u0, u1, 0x5410);  // (x[p], x[p + 2])
+    b1 = __byte_perm(u0, u1, 0x7632);  // (x[p + 1], x[p + 3])
+}
+__device__ __forceinline__ uint4 ldg16_or0(const void *p, bool valid) {
+    return valid ? __ldg(reinterpret_cast<const uint4 *>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// One run: rows (g, g + 8) quant words va, vb over the NC words of the run that this lane
+// holds, x pairs b[j][c] per n-tile; acc += sa|sb * D - ca|cb * D1 (D1: the run's x sums).
+template <typename T, int NT, int NC, uint32_t MASK>
+__device__ __forceinline__ void kq_run(float (&acc)[NT][4], const uint32_t (&va)[NC], const uint32_t (&vb)[NC],
+                                       const uint32_t (&b)[NT][NC][2], float sa, float ca, float sb, float cb) {
+    float d[NT][4], d1[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[j][e] = 0.f, d1[j][e] = 0.f;
+    constexpr uint32_t one = Bits<T>::one;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const uint32_t a[4] = {kq_even<T, MASK>(va[c]), kq_even<T, MASK>(vb[c]), kq_odd<T, MASK>(va[c]),
+                               kq_odd<T, MASK>(vb[c])};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            mma_m16n8k16<T>(d[j], a[0], a[1], a[2], a[3], b[j][c][0], b[j][c][1]);
+            mma_m16n8k16<T>(d1[j], one, one, one, one, b[j][c][0], b[j][c][1]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        acc[j][0] = fmaf(-ca, d1[j][0], fmaf(sa, d[j][0], acc[j][0]));
+        acc[j][1] = fmaf(-ca, d1[j][1], fmaf(sa, d[j][1], acc[j][1]));
+        acc[j][2] = fmaf(-cb, d1[j][2], fmaf(sb, d[j][2], acc[j][2]));
+        acc[j][3] = fmaf(-cb, d1[j][3], fmaf(sb, d[j][3], acc[j][3]));
+    }
+}
+
 }  // namespace
 
-// grid.x = ceil(n / kKqWarps), block = 32 kKqWarps. M: the token count rounded up to 1, 2, 4,
-// 8 or 16. y[t, row] = sum over the row's units of s * sum(q x) - mn * sum(x) per run.
-template <int F, typename T, int M>
+// grid.x = ceil(n / 16), block = 32 kKqWarps. NT: n-tiles of 8 tokens (1: m <= 8, 2: m <= 16).
+template <int F, typename T, int NT>
 __global__ void __launch_bounds__(kKqWarps * 32)
 gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
                    int64_t k) {
+    static_assert(F == FL_GEMV_Q4_K || F == FL_GEMV_Q5_K, "Q6_K runs on gemv_q6k_fma_kernel");
+    using Q = KQuant<F>;
+    __shared__ float red[kKqWarps][NT][16][8];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * 16;
+    const int64_t supers = k >> 8;
+    // Rows past n read row n - 1 (their sums are dropped).
+    const uint8_t *wa = w + min(row0 + g, n - 1) * supers * Q::bytes;
+    const uint8_t *wb = w + min(row0 + g + 8, n - 1) * supers * Q::bytes;
+    // This lane's B column in n-tile j: token 8 j + g (zeros past m).
+    const T *xr[NT];
+    bool xv[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        xv[j] = 8 * j + g < m;
+        xr[j] = x + (int64_t)(xv[j] ? 8 * j + g : 0) * k;
+    }
+    const float magic = kq_magic<T>();
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+    for (int64_t sb = warp; sb < supers; sb += kKqWarps) {
+        const uint8_t *ba = wa + sb * Q::bytes, *bb = wb + sb * Q::bytes;
+        {
+            constexpr int QS = F == FL_GEMV_Q4_K ? 16 : 48;  // qs's offset
+            const uint4 ha = __ldg(reinterpret_cast<const uint4 *>(ba));
+            const uint4 hb = __ldg(reinterpret_cast<const uint4 *>(bb));
+            uint2 qa[4], qb[4], ea = make_uint2(0u, 0u), eb = make_uint2(0u, 0u);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                qa[i] = __ldg(reinterpret_cast<const uint2 *>(ba + QS + 32 * i + 8 * t));
+                qb[i] = __ldg(reinterpret_cast<const uint2 *>(bb + QS + 32 * i + 8 * t));
+            }
+            if constexpr (F == FL_GEMV_Q5_K) {
+                ea = __ldg(reinterpret_cast<const uint2 *>(ba + 16 + 8 * t));
+                eb = __ldg(reinterpret_cast<const uint2 *>(bb + 16 + 8 * t));
+            }
+            const float da = half_bits(ha.x), dma = half_bits(ha.x >> 16);
+            const float db = half_bits(hb.x), dmb = half_bits(hb.x >> 16);
+            const uint32_t sa3[3] = {ha.y, ha.z, ha.w}, sb3[3] = {hb.y, hb.z, hb.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                // x of runs 2i (positions 64 i + 8t..) and 2i + 1 (64 i + 32 + 8t..): words
+                // c = 0 (positions +0..3) and c = 1 (+4..7) of each.
+                uint32_t bl[NT][2][2], bh[NT][2][2];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const T *xs = xr[j] + (sb << 8) + 64 * i + 8 * t;
+                    const uint4 lo = ldg16_or0(xs, xv[j]), hi = ldg16_or0(xs + 32, xv[j]);
+                    kq_b(lo.x, lo.y, bl[j][0][0], bl[j][0][1]);
+                    kq_b(lo.z, lo.w, bl[j][1][0], bl[j][1][1]);
+                    kq_b(hi.x, hi.y, bh[j][0][0], bh[j][0][1]);
+                    kq_b(hi.z, hi.w, bh[j][1][0], bh[j][1][1]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    uint32_t sca, mna, scb, mnb;
+                    scale_min_k4(2 * i + r, sa3, sca, mna);
+                    scale_min_k4(2 * i + r, sb3, scb, mnb);
+                    const float s_a = da * (float)sca, s_b = db * (float)scb;
+                    const float c_a = fmaf(s_a, magic, dma * (float)mna), c_b = fmaf(s_b, magic, dmb * (float)mnb);
+                    uint32_t va[2], vb[2];
+                    if constexpr (F == FL_GEMV_Q4_K) {
+                        // Low nibbles (run 2i) in place, high nibbles (2i + 1) shifted down.
+                        va[0] = qa[i].x >> (4 * r), va[1] = qa[i].y >> (4 * r);
+                        vb[0] = qb[i].x >> (4 * r), vb[1] = qb[i].y >> (4 * r);
+                        kq_run<T, NT, 2, 0x0Fu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
+                    } else {
+                        // Q5_K: the nibble plus bit 2i + r of the qh byte as bit 4.
+                        const int hs = 2 * i + r;
+                        va[0] = ((qa[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.x >> hs) & 0x01010101u) << 4);
+                        va[1] = ((qa[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.y >> hs) & 0x01010101u) << 4);
+                        vb[0] = ((qb[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.x >> hs) & 0x01010101u) << 4);
+                        vb[1] = ((qb[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.y >> hs) & 0x01010101u) << 4);
+                        kq_run<T, NT, 2, 0xFFu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
+                    }
+                }
+            }
+        }
+    }
+    // Sum the warps' partial sums: lane (g, t) holds rows (g, g + 8) x tokens (2t, 2t + 1).
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        red[warp][j][g][2 * t] = acc[j][0];
+        red[warp][j][g][2 * t + 1] = acc[j][1];
+        red[warp][j][g + 8][2 * t] = acc[j][2];
+        red[warp][j][g + 8][2 * t + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NT * 128; i += blockDim.x) {
+        const int j = i >> 7, row = (i >> 3) & 15, col = i & 7, tok = 8 * j + col;
+        if (tok >= m || row0 + row >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int wp = 0; wp < kKqWarps; ++wp) v += red[wp][j][row][col];
+        y[(int64_t)tok * n + row0 + row] = from_f32<T>(v);
+    }
+}
+
+// Q6_K on CUDA cores (it reads faster there than on the tensor-core kernel, whose 2-byte
+// aligned 4-byte pieces per lane cost two loads and a funnel shift each: 45-51% of copy against
+// 57-60% here, kernels/experiments/gemv.md). grid.x = ceil(n / kFmaWarps), block = 32
+// kFmaWarps; one warp per output row, lane l takes units l, l + 32, ... (kq_unit), and per
+// token adds s * sum(q x) per run of 16 (f32 FMAs; x by 16-byte loads). M: the token count
+// rounded up to 1, 2, 4, 8 or 16.
+constexpr int kFmaWarps = 4;
+template <typename T, int M>
+__global__ void __launch_bounds__(kFmaWarps * 32)
+gemv_q6k_fma_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
+                    int64_t k) {
+    constexpr int F = FL_GEMV_Q6_K;
     using Q = KQuant<F>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row = (int64_t)blockIdx.x * kKqWarps + warp;
+    const int64_t row = (int64_t)blockIdx.x * kFmaWarps + warp;
     if (row >= n) return;  // whole warps only; no block-wide barrier below
     const int64_t supers = k >> 8, units = supers * kUnitsPerSuper;
     const uint8_t *wr = w + row * supers * Q::bytes;
@@ -240,19 +418,15 @@ gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__
 #pragma unroll
                 for (int r = 0; r < Q::runs; ++r) {
                     const T *xr = xs + (int64_t)t * k + run_offset<F>(i, r);
-                    float qx = 0.f, sx = 0.f;
+                    float qx = 0.f;
 #pragma unroll
                     for (int v = 0; v < Q::len / 8; ++v) {
                         float xf[8];
                         load_x8<T>(xr + 8 * v, xf);
 #pragma unroll
-                        for (int e = 0; e < 8; ++e) {
-                            qx = fmaf(q[r * Q::len + 8 * v + e], xf[e], qx);
-                            if constexpr (Q::mins) sx += xf[e];
-                        }
+                        for (int e = 0; e < 8; ++e) qx = fmaf(q[r * Q::len + 8 * v + e], xf[e], qx);
                     }
                     part = fmaf(s[r], qx, part);
-                    if constexpr (Q::mins) part = fmaf(-mn[r], sx, part);
                 }
                 acc[t] += part;
             }
@@ -308,20 +482,33 @@ gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out
 
 namespace {
 
-template <int F, typename T, int M> fl_status launch_kquant_tokens(const GemvArgs &a) {
-    const int64_t blocks = ceil_div(a.n, kKqWarps);
+template <int F, typename T, int NT> fl_status launch_kquant_tokens(const GemvArgs &a) {
+    const int64_t blocks = ceil_div(a.n, 16);
     if (blocks > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
-    gemv_kquant_kernel<F, T, M><<<(unsigned)blocks, kKqWarps * 32, 0, a.stream>>>(
+    gemv_kquant_kernel<F, T, NT><<<(unsigned)blocks, kKqWarps * 32, 0, a.stream>>>(
+        static_cast<const T *>(a.x), static_cast<const uint8_t *>(a.w), static_cast<T *>(a.y), a.m, a.n, a.k);
+    return launch_status();
+}
+
+template <typename T, int M> fl_status launch_q6k_tokens(const GemvArgs &a) {
+    const int64_t blocks = ceil_div(a.n, kFmaWarps);
+    if (blocks > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
+    gemv_q6k_fma_kernel<T, M><<<(unsigned)blocks, kFmaWarps * 32, 0, a.stream>>>(
         static_cast<const T *>(a.x), static_cast<const uint8_t *>(a.w), static_cast<T *>(a.y), a.m, a.n, a.k);
     return launch_status();
 }
 
 template <int F, typename T> fl_status launch_kquant_format(const GemvArgs &a) {
-    if (a.m <= 1) return launch_kquant_tokens<F, T, 1>(a);
-    if (a.m <= 2) return launch_kquant_tokens<F, T, 2>(a);
-    if (a.m <= 4) return launch_kquant_tokens<F, T, 4>(a);
-    if (a.m <= 8) return launch_kquant_tokens<F, T, 8>(a);
-    return launch_kquant_tokens<F, T, 16>(a);
+    if constexpr (F == FL_GEMV_Q6_K) {
+        if (a.m <= 1) return launch_q6k_tokens<T, 1>(a);
+        if (a.m <= 2) return launch_q6k_tokens<T, 2>(a);
+        if (a.m <= 4) return launch_q6k_tokens<T, 4>(a);
+        if (a.m <= 8) return launch_q6k_tokens<T, 8>(a);
+        return launch_q6k_tokens<T, 16>(a);
+    } else {
+        if (a.m <= 8) return launch_kquant_tokens<F, T, 1>(a);
+        return launch_kquant_tokens<F, T, 2>(a);
+    }
 }
 
 template <int F, typename T>
