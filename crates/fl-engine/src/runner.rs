@@ -1318,7 +1318,10 @@ mod tests {
         for cap in [16, 128, 1000, 4096, 32768] {
             for longest in 1..=cap {
                 let b = decode_bound(longest, cap);
-                assert!(b >= longest && b <= cap, "longest {longest}, capacity {cap}: {b}");
+                assert!(
+                    b >= longest && b <= cap,
+                    "longest {longest}, capacity {cap}: {b}"
+                );
             }
         }
     }
