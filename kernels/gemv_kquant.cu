@@ -204,8 +204,9 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 }
 
 // ---------------------------------------------------------------- the GEMV, on tensor cores
-// Q4_K and Q5_K (Q6_K: gemv_q6k_fma_kernel below). One CTA per 16 output rows; its kKqWarps warps split the row's super-blocks (warp w takes
-// w, w + kKqWarps, ...) and add their sums through shared memory at the end. Each super-block
+// Q4_K and Q5_K (Q6_K: gemv_q6k_fma_kernel below). One CTA per 16 output rows; its kKqWarps
+// warps split the rows' super-blocks (warp w takes w, w + kKqWarps, ...) and add their sums
+// through shared memory at the end. Each super-block
 // is a series of m16n8k16 mmas, A = 16 weight rows x 16 k (one run: all 16 values share a
 // scale), B = 16 k x 8 tokens of x (a second n-tile for m > 8), f32 accumulation:
 // - lane (g, t) supplies weight rows g and g + 8 at the k-slots {2t, 2t + 1, 2t + 8, 2t + 9},
@@ -228,7 +229,7 @@ template <typename T> __device__ __forceinline__ float kq_magic() {
     return std::is_same<T, __half>::value ? 1024.f : 128.f;
 }
 // Bytes (0, 2) and (1, 3) of v, each masked by MASK (per byte: 0x0F for nibbles, 0xFF for
-// assembled values below 64), under the magic: the A fragment's even and odd pairs.
+// assembled 5-bit values), under the magic: the A fragment's even and odd pairs.
 template <typename T, uint32_t MASK> __device__ __forceinline__ uint32_t kq_even(uint32_t v) {
     return and_or<MASK * 0x00010001u, Bits<T>::magic>(v);
 }
