@@ -31,13 +31,11 @@ pub struct Engine<T: RunDType> {
     pub use_graph: bool,
 }
 
-/// [`EngineError::Invalid`] naming `--quant` for the modes that do not run tensor-parallel
-/// yet: W8A8 (its fused norms sit where the all-reduce goes) and a GGUF file's own blocks
-/// (requantise them: `q8_0`, `q4_0`, `int8`, `int4`).
+/// [`EngineError::Invalid`] naming `--quant` for the mode that does not run tensor-parallel
+/// yet: W8A8 (its fused norms sit where the all-reduce goes).
 pub fn tp_quant_check(quant: Quant) -> Result<()> {
     let why = match quant {
         Quant::W8A8 => "w8a8 does not run tensor-parallel yet (its fused norms sit where the all-reduce goes); use int8, int4, q8_0 or q4_0",
-        Quant::Gguf => "a GGUF file's own blocks are not split across GPUs yet: pass --quant q8_0, q4_0, int8 or int4 (requantised from its values) or none",
         _ => return Ok(()),
     };
     Err(EngineError::invalid("--quant", why))

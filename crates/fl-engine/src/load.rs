@@ -231,7 +231,10 @@ fn load_plan<T: RunDType>(m: &Loaded, shard: Shard) -> Result<(Quant, u64)> {
     };
     Ok(match &plan {
         Some(p) => {
-            for line in crate::gguf::native::notices(p) {
+            for line in crate::gguf::native::notices(p)
+                .into_iter()
+                .chain(crate::gguf::native::shard_notices(p, shard.size))
+            {
                 eprintln!("note: {line}");
             }
             let total = crate::gguf::native::weight_bytes(p, &m.cfg, dtype_bytes);

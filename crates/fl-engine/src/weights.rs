@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use fl_kernels::cudarc::driver::CudaStream;
-use fl_kernels::gemv::QuantWeight;
+use fl_kernels::gemv::{QuantFormat, QuantWeight};
 use fl_kernels::rope;
 use fl_kernels::DeviceTensor;
 
@@ -254,11 +254,29 @@ impl<'a> Loader<'a, '_> {
         }
         match native::stack_form(&types) {
             Form::Dense => Ok(Linear::Dense(self.stacked(parts, sel)?)),
-            Form::Native(_) if !self.shard.is_single() => Err(crate::EngineError::invalid(
-                "--tp",
-                "`--quant gguf` keeps the file's blocks, which are not split across GPUs yet: \
-                 load the GGUF with --quant q8_0, q4_0, int8 or int4 (requantised from its values)",
-            )),
+            // One rank of several: its rows (whole rows of blocks) and, for o and down, its
+            // columns, as the file's blocks where the columns fall on whole blocks; otherwise
+            // its exact values requantised to Q8_0 (32-value blocks), or dense
+            // (native::shard_notices says which).
+            Form::Native(format) if !self.shard.is_single() => {
+                let q8 = QuantFormat::Q8_0;
+                if native::cols_on_blocks(format, sel.cols.as_ref()) {
+                    let whole = native::stacked_host(f, parts, format, None, self.head_dim)?;
+                    let q = native::select_host(&whole, sel.rows, sel.cols.clone())?;
+                    let w = QuantWeight::upload(self.stream, &q)?;
+                    self.tick(w.num_bytes());
+                    Ok(Linear::WeightOnly(w))
+                } else if native::cols_on_blocks(q8, sel.cols.as_ref()) {
+                    let (v, rows, k) =
+                        self.selected(parts, sel, |ld, name, shape| ld.host_f32(name, shape))?;
+                    let lin =
+                        linear::quantize_linear(self.stream, &v, rows, k, Quant::WeightOnly(q8))?;
+                    self.tick(lin.num_bytes());
+                    Ok(lin)
+                } else {
+                    Ok(Linear::Dense(self.stacked(parts, sel)?))
+                }
+            }
             Form::Native(format) => {
                 let q = native::stacked_host(f, parts, format, sel.rows, self.head_dim)?;
                 let w = QuantWeight::upload(self.stream, &q)?;
@@ -472,9 +490,12 @@ impl<T: RunDType> Weights<T> {
     /// straddles two ranks (`quant` is checked against the rank's shapes). `cfg` is the whole
     /// model's config.
     ///
+    /// In [`Quant::Gguf`] a rank keeps the file's blocks of its rows and, for o and down, of its
+    /// columns where they fall on whole blocks (else its exact values requantised to Q8_0, or
+    /// dense: [`crate::gguf::native::shard_notices`]).
+    ///
     /// Errors: those of [`Weights::load_quant`]; [`EngineError::Invalid`](crate::EngineError::Invalid)
-    /// naming `--tp` when `shard` does not split `cfg` ([`Shard::check`]) or for `--quant gguf`'s
-    /// native blocks on more than one rank.
+    /// naming `--tp` when `shard` does not split `cfg` ([`Shard::check`]).
     pub fn load_shard(
         stream: &Arc<CudaStream>,
         cfg: &ModelConfig,

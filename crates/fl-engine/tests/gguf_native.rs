@@ -315,3 +315,72 @@ fn dense_path_is_the_files_exact_values() {
         assert_eq!(&got, v, "{name}");
     }
 }
+
+/// One tensor-parallel rank's part of a weight in the file's blocks (`native::select_host`):
+/// any subset of rows in any order and whole-block columns give exactly the same values as
+/// the whole weight's dequantisation, selected; columns that cut a block are refused, naming
+/// them. Every format the GEMV keeps from a file.
+#[test]
+fn shard_parts_keep_the_files_blocks_exactly() {
+    let mut r = rng("shard_parts");
+    let (n, k) = (7, 768);
+    let w = normal(&mut r, n * k, 0.03);
+    let rows = [6usize, 0, 3, 4];
+    for (format, block) in [
+        (QuantFormat::Q8_0, 32),
+        (QuantFormat::Q4_0, 32),
+        (QuantFormat::Q4_K, 256),
+        (QuantFormat::Q5_K, 256),
+        (QuantFormat::Q6_K, 256),
+    ] {
+        let q = fl_kernels::gemv::quantize(&w, n, k, format).expect("quantize");
+        let whole = fl_kernels::reference::gemv::dequantize(&q);
+        for cols in [0..k, block..k, 0..2 * block, block..3 * block] {
+            let part = native::select_host(&q, Some(&rows), Some(cols.clone())).expect("select");
+            assert_eq!((part.n(), part.k()), (rows.len(), cols.len()));
+            let got = fl_kernels::reference::gemv::dequantize(&part);
+            let want: Vec<f64> = rows
+                .iter()
+                .flat_map(|&row| whole[row * k + cols.start..row * k + cols.end].to_vec())
+                .collect();
+            assert_eq!(got, want, "{} rows {rows:?} cols {cols:?}", format.name());
+        }
+        // All rows, all columns: the weight itself.
+        let all = native::select_host(&q, None, None).expect("all");
+        assert_eq!(all.data(), q.data());
+        // Columns that cut a block, and a row past the end.
+        let cut = block / 2..k;
+        let e = native::select_host(&q, None, Some(cut.clone())).expect_err("cut block");
+        assert!(
+            e.to_string().contains(&format!("{cut:?}")),
+            "{}: {e}",
+            format.name()
+        );
+        let e = native::select_host(&q, Some(&[n]), None).expect_err("row past the end");
+        assert!(e.to_string().contains("row 7"), "{}: {e}", format.name());
+        assert!(native::cols_on_blocks(format, Some(&(block..2 * block))));
+        assert!(!native::cols_on_blocks(format, Some(&(0..block + 16))));
+    }
+}
+
+/// At `--tp 2` the tiny K-quant model's o projection (128 columns per rank) cuts its Q4_K
+/// blocks and goes to Q8_0; down (256 per rank) keeps its Q6_K blocks; nothing changes at
+/// `--tp 1`.
+#[test]
+fn shard_notices_name_the_column_splits_that_cut_blocks() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("m.gguf");
+    let cfg = kquant_config();
+    write_llama(&path, &cfg, q4_k_m);
+    let f = GgufFile::open(&path).expect("open");
+    let plan = native::plan(&f, &cfg).expect("plan");
+    assert!(native::shard_notices(&plan, 1).is_empty());
+    let n = native::shard_notices(&plan, 2);
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert!(
+        n[0].starts_with("q4_k tensor blk.0.attn_output.weight and 1 more: 128 columns")
+            && n[0].contains("q8_0"),
+        "{}",
+        n[0]
+    );
+}

@@ -1,8 +1,9 @@
 //! Tensor parallelism on two GPUs against one GPU: random LLaMA-shaped checkpoints (GQA with
 //! key/value heads split, key/value heads replicated, Qwen2 biases, a vocabulary that does not
 //! split), teacher-forced logits of several requests chunked and decoded together (CUDA
-//! graphs with the NCCL calls captured), greedy and seeded sampled tokens, quantised shards,
-//! and a rank that fails mid-collective stopping the group without a hang.
+//! graphs with the NCCL calls captured), greedy and seeded sampled tokens, quantised shards, a
+//! GGUF file's own blocks split, and a rank that fails mid-collective stopping the group
+//! without a hang.
 //!
 //! Needs two GPUs: skipped with a notice otherwise, a failure with `FL_REQUIRE_TP=1`.
 
@@ -25,6 +26,9 @@ use safetensors::Dtype;
 #[allow(dead_code)] // this binary uses `serial` only
 mod common;
 use common::serial;
+
+#[allow(dead_code)] // this binary writes one K-quant file
+mod gguf_file;
 
 /// Whether two GPUs and NCCL are here; `FL_REQUIRE_TP=1` makes their absence a failure.
 fn two_gpus(test: &str) -> bool {
@@ -237,16 +241,29 @@ fn compare<T: RunDType>(spec: &Spec, quant: &str, tol: f64, exact_tokens: bool) 
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     write_checkpoint(dir.path(), spec);
+    let label = format!("{quant} ({}, kv heads {})", spec.model_type, spec.kv_heads);
+    compare_model::<T>(dir.path(), spec.vocab, quant, &label, tol, exact_tokens);
+}
+
+/// `--tp 2` against `--tp 1` on the model at `path` loaded in mode `quant` ([`compare`]).
+fn compare_model<T: RunDType>(
+    path: &Path,
+    vocab: usize,
+    quant: &str,
+    label: &str,
+    tol: f64,
+    exact_tokens: bool,
+) {
     let loaded =
-        Arc::new(load::resolve(dir.path().to_str().expect("utf-8 path"), quant).expect("resolve"));
+        Arc::new(load::resolve(path.to_str().expect("utf-8 path"), quant).expect("resolve"));
     let (one, _) = {
         let mut e = load::any_engine::<T>(&loaded, 1, true).expect("tp 1");
-        run(&mut e, spec.vocab)
+        run(&mut e, vocab)
     };
     let (two, graphs) = {
         let mut e = load::any_engine::<T>(&loaded, 2, true).expect("tp 2");
         assert_eq!(e.tp(), 2);
-        run(&mut e, spec.vocab)
+        run(&mut e, vocab)
     };
     assert!(graphs > 0, "no tensor-parallel step replayed a CUDA graph");
     let mut worst = 0f64;
@@ -268,16 +285,12 @@ fn compare<T: RunDType>(spec: &Spec, quant: &str, tol: f64, exact_tokens: bool) 
     }
     assert!(
         worst <= tol,
-        "{} {quant} ({}, kv heads {}): logits rel L2 --tp 2 vs --tp 1 {worst:.2e} > {tol:.0e}",
-        T::NAME,
-        spec.model_type,
-        spec.kv_heads
+        "{} {label}: logits rel L2 --tp 2 vs --tp 1 {worst:.2e} > {tol:.0e}",
+        T::NAME
     );
     eprintln!(
-        "{} {quant} {} kv {}: worst rel L2 {worst:.2e} (bound {tol:.0e})",
-        T::NAME,
-        spec.model_type,
-        spec.kv_heads
+        "{} {label}: worst rel L2 {worst:.2e} (bound {tol:.0e})",
+        T::NAME
     );
 }
 
@@ -355,6 +368,23 @@ fn tp2_quantised_shards_match_tp1() {
     ] {
         compare::<f16>(&spec, q, tol, false);
     }
+}
+
+/// A GGUF file's own blocks split over two GPUs (`--quant auto` = gguf): Q4_K_M's mix on the
+/// tiny K-quant shape. Each rank keeps its rows' blocks; down's 256 columns per rank keep their
+/// Q6_K blocks, o's 128 cut its Q4_K blocks and are requantised to Q8_0 per rank (the bound of
+/// the q8_0 shards above).
+#[test]
+fn tp2_gguf_blocks_match_tp1() {
+    if !two_gpus("tp2_gguf_blocks_match_tp1") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("q4_k_m.gguf");
+    let cfg = gguf_file::kquant_config();
+    gguf_file::write_llama(&path, &cfg, gguf_file::q4_k_m);
+    compare_model::<f16>(&path, cfg.vocab_size, "auto", "gguf q4_k_m", 3e-2, false);
 }
 
 #[test]

@@ -246,6 +246,71 @@ pub fn notices(plan: &[Projection]) -> Vec<String> {
         .collect()
 }
 
+/// What changes when `plan` runs on `tp` GPUs: o and down are split by columns (each rank
+/// keeps `k / tp` of them), and a rank keeps the file's blocks only where its columns fall on
+/// whole blocks ([`cols_on_blocks`]); otherwise the rank's exact values are requantised to Q8_0
+/// (32-value blocks), or held dense when even those do not fit. One line per (type, outcome),
+/// as [`notices`]; empty for `tp <= 1` or when every split falls on blocks.
+///
+/// ```
+/// use fl_engine::gguf::native::{shard_notices, Form, Projection};
+/// use fl_engine::gguf::GgmlType::Q4_K;
+/// use fl_kernels::gemv::QuantFormat;
+/// // llama-2-7b's down projection: 11,008 columns, 5,504 per GPU at --tp 2 (not 256-aligned).
+/// let down = Projection {
+///     layer: 0,
+///     parts: vec![("blk.0.ffn_down.weight".into(), Q4_K, 4096)],
+///     k: 11008,
+///     form: Form::Native(QuantFormat::Q4_K),
+/// };
+/// let n = shard_notices(&[down], 2);
+/// assert_eq!(n.len(), 1);
+/// assert!(n[0].contains("q8_0") && n[0].contains("5504"), "{}", n[0]);
+/// ```
+pub fn shard_notices(plan: &[Projection], tp: usize) -> Vec<String> {
+    if tp <= 1 {
+        return Vec::new();
+    }
+    let mut seen: Vec<((QuantFormat, bool), (usize, String, usize))> = Vec::new();
+    for p in plan {
+        let Form::Native(format) = p.form else {
+            continue;
+        };
+        let row_parallel = p.parts.len() == 1
+            && (p.parts[0].0.ends_with("attn_output.weight")
+                || p.parts[0].0.ends_with("ffn_down.weight"));
+        let cols = p.k / tp;
+        if !row_parallel || cols_on_blocks(format, Some(&(0..cols))) {
+            continue;
+        }
+        let q8 = cols_on_blocks(QuantFormat::Q8_0, Some(&(0..cols)));
+        match seen.iter_mut().find(|(key, _)| *key == (format, q8)) {
+            Some((_, (n, _, _))) => *n += 1,
+            None => seen.push(((format, q8), (1, p.parts[0].0.clone(), cols))),
+        }
+    }
+    seen.into_iter()
+        .map(|((format, q8), (n, first, cols))| {
+            let more = if n > 1 {
+                format!(" and {} more", n - 1)
+            } else {
+                String::new()
+            };
+            let to = if q8 {
+                "requantised to q8_0 from its exact values"
+            } else {
+                "dense"
+            };
+            format!(
+                "{} tensor {first}{more}: {cols} columns per GPU at --tp {tp} are not whole \
+                 {}-value blocks: each rank's part {to}",
+                format.name(),
+                format.k_multiple()
+            )
+        })
+        .collect()
+}
+
 /// The kernels' ggml type of a file tensor.
 fn ktype(t: &TensorInfo) -> Result<KType> {
     KType::from_id(t.ggml_type.id()).map_err(|_| {
@@ -322,6 +387,87 @@ pub fn tensor_f32(f: &GgufFile, name: &str, shape: &[usize], head_dim: usize) ->
             .collect();
     }
     Ok(out)
+}
+
+/// Whether one rank's columns `cols` of a `[_, k]` weight in `format` start and end on whole
+/// blocks (32 values for Q8_0 / Q4_0, 256 for the K-quants), so that the rank can keep the
+/// file's blocks ([`select_host`]); `None` (every column) always does.
+pub fn cols_on_blocks(format: QuantFormat, cols: Option<&std::ops::Range<usize>>) -> bool {
+    let b = format.k_multiple();
+    cols.is_none_or(|c| c.start % b == 0 && c.end % b == 0)
+}
+
+/// Rows `rows` of `q` (indices into its rows, in that order, any subset; `None`: all) and, of
+/// each, the columns `cols` (`None`: all): one tensor-parallel rank's part of a weight in the
+/// file's blocks, bytes copied. Exact: a block holds its own scales, so whole blocks of a row
+/// dequantise to the same values wherever they sit.
+///
+/// Errors: [`GgufError::BadShape`] naming the row index or the column range when a row lies
+/// outside `q`, or the columns leave `0..k` or do not fall on whole blocks
+/// ([`cols_on_blocks`]).
+///
+/// ```
+/// use fl_engine::gguf::native::select_host;
+/// use fl_kernels::gemv::{self, QuantFormat};
+/// let (n, k) = (4, 64);
+/// let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 - 3.0).collect();
+/// let q = gemv::quantize(&w, n, k, QuantFormat::Q8_0)?;
+/// let part = select_host(&q, Some(&[3, 1]), Some(32..64))?;
+/// assert_eq!((part.n(), part.k()), (2, 32));
+/// assert_eq!(part.data(), &q.data()[3 * 68 + 34..4 * 68]
+///     .iter()
+///     .chain(&q.data()[68 + 34..2 * 68])
+///     .copied()
+///     .collect::<Vec<u8>>()[..]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn select_host(
+    q: &QuantizedHost,
+    rows: Option<&[usize]>,
+    cols: Option<std::ops::Range<usize>>,
+) -> Result<QuantizedHost> {
+    let (n, k, format) = (q.n(), q.k(), q.format());
+    let bad = |reason: String| GgufError::BadShape {
+        tensor: "shard".into(),
+        reason,
+    };
+    let cols = cols.unwrap_or(0..k);
+    if cols.start > cols.end || cols.end > k || !cols_on_blocks(format, Some(&cols)) {
+        return Err(bad(format!(
+            "columns {cols:?} of {k}: a {} shard needs whole blocks of {} values",
+            format.name(),
+            format.k_multiple()
+        ))
+        .into());
+    }
+    let row_bytes = format.data_bytes(1, k);
+    let (from, to) = (
+        format.data_bytes(1, cols.start),
+        format.data_bytes(1, cols.end),
+    );
+    let all: Vec<usize>;
+    let rows = match rows {
+        Some(r) => r,
+        None => {
+            all = (0..n).collect();
+            &all
+        }
+    };
+    let mut data = Vec::with_capacity(rows.len() * (to - from));
+    for &r in rows {
+        if r >= n {
+            return Err(bad(format!("row {r} of a {n}-row weight")).into());
+        }
+        data.extend_from_slice(&q.data()[r * row_bytes + from..r * row_bytes + to]);
+    }
+    Ok(QuantizedHost::new(
+        format,
+        rows.len(),
+        cols.len(),
+        data,
+        Scales::None,
+        Vec::new(),
+    )?)
 }
 
 /// The weight stacked from `parts` (Hugging Face names, row-major `[rows_i, k]` shapes) in
