@@ -237,7 +237,16 @@ fn load_plan<T: RunDType>(m: &Loaded, shard: Shard) -> Result<(Quant, u64)> {
             {
                 eprintln!("note: {line}");
             }
-            let total = crate::gguf::native::weight_bytes(p, &m.cfg, dtype_bytes);
+            let mut total = crate::gguf::native::weight_bytes(p, &m.cfg, dtype_bytes);
+            if !shard.is_single() {
+                // One rank's part, for the progress bar: the whole file's bytes scaled by the
+                // rank's share of the parameters.
+                let (part, whole) = (
+                    shard.local_config(&m.cfg).param_count(),
+                    m.cfg.param_count().max(1),
+                );
+                total = (total as u128 * part as u128 / whole as u128) as u64;
+            }
             (Quant::Gguf, total)
         }
         None => {
