@@ -271,7 +271,15 @@ pub fn shard_notices(plan: &[Projection], tp: usize) -> Vec<String> {
     if tp <= 1 {
         return Vec::new();
     }
-    let mut seen: Vec<((QuantFormat, bool), (usize, String, usize))> = Vec::new();
+    // One entry per (format, outcome): the count, the first tensor, its columns per rank.
+    struct Split {
+        format: QuantFormat,
+        q8: bool,
+        count: usize,
+        first: String,
+        cols: usize,
+    }
+    let mut seen: Vec<Split> = Vec::new();
     for p in plan {
         let Form::Native(format) = p.form else {
             continue;
@@ -284,28 +292,36 @@ pub fn shard_notices(plan: &[Projection], tp: usize) -> Vec<String> {
             continue;
         }
         let q8 = cols_on_blocks(QuantFormat::Q8_0, Some(&(0..cols)));
-        match seen.iter_mut().find(|(key, _)| *key == (format, q8)) {
-            Some((_, (n, _, _))) => *n += 1,
-            None => seen.push(((format, q8), (1, p.parts[0].0.clone(), cols))),
+        match seen.iter_mut().find(|e| e.format == format && e.q8 == q8) {
+            Some(e) => e.count += 1,
+            None => seen.push(Split {
+                format,
+                q8,
+                count: 1,
+                first: p.parts[0].0.clone(),
+                cols,
+            }),
         }
     }
     seen.into_iter()
-        .map(|((format, q8), (n, first, cols))| {
-            let more = if n > 1 {
-                format!(" and {} more", n - 1)
+        .map(|e| {
+            let more = if e.count > 1 {
+                format!(" and {} more", e.count - 1)
             } else {
                 String::new()
             };
-            let to = if q8 {
+            let to = if e.q8 {
                 "requantised to q8_0 from its exact values"
             } else {
                 "dense"
             };
             format!(
-                "{} tensor {first}{more}: {cols} columns per GPU at --tp {tp} are not whole \
-                 {}-value blocks: each rank's part {to}",
-                format.name(),
-                format.k_multiple()
+                "{} tensor {}{more}: {} columns per GPU at --tp {tp} are not whole {}-value \
+                 blocks: each rank's part {to}",
+                e.format.name(),
+                e.first,
+                e.cols,
+                e.format.k_multiple()
             )
         })
         .collect()
