@@ -45,14 +45,19 @@ fn tensor_and_stack_forms() {
     assert_eq!(stack_form(&[]), Form::Dense);
 }
 
-#[test]
-fn plan_names_each_projection_form_and_the_notices() {
+/// `native::plan` of the tiny K-quant model written with projection types `ty`.
+fn plan_of(ty: impl Fn(&str) -> fl_engine::gguf::GgmlType) -> Vec<native::Projection> {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("m.gguf");
-    let cfg = kquant_config();
-    write_llama(&path, &cfg, mixed);
+    write_llama(&path, &kquant_config(), ty);
     let f = GgufFile::open(&path).expect("open");
-    let plan = native::plan(&f, &cfg).expect("plan");
+    native::plan(&f, &kquant_config()).expect("plan")
+}
+
+#[test]
+fn plan_names_each_projection_form_and_the_notices() {
+    let cfg = kquant_config();
+    let plan = plan_of(mixed);
     let forms: Vec<(usize, Form)> = plan.iter().map(|p| (p.layer, p.form)).collect();
     let q = Form::Native;
     assert_eq!(
@@ -115,16 +120,14 @@ fn plan_names_each_projection_form_and_the_notices() {
     assert!(Quant::Gguf.weight_bytes(&cfg, 2) <= native::weight_bytes(&plan, &cfg, 2));
 
     // A file whose stacks all hold one type says nothing.
-    let path2 = dir.path().join("q4_k_m.gguf");
-    write_llama(&path2, &cfg, |n| {
+    let one_type = plan_of(|n| {
         if n.ends_with("_proj.weight") {
             Q4_K
         } else {
             F32
         }
     });
-    let f2 = GgufFile::open(&path2).expect("open");
-    assert!(native::notices(&native::plan(&f2, &cfg).expect("plan")).is_empty());
+    assert!(native::notices(&one_type).is_empty());
 }
 
 #[test]
@@ -368,12 +371,7 @@ fn shard_parts_keep_the_files_blocks_exactly() {
 /// `--tp 1`.
 #[test]
 fn shard_notices_name_the_column_splits_that_cut_blocks() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("m.gguf");
-    let cfg = kquant_config();
-    write_llama(&path, &cfg, q4_k_m);
-    let f = GgufFile::open(&path).expect("open");
-    let plan = native::plan(&f, &cfg).expect("plan");
+    let plan = plan_of(q4_k_m);
     assert!(native::shard_notices(&plan, 1).is_empty());
     let n = native::shard_notices(&plan, 2);
     assert_eq!(n.len(), 1, "{n:?}");
