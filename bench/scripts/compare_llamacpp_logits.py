@@ -65,8 +65,16 @@ def main():
     forced = inp.get("forced") or fl["tokens"]
 
     def rows(out):
-        """fl's logits per prompt: prefill (after the prompt), then step k fed token k - 1."""
-        return [[out["prefill"][p]] + [out["steps"][k][p] for k in range(steps)] for p in range(len(prompts))]
+        """fl's logits per prompt: prefill (after the prompt), then step k fed token k - 1, as
+        one [prompts, steps + 1, vocab] f64 array."""
+        r = [[out["prefill"][p]] + [out["steps"][k][p] for k in range(steps)] for p in range(len(prompts))]
+        return np.asarray(r, dtype=np.float64)
+
+    def compare(a, b):
+        """Per prompt and position: whether a's top-1 is b's, and a's relative L2 from b."""
+        top = np.argmax(a, axis=-1) == np.argmax(b, axis=-1)
+        l2 = np.linalg.norm(a - b, axis=-1) / np.maximum(np.linalg.norm(b, axis=-1), 1e-30)
+        return top, l2
 
     fl_rows = rows(fl)
     with tempfile.TemporaryDirectory() as d:
@@ -78,41 +86,26 @@ def main():
         subprocess.run([args.dump_logits, args.gguf, txt, out, str(args.ngl)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         ref = np.fromfile(out, dtype="<f4")
-    vocab = len(fl_rows[0][0])
+    vocab = fl_rows.shape[-1]
     ref = ref.reshape(len(prompts), steps + 1, vocab)
     if args.save_ref:
         np.save(args.save_ref, ref)
-    agree, total, worst = 0, 0, 0.0
-    per_step = []
+    ref = ref.astype(np.float64)
+    top, l2 = compare(fl_rows, ref)
     for k in range(steps + 1):
-        a, l2 = 0, []
-        for p in range(len(prompts)):
-            x = np.asarray(fl_rows[p][k], dtype=np.float64)
-            y = ref[p, k].astype(np.float64)
-            a += int(np.argmax(x) == np.argmax(y))
-            l2.append(float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30)))
-        per_step.append((k, a, len(prompts), max(l2), sum(l2) / len(l2)))
-        agree += a
-        total += len(prompts)
-        worst = max(worst, max(l2))
-    for k, a, n, mx, mean in per_step:
-        print(f"step {k}: top-1 {a}/{n}, rel L2 max {mx:.3e} mean {mean:.3e}")
+        print(f"step {k}: top-1 {int(top[:, k].sum())}/{len(prompts)}, "
+              f"rel L2 max {l2[:, k].max():.3e} mean {l2[:, k].mean():.3e}")
+    agree, total = int(top.sum()), top.size
     print(f"summary: top-1 agreement {agree}/{total} ({100.0 * agree / total:.2f}%), "
-          f"rel L2 max {worst:.3e}, {len(prompts)} prompts x {steps + 1} positions, vocab {vocab}")
+          f"rel L2 max {l2.max():.3e}, {len(prompts)} prompts x {steps + 1} positions, vocab {vocab}")
     if args.vs_f16:
         fl16 = rows(json.load(open(args.vs_f16[0])))
-        ref16 = np.load(args.vs_f16[1])
-        fl_q = [[np.asarray(fl_rows[p][k], dtype=np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
-        fl_f = [[np.asarray(fl16[p][k], dtype=np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
-        ll_q = [[ref[p, k].astype(np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
-        ll_f = [[ref16[p, k].astype(np.float64) for k in range(steps + 1)] for p in range(len(prompts))]
+        ref16 = np.load(args.vs_f16[1]).astype(np.float64)
         parts = []
-        for name, a, b in (("fl vs fl F16", fl_q, fl_f), ("llama.cpp vs llama.cpp F16", ll_q, ll_f),
-                           ("fl vs llama.cpp", fl_q, ll_q)):
-            t1 = sum(int(np.argmax(a[p][k]) == np.argmax(b[p][k])) for p in range(len(prompts)) for k in range(steps + 1))
-            l2 = [float(np.linalg.norm(a[p][k] - b[p][k]) / max(np.linalg.norm(b[p][k]), 1e-30))
-                  for p in range(len(prompts)) for k in range(steps + 1)]
-            parts.append(f"{name}: top-1 {t1}/{total}, rel L2 mean {sum(l2) / len(l2):.3e} max {max(l2):.3e}")
+        for name, a, b in (("fl vs fl F16", fl_rows, fl16), ("llama.cpp vs llama.cpp F16", ref, ref16),
+                           ("fl vs llama.cpp", fl_rows, ref)):
+            t1, d = compare(a, b)
+            parts.append(f"{name}: top-1 {int(t1.sum())}/{total}, rel L2 mean {d.mean():.3e} max {d.max():.3e}")
         print("quantisation: " + "; ".join(parts))
     return 0 if agree == total else 1
 
