@@ -206,9 +206,9 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 // ---------------------------------------------------------------- the GEMV, on tensor cores
 // Q4_K and Q5_K (Q6_K: gemv_q6k_fma_kernel below). One CTA per 16 output rows; its kKqWarps
 // warps split the rows' super-blocks (warp w takes w, w + kKqWarps, ...) and add their sums
-// through shared memory at the end. Each super-block
-// is a series of m16n8k16 mmas, A = 16 weight rows x 16 k (one run: all 16 values share a
-// scale), B = 16 k x 8 tokens of x (a second n-tile for m > 8), f32 accumulation:
+// through shared memory at the end. Each super-block is a series of m16n8k16 mmas, A = 16
+// weight rows x 16 k (one run: all 16 values share a scale), B = 16 k x 8 tokens of x (a
+// second n-tile for m > 8), f32 accumulation:
 // - lane (g, t) supplies weight rows g and g + 8 at the k-slots {2t, 2t + 1, 2t + 8, 2t + 9},
 //   from one 32-bit word of each row's quants: 4 bytes (Q4_K: nibbles, run 2i in the low ones
 //   and 2i + 1 in the high ones; Q5_K: the assembled 5-bit values) at positions
@@ -308,59 +308,57 @@ gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__
 
     for (int64_t sb = warp; sb < supers; sb += kKqWarps) {
         const uint8_t *ba = wa + sb * Q::bytes, *bb = wb + sb * Q::bytes;
-        {
-            constexpr int QS = F == FL_GEMV_Q4_K ? 16 : 48;  // qs's offset
-            const uint4 ha = __ldg(reinterpret_cast<const uint4 *>(ba));
-            const uint4 hb = __ldg(reinterpret_cast<const uint4 *>(bb));
-            uint2 qa[4], qb[4], ea = make_uint2(0u, 0u), eb = make_uint2(0u, 0u);
+        constexpr int QS = F == FL_GEMV_Q4_K ? 16 : 48;  // qs's offset
+        const uint4 ha = __ldg(reinterpret_cast<const uint4 *>(ba));
+        const uint4 hb = __ldg(reinterpret_cast<const uint4 *>(bb));
+        uint2 qa[4], qb[4], ea = make_uint2(0u, 0u), eb = make_uint2(0u, 0u);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                qa[i] = __ldg(reinterpret_cast<const uint2 *>(ba + QS + 32 * i + 8 * t));
-                qb[i] = __ldg(reinterpret_cast<const uint2 *>(bb + QS + 32 * i + 8 * t));
+        for (int i = 0; i < 4; ++i) {
+            qa[i] = __ldg(reinterpret_cast<const uint2 *>(ba + QS + 32 * i + 8 * t));
+            qb[i] = __ldg(reinterpret_cast<const uint2 *>(bb + QS + 32 * i + 8 * t));
+        }
+        if constexpr (F == FL_GEMV_Q5_K) {
+            ea = __ldg(reinterpret_cast<const uint2 *>(ba + 16 + 8 * t));
+            eb = __ldg(reinterpret_cast<const uint2 *>(bb + 16 + 8 * t));
+        }
+        const float da = half_bits(ha.x), dma = half_bits(ha.x >> 16);
+        const float db = half_bits(hb.x), dmb = half_bits(hb.x >> 16);
+        const uint32_t sa3[3] = {ha.y, ha.z, ha.w}, sb3[3] = {hb.y, hb.z, hb.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            // x of runs 2i (positions 64 i + 8t..) and 2i + 1 (64 i + 32 + 8t..): words
+            // c = 0 (positions +0..3) and c = 1 (+4..7) of each.
+            uint32_t bl[NT][2][2], bh[NT][2][2];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const T *xs = xr[j] + (sb << 8) + 64 * i + 8 * t;
+                const uint4 lo = ldg16_or0(xs, xv[j]), hi = ldg16_or0(xs + 32, xv[j]);
+                kq_b(lo.x, lo.y, bl[j][0][0], bl[j][0][1]);
+                kq_b(lo.z, lo.w, bl[j][1][0], bl[j][1][1]);
+                kq_b(hi.x, hi.y, bh[j][0][0], bh[j][0][1]);
+                kq_b(hi.z, hi.w, bh[j][1][0], bh[j][1][1]);
             }
-            if constexpr (F == FL_GEMV_Q5_K) {
-                ea = __ldg(reinterpret_cast<const uint2 *>(ba + 16 + 8 * t));
-                eb = __ldg(reinterpret_cast<const uint2 *>(bb + 16 + 8 * t));
-            }
-            const float da = half_bits(ha.x), dma = half_bits(ha.x >> 16);
-            const float db = half_bits(hb.x), dmb = half_bits(hb.x >> 16);
-            const uint32_t sa3[3] = {ha.y, ha.z, ha.w}, sb3[3] = {hb.y, hb.z, hb.w};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                // x of runs 2i (positions 64 i + 8t..) and 2i + 1 (64 i + 32 + 8t..): words
-                // c = 0 (positions +0..3) and c = 1 (+4..7) of each.
-                uint32_t bl[NT][2][2], bh[NT][2][2];
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const T *xs = xr[j] + (sb << 8) + 64 * i + 8 * t;
-                    const uint4 lo = ldg16_or0(xs, xv[j]), hi = ldg16_or0(xs + 32, xv[j]);
-                    kq_b(lo.x, lo.y, bl[j][0][0], bl[j][0][1]);
-                    kq_b(lo.z, lo.w, bl[j][1][0], bl[j][1][1]);
-                    kq_b(hi.x, hi.y, bh[j][0][0], bh[j][0][1]);
-                    kq_b(hi.z, hi.w, bh[j][1][0], bh[j][1][1]);
-                }
-#pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    uint32_t sca, mna, scb, mnb;
-                    scale_min_k4(2 * i + r, sa3, sca, mna);
-                    scale_min_k4(2 * i + r, sb3, scb, mnb);
-                    const float s_a = da * (float)sca, s_b = db * (float)scb;
-                    const float c_a = fmaf(s_a, magic, dma * (float)mna), c_b = fmaf(s_b, magic, dmb * (float)mnb);
-                    uint32_t va[2], vb[2];
-                    if constexpr (F == FL_GEMV_Q4_K) {
-                        // Low nibbles (run 2i) in place, high nibbles (2i + 1) shifted down.
-                        va[0] = qa[i].x >> (4 * r), va[1] = qa[i].y >> (4 * r);
-                        vb[0] = qb[i].x >> (4 * r), vb[1] = qb[i].y >> (4 * r);
-                        kq_run<T, NT, 2, 0x0Fu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
-                    } else {
-                        // Q5_K: the nibble plus bit 2i + r of the qh byte as bit 4.
-                        const int hs = 2 * i + r;
-                        va[0] = ((qa[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.x >> hs) & 0x01010101u) << 4);
-                        va[1] = ((qa[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.y >> hs) & 0x01010101u) << 4);
-                        vb[0] = ((qb[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.x >> hs) & 0x01010101u) << 4);
-                        vb[1] = ((qb[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.y >> hs) & 0x01010101u) << 4);
-                        kq_run<T, NT, 2, 0xFFu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
-                    }
+            for (int r = 0; r < 2; ++r) {
+                uint32_t sca, mna, scb, mnb;
+                scale_min_k4(2 * i + r, sa3, sca, mna);
+                scale_min_k4(2 * i + r, sb3, scb, mnb);
+                const float s_a = da * (float)sca, s_b = db * (float)scb;
+                const float c_a = fmaf(s_a, magic, dma * (float)mna), c_b = fmaf(s_b, magic, dmb * (float)mnb);
+                uint32_t va[2], vb[2];
+                if constexpr (F == FL_GEMV_Q4_K) {
+                    // Low nibbles (run 2i) in place, high nibbles (2i + 1) shifted down.
+                    va[0] = qa[i].x >> (4 * r), va[1] = qa[i].y >> (4 * r);
+                    vb[0] = qb[i].x >> (4 * r), vb[1] = qb[i].y >> (4 * r);
+                    kq_run<T, NT, 2, 0x0Fu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
+                } else {
+                    // Q5_K: the nibble plus bit 2i + r of the qh byte as bit 4.
+                    const int hs = 2 * i + r;
+                    va[0] = ((qa[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.x >> hs) & 0x01010101u) << 4);
+                    va[1] = ((qa[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((ea.y >> hs) & 0x01010101u) << 4);
+                    vb[0] = ((qb[i].x >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.x >> hs) & 0x01010101u) << 4);
+                    vb[1] = ((qb[i].y >> (4 * r)) & 0x0F0F0F0Fu) | (((eb.y >> hs) & 0x01010101u) << 4);
+                    kq_run<T, NT, 2, 0xFFu>(acc, va, vb, r ? bh : bl, s_a, c_a, s_b, c_b);
                 }
             }
         }
@@ -483,32 +481,29 @@ gemv_kquant_dequantize_kernel(const uint8_t *__restrict__ w, T *__restrict__ out
 
 namespace {
 
-template <int F, typename T, int NT> fl_status launch_kquant_tokens(const GemvArgs &a) {
-    const int64_t blocks = ceil_div(a.n, 16);
+// `kernel` over ceil(n / rows) CTAs of `warps` warps (FL_ERR_INVALID_ARGUMENT past 2^31 - 1).
+template <typename T>
+fl_status launch_gemv(void (*kernel)(const T *, const uint8_t *, T *, int, int64_t, int64_t), int rows,
+                      int warps, const GemvArgs &a) {
+    const int64_t blocks = ceil_div(a.n, rows);
     if (blocks > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
-    gemv_kquant_kernel<F, T, NT><<<(unsigned)blocks, kKqWarps * 32, 0, a.stream>>>(
-        static_cast<const T *>(a.x), static_cast<const uint8_t *>(a.w), static_cast<T *>(a.y), a.m, a.n, a.k);
-    return launch_status();
-}
-
-template <typename T, int M> fl_status launch_q6k_tokens(const GemvArgs &a) {
-    const int64_t blocks = ceil_div(a.n, kFmaWarps);
-    if (blocks > 0x7fffffffLL) return FL_ERR_INVALID_ARGUMENT;
-    gemv_q6k_fma_kernel<T, M><<<(unsigned)blocks, kFmaWarps * 32, 0, a.stream>>>(
-        static_cast<const T *>(a.x), static_cast<const uint8_t *>(a.w), static_cast<T *>(a.y), a.m, a.n, a.k);
+    kernel<<<(unsigned)blocks, warps * 32, 0, a.stream>>>(static_cast<const T *>(a.x),
+                                                         static_cast<const uint8_t *>(a.w),
+                                                         static_cast<T *>(a.y), a.m, a.n, a.k);
     return launch_status();
 }
 
 template <int F, typename T> fl_status launch_kquant_format(const GemvArgs &a) {
     if constexpr (F == FL_GEMV_Q6_K) {
-        if (a.m <= 1) return launch_q6k_tokens<T, 1>(a);
-        if (a.m <= 2) return launch_q6k_tokens<T, 2>(a);
-        if (a.m <= 4) return launch_q6k_tokens<T, 4>(a);
-        if (a.m <= 8) return launch_q6k_tokens<T, 8>(a);
-        return launch_q6k_tokens<T, 16>(a);
+        auto q6k = [&](auto kernel) { return launch_gemv<T>(kernel, kFmaWarps, kFmaWarps, a); };
+        if (a.m <= 1) return q6k(gemv_q6k_fma_kernel<T, 1>);
+        if (a.m <= 2) return q6k(gemv_q6k_fma_kernel<T, 2>);
+        if (a.m <= 4) return q6k(gemv_q6k_fma_kernel<T, 4>);
+        if (a.m <= 8) return q6k(gemv_q6k_fma_kernel<T, 8>);
+        return q6k(gemv_q6k_fma_kernel<T, 16>);
     } else {
-        if (a.m <= 8) return launch_kquant_tokens<F, T, 1>(a);
-        return launch_kquant_tokens<F, T, 2>(a);
+        if (a.m <= 8) return launch_gemv<T>(gemv_kquant_kernel<F, T, 1>, 16, kKqWarps, a);
+        return launch_gemv<T>(gemv_kquant_kernel<F, T, 2>, 16, kKqWarps, a);
     }
 }
 
