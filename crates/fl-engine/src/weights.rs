@@ -252,37 +252,28 @@ impl<'a> Loader<'a, '_> {
         for (name, _) in parts {
             types.push(f.hf_tensor(name)?.ggml_type);
         }
+        let q8 = QuantFormat::Q8_0;
         match native::stack_form(&types) {
-            Form::Dense => Ok(Linear::Dense(self.stacked(parts, sel)?)),
-            // One rank of several: its rows (whole rows of blocks) and, for o and down, its
-            // columns, as the file's blocks where the columns fall on whole blocks; otherwise
-            // its exact values requantised to Q8_0 (32-value blocks), or dense
-            // (native::shard_notices says which).
-            Form::Native(format) if !self.shard.is_single() => {
-                let q8 = QuantFormat::Q8_0;
-                if native::cols_on_blocks(format, sel.cols.as_ref()) {
-                    let whole = native::stacked_host(f, parts, format, None, self.head_dim)?;
-                    let q = native::select_host(&whole, sel.rows, sel.cols.clone())?;
-                    let w = QuantWeight::upload(self.stream, &q)?;
-                    self.tick(w.num_bytes());
-                    Ok(Linear::WeightOnly(w))
-                } else if native::cols_on_blocks(q8, sel.cols.as_ref()) {
-                    let (v, rows, k) =
-                        self.selected(parts, sel, |ld, name, shape| ld.host_f32(name, shape))?;
-                    let lin =
-                        linear::quantize_linear(self.stream, &v, rows, k, Quant::WeightOnly(q8))?;
-                    self.tick(lin.num_bytes());
-                    Ok(lin)
+            // The file's blocks: on one GPU the stack in `sel.rows`' order; on one rank of
+            // several its rows (whole rows of blocks) and, for o and down, its columns, which
+            // here fall on whole blocks.
+            Form::Native(format) if native::cols_on_blocks(format, sel.cols.as_ref()) => {
+                let q = if self.shard.is_single() {
+                    native::stacked_host(f, parts, format, sel.rows, self.head_dim)?
                 } else {
-                    Ok(Linear::Dense(self.stacked(parts, sel)?))
-                }
-            }
-            Form::Native(format) => {
-                let q = native::stacked_host(f, parts, format, sel.rows, self.head_dim)?;
+                    let whole = native::stacked_host(f, parts, format, None, self.head_dim)?;
+                    native::select_host(&whole, sel.rows, sel.cols.clone())?
+                };
                 let w = QuantWeight::upload(self.stream, &q)?;
                 self.tick(w.num_bytes());
                 Ok(Linear::WeightOnly(w))
             }
+            // A rank's columns that cut the file's blocks: its exact values requantised to Q8_0
+            // (32-value blocks), or dense (native::shard_notices says which).
+            Form::Native(_) if native::cols_on_blocks(q8, sel.cols.as_ref()) => {
+                self.linear(parts, Quant::WeightOnly(q8), sel)
+            }
+            Form::Native(_) | Form::Dense => Ok(Linear::Dense(self.stacked(parts, sel)?)),
         }
     }
 
