@@ -222,16 +222,24 @@ pub fn weight_bytes(plan: &[Projection], cfg: &ModelConfig, dtype_bytes: usize) 
 /// # let _ = Q4_K;
 /// ```
 pub fn notices(plan: &[Projection]) -> Vec<String> {
-    // (type, why) -> (count, first tensor), in first-seen order.
-    let mut seen: Vec<((GgmlType, String), (usize, String))> = Vec::new();
-    for p in plan {
-        for (name, ty, _) in &p.parts {
-            let Some(why) = p.change(*ty) else { continue };
-            let key = (*ty, why);
-            match seen.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, (n, _))) => *n += 1,
-                None => seen.push((key, (1, name.clone()))),
-            }
+    tally(plan.iter().flat_map(|p| {
+        p.parts.iter().filter_map(|(name, ty, _)| {
+            p.change(*ty)
+                .map(|why| (ty.name().to_string(), why, name.clone()))
+        })
+    }))
+}
+
+/// One line per distinct (type name, why), in first-seen order: "{type} tensor {first}[ and N
+/// more]: {why}", from (type name, why, tensor name) items.
+fn tally(items: impl Iterator<Item = (String, String, String)>) -> Vec<String> {
+    // (type, why) -> (count, first tensor).
+    let mut seen: Vec<((String, String), (usize, String))> = Vec::new();
+    for (ty, why, name) in items {
+        let key = (ty, why);
+        match seen.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, (n, _))) => *n += 1,
+            None => seen.push((key, (1, name))),
         }
     }
     seen.into_iter()
@@ -241,7 +249,7 @@ pub fn notices(plan: &[Projection]) -> Vec<String> {
             } else {
                 String::new()
             };
-            format!("{} tensor {first}{more}: {why}", ty.name())
+            format!("{ty} tensor {first}{more}: {why}")
         })
         .collect()
 }
@@ -249,8 +257,8 @@ pub fn notices(plan: &[Projection]) -> Vec<String> {
 /// What changes when `plan` runs on `tp` GPUs: o and down are split by columns (each rank
 /// keeps `k / tp` of them), and a rank keeps the file's blocks only where its columns fall on
 /// whole blocks ([`cols_on_blocks`]); otherwise the rank's exact values are requantised to Q8_0
-/// (32-value blocks), or held dense when even those do not fit. One line per (type, outcome),
-/// as [`notices`]; empty for `tp <= 1` or when every split falls on blocks.
+/// (32-value blocks), or held dense when even those do not fit. One line per (type, columns,
+/// outcome), as [`notices`]; empty for `tp <= 1` or when every split falls on blocks.
 ///
 /// ```
 /// use fl_engine::gguf::native::{shard_notices, Form, Projection};
@@ -271,60 +279,29 @@ pub fn shard_notices(plan: &[Projection], tp: usize) -> Vec<String> {
     if tp <= 1 {
         return Vec::new();
     }
-    // One entry per (format, outcome): the count, the first tensor, its columns per rank.
-    struct Split {
-        format: QuantFormat,
-        q8: bool,
-        count: usize,
-        first: String,
-        cols: usize,
-    }
-    let mut seen: Vec<Split> = Vec::new();
-    for p in plan {
+    tally(plan.iter().filter_map(|p| {
         let Form::Native(format) = p.form else {
-            continue;
+            return None;
         };
         let row_parallel = p.parts.len() == 1
             && (p.parts[0].0.ends_with("attn_output.weight")
                 || p.parts[0].0.ends_with("ffn_down.weight"));
         let cols = p.k / tp;
         if !row_parallel || cols_on_blocks(format, Some(&(0..cols))) {
-            continue;
+            return None;
         }
-        let q8 = cols_on_blocks(QuantFormat::Q8_0, Some(&(0..cols)));
-        match seen.iter_mut().find(|e| e.format == format && e.q8 == q8) {
-            Some(e) => e.count += 1,
-            None => seen.push(Split {
-                format,
-                q8,
-                count: 1,
-                first: p.parts[0].0.clone(),
-                cols,
-            }),
-        }
-    }
-    seen.into_iter()
-        .map(|e| {
-            let more = if e.count > 1 {
-                format!(" and {} more", e.count - 1)
-            } else {
-                String::new()
-            };
-            let to = if e.q8 {
-                "requantised to q8_0 from its exact values"
-            } else {
-                "dense"
-            };
-            format!(
-                "{} tensor {}{more}: {} columns per GPU at --tp {tp} are not whole {}-value \
-                 blocks: each rank's part {to}",
-                e.format.name(),
-                e.first,
-                e.cols,
-                e.format.k_multiple()
-            )
-        })
-        .collect()
+        let to = if cols_on_blocks(QuantFormat::Q8_0, Some(&(0..cols))) {
+            "requantised to q8_0 from its exact values"
+        } else {
+            "dense"
+        };
+        let why = format!(
+            "{cols} columns per GPU at --tp {tp} are not whole {}-value blocks: each rank's \
+             part {to}",
+            format.k_multiple()
+        );
+        Some((format.name(), why, p.parts[0].0.clone()))
+    }))
 }
 
 /// The kernels' ggml type of a file tensor.
