@@ -16,9 +16,9 @@
 // is ggml's dequantize_row_* bit for bit (one rounding, the subtraction). The same code runs on
 // the host (fl_gemv_dequantize_host) for the CPU tests.
 //
-// The GEMV (m = 1..16): Q4_K and Q5_K on tensor cores (gemv_kquant_kernel, one run of a scale
-// per mma; how, beside the kernel), Q6_K on CUDA cores (gemv_q6k_fma_kernel, one warp per row,
-// kq_unit per lane). The dequantisation (kq_unit) is CUDA-core code that also serves the host
+// The GEMV (m = 1..16): on tensor cores (gemv_kquant_kernel, one run of a scale per mma; how,
+// beside the kernel), except Q6_K at one token on CUDA cores (gemv_q6k_fma_kernel, one warp per
+// row, kq_unit per lane). The dequantisation (kq_unit) is CUDA-core code that also serves the host
 // reference.
 #include "gemv_kquant.cuh"
 
@@ -204,8 +204,8 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 }
 
 // ---------------------------------------------------------------- the GEMV, on tensor cores
-// Q4_K and Q5_K (Q6_K: gemv_q6k_fma_kernel below). One CTA per 16 output rows; its kKqWarps
-// warps split the rows' super-blocks (warp w takes w, w + kKqWarps, ...) and add their sums
+// Q4_K, Q5_K, and Q6_K from 2 tokens (at one: gemv_q6k_fma_kernel below). One CTA per 16
+// output rows; its kKqWarps warps split the rows' super-blocks (warp w takes w, w + kKqWarps, ...) and add their sums
 // through shared memory at the end. Each super-block is a series of m16n8k16 mmas, A = 16
 // weight rows x 16 k (one run: all 16 values share a scale), B = 16 k x 8 tokens of x (a
 // second n-tile for m > 8), f32 accumulation:
@@ -221,7 +221,8 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 //   s * sum(q x) - mn * sum(x).
 // - Q4_K / Q5_K super-blocks are 16-byte aligned: each lane reads 8 bytes of each unit's
 //   quants per row (positions 8t..8t + 7 of both runs' 32), the 16-byte header, Q5_K's 8 qh
-//   bytes.
+//   bytes. Q6_K's 210-byte ones are 2-byte aligned: kq_super_q6k, 16-value runs, one word a
+//   run per lane.
 constexpr int kKqWarps = 8;  // warps per CTA, splitting the super-blocks of its 16 rows
 
 // The magic of the 16-bit pairs (the value a zero quant takes in the mma).
@@ -275,6 +276,56 @@ __device__ __forceinline__ void kq_run(float (&acc)[NT][4], const uint32_t (&va)
     }
 }
 
+// A Q6_K super-block of rows (g, g + 8) at ba, bb: 16 runs of 16 values, each with a signed
+// 8-bit scale (d * sc); lane t takes positions 4t..4t + 3 of every run, so one 4-byte word of
+// each row's ql and qh per unit and half (2-byte aligned: load_words_a2), and 8 bytes of x per
+// run and token (x0: the super-block's first value). Value = s (q - 32): with the magic,
+// acc += s D - s (magic + 32) D1.
+template <typename T, int NT>
+__device__ __forceinline__ void kq_super_q6k(float (&acc)[NT][4], const uint8_t *ba, const uint8_t *bb,
+                                             const T *const (&xr)[NT], const bool (&xv)[NT], int64_t x0, int t,
+                                             float magic) {
+    uint32_t sca[4], scb[4];
+    load_words_a2<4>(ba + 192, sca);
+    load_words_a2<4>(bb + 192, scb);
+    const float da = half_bits(__ldg(reinterpret_cast<const unsigned short *>(ba + 208)));
+    const float db = half_bits(__ldg(reinterpret_cast<const unsigned short *>(bb + 208)));
+    const int t4 = 4 * t;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int h = i >> 1, l0 = 16 * (i & 1);
+        uint32_t la[1], lb[1], ha[1], ma[1], mb[1], hb[1];
+        load_words_a2<1>(ba + 64 * h + l0 + t4, la);
+        load_words_a2<1>(ba + 64 * h + 32 + l0 + t4, ma);
+        load_words_a2<1>(ba + 128 + 32 * h + l0 + t4, ha);
+        load_words_a2<1>(bb + 64 * h + l0 + t4, lb);
+        load_words_a2<1>(bb + 64 * h + 32 + l0 + t4, mb);
+        load_words_a2<1>(bb + 128 + 32 * h + l0 + t4, hb);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            // Run r's 6-bit quants: ql's low (r = 0, 1) or high (2, 3) nibbles of the first
+            // (r even) or second 32 bytes of the half, qh's bits 2r, 2r + 1 as bits 4, 5.
+            constexpr uint32_t lo4 = 0x0F0F0F0Fu, lo2 = 0x03030303u;
+            const int ns = 4 * (r >> 1), hs = 2 * r;
+            const uint32_t qa = ((r & 1 ? ma[0] : la[0]) >> ns & lo4) | (ha[0] >> hs & lo2) << 4;
+            const uint32_t qb = ((r & 1 ? mb[0] : lb[0]) >> ns & lo4) | (hb[0] >> hs & lo2) << 4;
+            const uint32_t va[1] = {qa}, vb[1] = {qb};
+            // Its scale: scales[8 h + (i & 1) + 2 r], signed.
+            const int si = 8 * h + (i & 1) + 2 * r;
+            const float s_a = da * (float)(int8_t)(uint8_t)(sca[si >> 2] >> (8 * (si & 3)));
+            const float s_b = db * (float)(int8_t)(uint8_t)(scb[si >> 2] >> (8 * (si & 3)));
+            uint32_t b[NT][1][2];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const T *xs = xr[j] + x0 + run_offset<FL_GEMV_Q6_K>(i, r) + t4;
+                const uint2 v = xv[j] ? __ldg(reinterpret_cast<const uint2 *>(xs)) : make_uint2(0u, 0u);
+                kq_b(v.x, v.y, b[j][0][0], b[j][0][1]);
+            }
+            kq_run<T, NT, 1, 0xFFu>(acc, va, vb, b, s_a, s_a * (magic + 32.f), s_b, s_b * (magic + 32.f));
+        }
+    }
+}
+
 }  // namespace
 
 // grid.x = ceil(n / 16), block = 32 kKqWarps. NT: n-tiles of 8 tokens (1: m <= 8, 2: m <= 16).
@@ -282,7 +333,6 @@ template <int F, typename T, int NT>
 __global__ void __launch_bounds__(kKqWarps * 32)
 gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
                    int64_t k) {
-    static_assert(F == FL_GEMV_Q4_K || F == FL_GEMV_Q5_K, "Q6_K runs on gemv_q6k_fma_kernel");
     using Q = KQuant<F>;
     __shared__ float red[kKqWarps][NT][16][8];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -308,6 +358,10 @@ gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__
 
     for (int64_t sb = warp; sb < supers; sb += kKqWarps) {
         const uint8_t *ba = wa + sb * Q::bytes, *bb = wb + sb * Q::bytes;
+        if constexpr (F == FL_GEMV_Q6_K) {
+            kq_super_q6k<T, NT>(acc, ba, bb, xr, xv, sb << 8, t, magic);
+            continue;
+        }
         constexpr int QS = F == FL_GEMV_Q4_K ? 16 : 48;  // qs's offset
         const uint4 ha = __ldg(reinterpret_cast<const uint4 *>(ba));
         const uint4 hb = __ldg(reinterpret_cast<const uint4 *>(bb));
@@ -382,28 +436,27 @@ gemv_kquant_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__
     }
 }
 
-// Q6_K on CUDA cores (it reads faster there than on the tensor-core kernel, whose 2-byte
-// aligned 4-byte pieces per lane cost two loads and a funnel shift each: 45-51% of copy against
-// 57-60% here, kernels/experiments/gemv.md). grid.x = ceil(n / kFmaWarps), block = 32
-// kFmaWarps; one warp per output row, lane l takes units l, l + 32, ... (kq_unit), and per
-// token adds s * sum(q x) per run of 16 (f32 FMAs; x by 16-byte loads). M: the token count
-// rounded up to 1, 2, 4, 8 or 16.
+// Q6_K at one token on CUDA cores (it reads faster there than on the tensor-core kernel, whose
+// 2-byte aligned 4-byte pieces per lane cost two loads and a funnel shift each: 45-51% of copy
+// against 57-60% here, kernels/experiments/gemv.md; from 2 tokens on the tensor-core kernel
+// wins, its mmas serving 8 tokens for the price of one). grid.x = ceil(n / kFmaWarps), block =
+// 32 kFmaWarps; one warp per output row, lane l takes units l, l + 32, ... (kq_unit) and adds
+// s * sum(q x) per run of 16 (f32 FMAs; x by 16-byte loads).
 constexpr int kFmaWarps = 4;
-template <typename T, int M>
+template <typename T>
 __global__ void __launch_bounds__(kFmaWarps * 32)
 gemv_q6k_fma_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *__restrict__ y, int m, int64_t n,
                     int64_t k) {
     constexpr int F = FL_GEMV_Q6_K;
     using Q = KQuant<F>;
+    (void)m;  // one token
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * kFmaWarps + warp;
     if (row >= n) return;  // whole warps only; no block-wide barrier below
     const int64_t supers = k >> 8, units = supers * kUnitsPerSuper;
     const uint8_t *wr = w + row * supers * Q::bytes;
 
-    float acc[M];
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[t] = 0.f;
+    float acc = 0.f;
     for (int64_t u = lane; u < units; u += 32) {
         const int64_t sb = u >> 2;
         const int i = (int)(u & 3);
@@ -411,31 +464,21 @@ gemv_q6k_fma_kernel(const T *__restrict__ x, const uint8_t *__restrict__ w, T *_
         kq_unit<F>(wr + sb * Q::bytes, i, q, s, mn);
         const T *xs = x + (sb << 8);
 #pragma unroll
-        for (int t = 0; t < M; ++t) {
-            if (t < m) {
-                float part = 0.f;
+        for (int r = 0; r < Q::runs; ++r) {
+            const T *xr = xs + run_offset<F>(i, r);
+            float qx = 0.f;
 #pragma unroll
-                for (int r = 0; r < Q::runs; ++r) {
-                    const T *xr = xs + (int64_t)t * k + run_offset<F>(i, r);
-                    float qx = 0.f;
+            for (int v = 0; v < Q::len / 8; ++v) {
+                float xf[8];
+                load_x8<T>(xr + 8 * v, xf);
 #pragma unroll
-                    for (int v = 0; v < Q::len / 8; ++v) {
-                        float xf[8];
-                        load_x8<T>(xr + 8 * v, xf);
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) qx = fmaf(q[r * Q::len + 8 * v + e], xf[e], qx);
-                    }
-                    part = fmaf(s[r], qx, part);
-                }
-                acc[t] += part;
+                for (int e = 0; e < 8; ++e) qx = fmaf(q[r * Q::len + 8 * v + e], xf[e], qx);
             }
+            acc = fmaf(s[r], qx, acc);
         }
     }
-#pragma unroll
-    for (int t = 0; t < M; ++t) {
-        const float v = warp_sum(acc[t]);
-        if (t < m && lane == t) y[(int64_t)t * n + row] = from_f32<T>(v);
-    }
+    const float v = warp_sum(acc);
+    if (lane == 0) y[row] = from_f32<T>(v);
 }
 
 // out [n, k] = T(W) (with a row map: T(W[rows]), RowMap): grid-stride over the n k / 64 output
@@ -495,16 +538,12 @@ fl_status launch_gemv(void (*kernel)(const T *, const uint8_t *, T *, int, int64
 
 template <int F, typename T> fl_status launch_kquant_format(const GemvArgs &a) {
     if constexpr (F == FL_GEMV_Q6_K) {
-        auto q6k = [&](auto kernel) { return launch_gemv<T>(kernel, kFmaWarps, kFmaWarps, a); };
-        if (a.m <= 1) return q6k(gemv_q6k_fma_kernel<T, 1>);
-        if (a.m <= 2) return q6k(gemv_q6k_fma_kernel<T, 2>);
-        if (a.m <= 4) return q6k(gemv_q6k_fma_kernel<T, 4>);
-        if (a.m <= 8) return q6k(gemv_q6k_fma_kernel<T, 8>);
-        return q6k(gemv_q6k_fma_kernel<T, 16>);
-    } else {
-        if (a.m <= 8) return launch_gemv<T>(gemv_kquant_kernel<F, T, 1>, 16, kKqWarps, a);
-        return launch_gemv<T>(gemv_kquant_kernel<F, T, 2>, 16, kKqWarps, a);
+        // One token on CUDA cores; more on tensor cores, where up to 8 (16) tokens cost one
+        // (two) n-tiles of the same mmas.
+        if (a.m <= 1) return launch_gemv<T>(gemv_q6k_fma_kernel<T>, kFmaWarps, kFmaWarps, a);
     }
+    if (a.m <= 8) return launch_gemv<T>(gemv_kquant_kernel<F, T, 1>, 16, kKqWarps, a);
+    return launch_gemv<T>(gemv_kquant_kernel<F, T, 2>, 16, kKqWarps, a);
 }
 
 template <int F, typename T>

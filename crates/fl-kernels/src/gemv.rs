@@ -696,9 +696,9 @@ impl QuantWeight {
 /// [`QuantFormat`]. Accumulation in f32, one rounding to `T` at the output; weights are
 /// dequantised in registers (never written out). Memory-bound at small `m`: one pass over
 /// the weight bytes, shared by all `m` tokens. The K-quants take one kernel per format on every
-/// path, reading the super-blocks straight from global memory: `Q4_K` and `Q5_K` on tensor
-/// cores (16 output rows per CTA, an mma per 16 values of a sub-block), `Q6_K` on CUDA cores
-/// (one warp per output row), where each measured faster. With `k % 256 == 0` (every LLaMA shape) every
+/// path, reading the super-blocks straight from global memory: on tensor cores (16 output rows
+/// per CTA, an mma per 16 values of a sub-block), except `Q6_K` at one token on CUDA cores (one
+/// warp per output row), where each measured faster. With `k % 256 == 0` (every LLaMA shape) every
 /// format streams its weight through a shared-memory ring (filled by the TMA engine for the
 /// GGUF formats and int8 at one token on sm_90+ where that measured faster; `bench/RESULTS.md`
 /// has the current figures). Other `k` take general kernels, which are slower (most for the
