@@ -28,7 +28,9 @@
 #                                 64 x (512 + 256), then llama-server (-np 64, -fa on, FL_LLAMA: a
 #                                 llama.cpp build with bin/ and lib/, default ../llama) and fl serve,
 #                                 each at CLIENTS (default 1 8 64 256) and a shared-prefix run (64
-#                                 clients, 384 of 512 prompt tokens shared); 512 + 256 tokens
+#                                 clients, 384 of 512 prompt tokens shared); 512 + 256 tokens;
+#                                 FL_SERVE_SERVERS picks the servers (default "llama-server fl";
+#                                 llama-server-bs: with --backend-sampling)
 #   soak [SECONDS [MODEL]]        fl serve MODEL (default llama-2-7b) under 64 clients (prompts 64-1024,
 #                                 outputs 16-512) for SECONDS (default 480), then the requests in flight
 #                                 finish; failures, usage against /metrics, GPU memory and server RSS
@@ -236,7 +238,9 @@ try:
 except ValueError:
     print(f"{m}\t{c}\tno report: {line[:80]}"); sys.exit()
 g = lambda k, p: (v.get(k) or {}).get(p, "-")
-print("\t".join(str(x) for x in [m, c, v["completed"], v["failed"], v["request_throughput"],
+# Requests that needed a fresh connection (fl_loadgen retries connection-level failures).
+failed = f'{v["failed"]} ({v["retried"]} retried)' if v.get("retried") else v["failed"]
+print("\t".join(str(x) for x in [m, c, v["completed"], failed, v["request_throughput"],
       v.get("input_throughput", "-"), v["output_throughput"], g("ttft_ms", "p50"), g("ttft_ms", "p99"),
       g("itl_ms", "p50"), g("itl_ms", "p99"), g("e2e_ms", "p50")]))
 PY
@@ -288,8 +292,11 @@ t_serve_compare() {
   timeout 240 "${lenv[@]}" "$L/bin/llama-batched-bench" -m "$gguf" -ngl 99 -fa on -c $((64 * 800)) \
     -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 > "$LOGS/batched-bench.log" 2>&1
   grep -E '^\|' "$LOGS/batched-bench.log" >&2
-  for srv in llama-server fl; do
-    if [ "$srv" = llama-server ]; then
+  # FL_SERVE_SERVERS: which servers, in order (default "llama-server fl"); llama-server-bs is
+  # llama-server with --backend-sampling (its experimental GPU sampling).
+  for srv in ${FL_SERVE_SERVERS:-llama-server fl}; do
+    if [ "$srv" != fl ]; then
+      local more=(); [ "$srv" = llama-server-bs ] && more=(--backend-sampling)
       # 64 slots of 800 tokens (512 + 256 and room), flash attention, a thread per client.
       # --cache-ram 0: llama-server's host-RAM prompt cache (default 8 GiB) saves a slot's
       # whole KV state (383 MiB at 767 tokens of this model) to host memory each time the slot
@@ -298,9 +305,9 @@ t_serve_compare() {
       # 80 output tok/s at 8 clients with a 65 s p90 TTFT, nothing finished in 180 s at 64).
       # Each slot still reuses its own cached prefix (cache_prompt), as the shared-prefix row
       # needs.
-      start_server llama-server "$port" 300 "${lenv[@]}" "$L/bin/llama-server" -m "$gguf" -ngl 99 \
+      start_server "$srv" "$port" 300 "${lenv[@]}" "$L/bin/llama-server" -m "$gguf" -ngl 99 \
         -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --cache-ram 0 \
-        --host 127.0.0.1 --port "$port" --no-webui || continue
+        "${more[@]}" --host 127.0.0.1 --port "$port" --no-webui || continue
     else
       start_server fl-serve "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" || continue
     fi

@@ -10,6 +10,11 @@
 //! (closed loop when no rate is given). Targets are loopback only, and `--max-duration` bounds
 //! the whole run: after it nothing is sent and requests in flight are cancelled.
 //! `--send-duration` stops sending earlier and lets the requests in flight finish (a soak).
+//! A request that fails at the connection level before any answer (refused, or closed or reset
+//! before the response head) is sent again on a fresh connection, up to 3 attempts in all
+//! (after 20 ms, then 100 ms, never past `--max-duration`); its TTFT and E2E count from the
+//! first send, and the report counts `retried` requests and `retries`. HTTP errors and
+//! failures mid-stream are not retried.
 //!
 //! Metrics, per vLLM's `benchmarks/serve.py` (percentiles by nearest rank, as
 //! `fl_engine::trace::Percentiles` gives them to `fl bench`):
@@ -41,6 +46,7 @@
 //! 1 when any failed, was cancelled or was never sent, 2 when the run could not start.
 
 use std::collections::BTreeMap;
+use std::error::Error as StdError;
 use std::fmt;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -64,6 +70,9 @@ const MAX_LINE_BYTES: usize = 8 << 20;
 const MAX_SMALL_BODY: usize = 1 << 20;
 /// Input `j` of embeddings request `i` draws from stream `i * EMBED_STREAMS + j`.
 const EMBED_STREAMS: u64 = 1 << 20;
+/// Waits before the retries of a request that failed at the connection level: attempts in
+/// all are one more than these.
+const RETRY_BACKOFF: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(100)];
 /// Token ids are drawn from `FIRST_ID..vocab`, past llama's `<unk>`, `<s>`, `</s>`.
 const FIRST_ID: u32 = 3;
 /// Words of `--text` / `--chat` prompts: common English words, one token each in LLaMA
@@ -403,6 +412,10 @@ fn prompt_value(mode: Mode, seed: u64, stream: u64, len: usize, shared: usize) -
 /// What each request shares.
 struct Job {
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Retries go out on this client: it keeps no idle connection, so each one opens its own.
+    fresh: Client<HttpConnector, Full<Bytes>>,
+    /// --max-duration: no retry starts at or after it.
+    deadline: Instant,
     uri: Uri,
     auth: Option<String>,
     model: String,
@@ -443,16 +456,42 @@ impl Job {
         Bytes::from(b.to_string())
     }
 
-    /// POSTs `body`; returns the response head and when the request was sent.
-    async fn send(&self, body: Bytes) -> Result<(Response<Incoming>, Instant), String> {
-        let req = self.post(body)?;
+    /// POSTs `body`; returns the response head and when the request was first sent. A
+    /// connection-level failure before the head ([`retryable`]) is sent again on a fresh
+    /// connection after [`RETRY_BACKOFF`], while the backoff ends before the deadline; each
+    /// retry adds 1 to `retries`.
+    async fn send(
+        &self,
+        body: Bytes,
+        retries: &mut u32,
+    ) -> Result<(Response<Incoming>, Instant), String> {
         let sent = Instant::now();
-        let resp = self
-            .client
-            .request(req)
-            .await
-            .map_err(|e| format!("connection: {e}"))?;
-        Ok((resp, sent))
+        let mut attempt = 0;
+        loop {
+            let client = if attempt == 0 {
+                &self.client
+            } else {
+                &self.fresh
+            };
+            let e = match client.request(self.post(body.clone())?).await {
+                Ok(resp) => return Ok((resp, sent)),
+                Err(e) => e,
+            };
+            let again = RETRY_BACKOFF
+                .get(attempt)
+                .map(|&wait| Instant::now() + wait)
+                .filter(|&at| at < self.deadline && retryable(&e));
+            let Some(at) = again else {
+                let tries = match attempt {
+                    0 => String::new(),
+                    n => format!(" ({} attempts)", n + 1),
+                };
+                return Err(format!("connection: {}{tries}", error_chain(&e)));
+            };
+            sleep_until(at).await;
+            attempt += 1;
+            *retries += 1;
+        }
     }
 
     fn post(&self, body: Bytes) -> Result<Request<Full<Bytes>>, String> {
@@ -472,6 +511,55 @@ impl Job {
         }
         r.body(Full::new(body)).map_err(|e| format!("request: {e}"))
     }
+}
+
+/// Whether a request that got no response head failed at the connection level, so that the
+/// server never answered it: the connection could not be made, or it was closed or reset
+/// before the response began (a pooled keep-alive connection the server had closed). A
+/// malformed answer, a timeout or an error of ours is not.
+fn retryable(e: &hyper_util::client::legacy::Error) -> bool {
+    if e.is_connect() {
+        return true;
+    }
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            if h.is_canceled() || h.is_closed() || h.is_incomplete_message() {
+                return true;
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::BrokenPipe
+                    | K::NotConnected
+                    | K::UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// `e` and its causes, joined by `: ` (hyper-util's own text is only `client error (Kind)`).
+fn error_chain(e: &dyn StdError) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cause = c.source();
+    }
+    s
 }
 
 /// One SSE event's payload, or the end marker.
@@ -681,17 +769,23 @@ async fn body_bytes(resp: Response<Incoming>, limit: usize) -> Result<Bytes, Str
         .map_err(|e| format!("reading the body: {e}"))
 }
 
-/// Sends one request (streamed, or for `/v1/embeddings` not) and measures it.
-async fn send(job: &Job, body: Bytes) -> Result<Sample, String> {
+/// Sends one request (streamed, or for `/v1/embeddings` not) and measures it from its first
+/// send; connection-level retries ([`Job::send`]) add to `retries`.
+async fn send(job: &Job, body: Bytes, retries: &mut u32) -> Result<Sample, String> {
     match job.mode {
-        Mode::Embed { inputs, .. } => embed_request(job, body, inputs).await,
-        _ => stream_request(job, body).await,
+        Mode::Embed { inputs, .. } => embed_request(job, body, inputs, retries).await,
+        _ => stream_request(job, body, retries).await,
     }
 }
 
 /// Sends one `/v1/embeddings` request and checks its answer ([`embed_sample`]).
-async fn embed_request(job: &Job, body: Bytes, inputs: usize) -> Result<Sample, String> {
-    let (resp, sent) = job.send(body).await?;
+async fn embed_request(
+    job: &Job,
+    body: Bytes,
+    inputs: usize,
+    retries: &mut u32,
+) -> Result<Sample, String> {
+    let (resp, sent) = job.send(body, retries).await?;
     let status = resp.status().as_u16();
     let body = body_bytes(resp, MAX_LINE_BYTES).await?;
     if status != 200 {
@@ -733,8 +827,8 @@ fn embed_sample(body: &[u8], e2e: f64, inputs: usize) -> Result<Sample, String> 
 }
 
 /// Sends one streaming request and reads its events to the end.
-async fn stream_request(job: &Job, body: Bytes) -> Result<Sample, String> {
-    let (resp, sent) = job.send(body).await?;
+async fn stream_request(job: &Job, body: Bytes, retries: &mut u32) -> Result<Sample, String> {
+    let (resp, sent) = job.send(body, retries).await?;
     let status = resp.status().as_u16();
     if status != 200 {
         let body = body_bytes(resp, MAX_SMALL_BODY).await.unwrap_or_default();
@@ -896,6 +990,8 @@ fn plan(a: &Args) -> Result<Plan, LoadgenError> {
 /// The run's figures.
 struct Report {
     outcomes: Vec<Outcome>,
+    /// Connection-level retries of each request sent (as `outcomes`).
+    retries: Vec<u32>,
     not_sent: usize,
     /// Requests of the trace not sent because --send-duration had passed.
     held_back: usize,
@@ -944,6 +1040,8 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
         }
     }
     let failed: usize = errors.values().sum();
+    let retried = r.retries.iter().filter(|&&k| k > 0).count();
+    let retries: u64 = r.retries.iter().map(|&k| u64::from(k)).sum();
     let d = r.duration_s.max(f64::MIN_POSITIVE);
     let round = |x: f64, k: f64| (x * k).round() / k;
     json!({
@@ -959,6 +1057,8 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
         "seed": args.seed,
         "completed": ok,
         "failed": failed,
+        "retried": retried,
+        "retries": retries,
         "cancelled": cancelled,
         "not_sent": r.not_sent,
         "held_back": r.held_back,
@@ -1002,6 +1102,8 @@ fn print_table(v: &Value) {
     for (k, label) in [
         ("completed", "Successful requests:"),
         ("failed", "Failed requests:"),
+        ("retried", "Retried (connection failures):"),
+        ("retries", "Retries (extra attempts):"),
         ("cancelled", "Cancelled at --max-duration:"),
         ("not_sent", "Not sent (--max-duration):"),
         ("held_back", "Not sent (--send-duration):"),
@@ -1061,12 +1163,27 @@ fn print_table(v: &Value) {
     }
 }
 
+/// The run's client, which keeps connections alive, and the retries' one, which opens a
+/// fresh connection for each request.
+fn clients(
+    conn: HttpConnector,
+) -> (
+    Client<HttpConnector, Full<Bytes>>,
+    Client<HttpConnector, Full<Bytes>>,
+) {
+    let pooled = Client::builder(TokioExecutor::new()).build(conn.clone());
+    let fresh = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(conn);
+    (pooled, fresh)
+}
+
 /// Sends the warm-up request, then the trace; every wait ends at `deadline`.
 async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, LoadgenError> {
     let mut conn = HttpConnector::new();
     // Each streamed chunk is a small write: Nagle would add its delay to ITL.
     conn.set_nodelay(true);
-    let client = Client::builder(TokioExecutor::new()).build(conn);
+    let (client, fresh) = clients(conn);
     let auth = args
         .api_key
         .clone()
@@ -1077,6 +1194,8 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         .map_err(|e| arg_err("--base-url", format!("{e}")))?;
     let mut job = Job {
         client,
+        fresh,
+        deadline,
         uri,
         auth,
         model: String::new(),
@@ -1095,7 +1214,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
     };
     // Warm-up (connection, first-use costs on the server): a short prompt of its own.
     let body = job.body(WARMUP_STREAM, 16, 0, 4);
-    timeout_at(deadline, send(&job, body))
+    timeout_at(deadline, send(&job, body, &mut 0))
         .await
         .map_err(|_| timed_out())?
         .map_err(|e| LoadgenError::Server(format!("warm-up request failed: {e}")))?;
@@ -1145,30 +1264,37 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         let body = job.body(i as u64, q.prompt_len, shared, q.output_len);
         tasks.spawn(async move {
             let _slot = permit;
-            let out = match timeout_at(deadline, send(&job, body)).await {
+            let mut retries = 0;
+            let out = match timeout_at(deadline, send(&job, body, &mut retries)).await {
                 Ok(Ok(s)) => Outcome::Ok(s),
                 Ok(Err(why)) => Outcome::Failed(why),
                 Err(_) => Outcome::Cancelled,
             };
-            (i, out)
+            (i, out, retries)
         });
     }
     let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
+    let mut retries = vec![0; n];
     // Each task ends by `deadline` (its timeout), so this loop does too.
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((i, o)) => outcomes[i] = Some(o),
+            Ok((i, o, k)) => {
+                outcomes[i] = Some(o);
+                retries[i] = k;
+            }
             Err(e) => return Err(LoadgenError::Server(format!("a request task failed: {e}"))),
         }
     }
     let duration_s = start.elapsed().as_secs_f64();
     let sent = n - not_sent - held_back;
+    retries.truncate(sent);
     Ok(Report {
         outcomes: outcomes
             .into_iter()
             .take(sent)
             .map(|o| o.unwrap_or(Outcome::Cancelled))
             .collect(),
+        retries,
         not_sent,
         held_back,
         duration_s,
@@ -1503,8 +1629,11 @@ mod tests {
 
     #[test]
     fn request_bodies() {
+        let (client, fresh) = clients(HttpConnector::new());
         let job = Job {
-            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            client,
+            fresh,
+            deadline: Instant::now() + Duration::from_secs(20),
             uri: Uri::from_static("http://127.0.0.1:1/v1/completions"),
             auth: None,
             model: "m".into(),
@@ -1538,8 +1667,11 @@ mod tests {
     }
 
     fn embed_job() -> Job {
+        let (client, fresh) = clients(HttpConnector::new());
         Job {
-            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            client,
+            fresh,
+            deadline: Instant::now() + Duration::from_secs(20),
             uri: Uri::from_static("http://127.0.0.1:1/v1/embeddings"),
             auth: None,
             model: "m".into(),
@@ -1772,5 +1904,336 @@ mod tests {
         assert_eq!(p.trace.len(), 50);
         assert!(p.trace.windows(2).all(|w| w[0].arrival_s <= w[1].arrival_s));
         assert!(p.trace[49].arrival_s > 0.0);
+    }
+
+    /// What the scripted server does with one request.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Reply {
+        /// A streamed completion of 2 tokens ("a", "b", usage, [DONE]); the connection stays.
+        Stream,
+        /// Closes the connection without answering (as a server closing a keep-alive one).
+        Close,
+        /// HTTP 500 with an OpenAI error body.
+        Error500,
+        /// A 200 head and one chunk of a longer body, then the connection closes.
+        Truncated,
+    }
+
+    /// Counts of the scripted server: connections accepted, requests read.
+    #[derive(Default)]
+    struct Seen {
+        conns: std::sync::atomic::AtomicUsize,
+        requests: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Seen {
+        fn get(&self) -> (usize, usize) {
+            use std::sync::atomic::Ordering::SeqCst;
+            (self.conns.load(SeqCst), self.requests.load(SeqCst))
+        }
+    }
+
+    /// Reads one request (head, then Content-Length bytes of body) from `sock` into `buf`,
+    /// leaving what follows it; `None` when the peer closes, errs or is silent for 5 s.
+    async fn read_request(sock: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+        use tokio::io::AsyncReadExt;
+        let give_up = Instant::now() + Duration::from_secs(5);
+        let mut read_more = async |buf: &mut Vec<u8>| -> Option<()> {
+            let mut chunk = [0u8; 4096];
+            match timeout_at(give_up, sock.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    Some(())
+                }
+                _ => None,
+            }
+        };
+        // Each read adds at least a byte and a request here is well under 1 MiB.
+        let end = loop {
+            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+            if buf.len() > MAX_SMALL_BODY {
+                return None;
+            }
+            read_more(buf).await?;
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap_or(0));
+        if len > MAX_SMALL_BODY {
+            return None;
+        }
+        while buf.len() < end + len {
+            read_more(buf).await?;
+        }
+        buf.drain(..end + len);
+        Some(())
+    }
+
+    /// A loopback /v1/completions server that closes the first `drop_on_accept` connections
+    /// as soon as it accepts them, then answers request `k` (counting every request it read,
+    /// from 0) as `script(k)` says. It accepts at most 32 connections and reads at most 64
+    /// requests on each, every accept bounded by 20 s and every read by 5 s.
+    async fn scripted_server(
+        drop_on_accept: usize,
+        script: fn(usize) -> Reply,
+    ) -> (String, Arc<Seen>) {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let counts = seen.clone();
+        tokio::spawn(async move {
+            for c in 0..32 {
+                let accepted =
+                    timeout_at(Instant::now() + Duration::from_secs(20), listener.accept());
+                let Ok(Ok((mut sock, _))) = accepted.await else {
+                    return;
+                };
+                counts.conns.fetch_add(1, SeqCst);
+                if c < drop_on_accept {
+                    drop(sock);
+                    continue;
+                }
+                let counts = counts.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..64 {
+                        if read_request(&mut sock, &mut buf).await.is_none() {
+                            return;
+                        }
+                        let k = counts.requests.fetch_add(1, SeqCst);
+                        let answer = match script(k) {
+                            Reply::Close => return,
+                            Reply::Stream => {
+                                let body = concat!(
+                                    "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n",
+                                    "data: {\"choices\":[{\"index\":0,\"text\":\"b\"}]}\n\n",
+                                    "data: {\"choices\":[],\"usage\":{\"completion_tokens\":2}}\n\n",
+                                    "data: [DONE]\n\n",
+                                );
+                                format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+                                    body.len()
+                                )
+                            }
+                            Reply::Error500 => {
+                                let body = r#"{"error":{"message":"kaput","type":"server_error"}}"#;
+                                format!(
+                                    "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                    body.len()
+                                )
+                            }
+                            Reply::Truncated => {
+                                let _ = sock
+                                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 4096\r\n\r\ndata: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n")
+                                    .await;
+                                return;
+                            }
+                        };
+                        if sock.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}"), seen)
+    }
+
+    /// `fl_loadgen --base-url URL --model m --concurrency 1 --prompt-lens 4 --output-lens 2
+    /// ARGS` against a fresh scripted server (bounded at 20 s): the report's JSON and what the
+    /// server saw. The warm-up is the server's request 0.
+    fn run_against_script(script: fn(usize) -> Reply, args: &[&str]) -> (Value, (usize, usize)) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (url, seen) = rt.block_on(scripted_server(0, script));
+        let base = [
+            "fl_loadgen",
+            "--base-url",
+            &url,
+            "--model",
+            "m",
+            "--concurrency",
+            "1",
+            "--prompt-lens",
+            "4",
+            "--output-lens",
+            "2",
+            "--max-duration",
+            "20",
+        ];
+        let a = Args::parse_from(base.iter().chain(args));
+        let p = plan(&a).unwrap();
+        let report = rt
+            .block_on(run(&a, &p, Instant::now() + Duration::from_secs(20)))
+            .unwrap();
+        (summarize(&report, &p, &a), seen.get())
+    }
+
+    /// A completions job for `url` whose retries end at `deadline`.
+    fn job_for(url: &str, deadline: Instant) -> Job {
+        let (client, fresh) = clients(HttpConnector::new());
+        Job {
+            client,
+            fresh,
+            deadline,
+            uri: format!("{url}/v1/completions").parse().unwrap(),
+            auth: None,
+            model: "m".into(),
+            mode: Mode::Ids { vocab: 100 },
+            temperature: 0.0,
+            seed: 1,
+            shared_prefix: 0,
+        }
+    }
+
+    #[test]
+    fn a_connection_closed_before_the_answer_is_retried_and_timed_from_the_first_send() {
+        // Request 1 (the trace's first, after the warm-up) is read and its connection closed.
+        let (v, (_, requests)) = run_against_script(
+            |k| if k == 1 { Reply::Close } else { Reply::Stream },
+            &["--num-prompts", "3"],
+        );
+        assert_eq!(
+            (
+                v["completed"].as_u64(),
+                v["failed"].as_u64(),
+                v["retried"].as_u64(),
+                v["retries"].as_u64()
+            ),
+            (Some(3), Some(0), Some(1), Some(1)),
+            "{v}"
+        );
+        assert_eq!(requests, 5, "warm-up, 3 requests and 1 retry");
+        assert_eq!(v["errors"], json!({}));
+        // The retried request waited 20 ms before its second send: TTFT and E2E include it.
+        for k in ["ttft_ms", "e2e_ms"] {
+            assert!(v[k]["max"].as_f64().unwrap() >= 20.0, "{k}: {v}");
+        }
+    }
+
+    #[test]
+    fn connections_dropped_on_accept_are_retried_on_fresh_ones() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (url, seen) = scripted_server(2, |_| Reply::Stream).await;
+            let job = job_for(&url, Instant::now() + Duration::from_secs(20));
+            let mut retries = 0;
+            let s = timeout_at(
+                Instant::now() + Duration::from_secs(20),
+                send(&job, job.body(0, 4, 0, 2), &mut retries),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+            assert_eq!((s.output_tokens, retries), (2, 2));
+            assert_eq!(seen.get(), (3, 1), "3 connections, 1 request answered");
+            assert!(s.e2e >= 0.12, "timed from the first send: {}", s.e2e);
+        });
+    }
+
+    #[test]
+    fn a_server_that_always_closes_fails_after_three_attempts() {
+        let (v, (_, requests)) = run_against_script(
+            |k| if k == 0 { Reply::Stream } else { Reply::Close },
+            &["--num-prompts", "1"],
+        );
+        assert_eq!(
+            (
+                v["completed"].as_u64(),
+                v["failed"].as_u64(),
+                v["retried"].as_u64(),
+                v["retries"].as_u64()
+            ),
+            (Some(0), Some(1), Some(1), Some(2)),
+            "{v}"
+        );
+        assert_eq!(requests, 4, "warm-up and 3 attempts");
+        let errors = v["errors"].as_object().unwrap();
+        assert_eq!(errors.len(), 1, "{v}");
+        let (why, n) = errors.iter().next().unwrap();
+        assert_eq!(n, 1);
+        assert!(
+            why.starts_with("connection: ") && why.ends_with(" (3 attempts)"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn http_errors_and_failures_mid_stream_are_not_retried() {
+        let (v, (_, requests)) = run_against_script(
+            |k| match k {
+                1 => Reply::Error500,
+                2 => Reply::Truncated,
+                _ => Reply::Stream,
+            },
+            &["--num-prompts", "3"],
+        );
+        assert_eq!(
+            (
+                v["completed"].as_u64(),
+                v["failed"].as_u64(),
+                v["retried"].as_u64(),
+                v["retries"].as_u64()
+            ),
+            (Some(1), Some(2), Some(0), Some(0)),
+            "{v}"
+        );
+        assert_eq!(requests, 4, "warm-up and 3 requests, none sent again");
+        assert_eq!(v["errors"]["HTTP 500: kaput"], 1, "{v}");
+        let errors = v["errors"].as_object().unwrap();
+        assert!(errors.keys().any(|k| k.starts_with("stream: ")), "{v}");
+    }
+
+    #[test]
+    fn no_retry_starts_past_the_deadline() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (url, seen) = scripted_server(0, |_| Reply::Close).await;
+            // The first retry (20 ms after a failure within 90 ms) starts before the deadline;
+            // the second (100 ms later still) would not.
+            let job = job_for(&url, Instant::now() + Duration::from_millis(110));
+            let mut retries = 0;
+            let e = timeout_at(
+                Instant::now() + Duration::from_secs(20),
+                send(&job, job.body(0, 4, 0, 2), &mut retries),
+            )
+            .await
+            .unwrap()
+            .unwrap_err();
+            assert_eq!(retries, 1, "{e}");
+            assert!(
+                e.starts_with("connection: ") && e.ends_with(" (2 attempts)"),
+                "{e}"
+            );
+            assert_eq!(seen.get().1, 2);
+            // A refused connection (nothing listens) is retried the same way.
+            let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", closed.local_addr().unwrap());
+            drop(closed);
+            let job = job_for(&url, Instant::now() + Duration::from_secs(20));
+            let mut retries = 0;
+            let e = send(&job, job.body(0, 4, 0, 2), &mut retries)
+                .await
+                .unwrap_err();
+            assert_eq!(retries, 2, "{e}");
+            assert!(e.ends_with(" (3 attempts)"), "{e}");
+        });
     }
 }
