@@ -196,6 +196,8 @@ impl<T: RunDType> Backend for Runner<'_, T> {
             running: s.num_running(),
             preemptions: s.num_preemptions(),
             kv: s.kv_stats(),
+            last_prefill_tokens: self.last_step().prefill_tokens,
+            last_decode_tokens: self.last_step().decode_tokens,
         }
     }
 }
@@ -211,6 +213,50 @@ pub struct BackendStats {
     pub preemptions: u64,
     /// KV pool usage and prefix-cache counters.
     pub kv: KvStats,
+    /// Prompt tokens the last step computed (prefill chunks).
+    pub last_prefill_tokens: usize,
+    /// Decode tokens the last step computed.
+    pub last_decode_tokens: usize,
+}
+
+/// Upper bounds (seconds) of [`StepTimes`]' buckets; a last bucket takes the rest.
+pub const STEP_SECONDS_BUCKETS: [f64; 16] = [
+    0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5,
+    1.0,
+];
+
+/// A histogram of engine step times: the wall time of each [`Backend::step`], which waits for
+/// the step's tokens (with the runner's lookahead, the next step is already queued then, so
+/// in the steady state consecutive steps' times add up to the GPU's).
+///
+/// ```
+/// use std::time::Duration;
+/// use fl_engine::service::StepTimes;
+/// let mut t = StepTimes::default();
+/// t.observe(Duration::from_millis(12));
+/// assert_eq!((t.count, t.buckets[3]), (1, 1)); // 10 ms < 12 ms <= 12.5 ms
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepTimes {
+    /// Steps observed.
+    pub count: u64,
+    /// Their total time, in nanoseconds.
+    pub sum_ns: u64,
+    /// Steps per bucket of [`STEP_SECONDS_BUCKETS`] (not cumulative; the last: longer ones).
+    pub buckets: [u64; STEP_SECONDS_BUCKETS.len() + 1],
+}
+
+impl StepTimes {
+    /// Records one step of duration `d`.
+    pub fn observe(&mut self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = STEP_SECONDS_BUCKETS.partition_point(|&b| b < s);
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum_ns = self
+            .sum_ns
+            .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    }
 }
 
 /// A snapshot of the service for metrics ([`Service::stats`]).
@@ -228,6 +274,11 @@ pub struct ServiceStats {
     pub steps: u64,
     /// Of those, steps that failed.
     pub failed_steps: u64,
+    /// Times of the steps that computed decode tokens only.
+    pub decode_steps: StepTimes,
+    /// Times of the steps that computed prompt tokens (with decode tokens beside them or
+    /// not): a request's inter-token latency is long when such a step runs.
+    pub prefill_steps: StepTimes,
 }
 
 /// Why the service refused a call or ended a request.
@@ -531,6 +582,7 @@ impl Service {
             init: Some(init_tx),
             active: HashMap::new(),
             stats: ServiceStats::default(),
+            stepped: None,
         };
         let thread = std::thread::Builder::new()
             .name("fl-service".into())
@@ -959,6 +1011,8 @@ struct Worker {
     init: Option<SyncSender<std::result::Result<(), ServiceError>>>,
     active: HashMap<RequestId, Active>,
     stats: ServiceStats,
+    /// How long the step since the last publish took (a step that succeeded).
+    stepped: Option<Duration>,
 }
 
 impl Worker {
@@ -1071,11 +1125,13 @@ impl Worker {
     }
 
     fn step<B: Backend + ?Sized>(&mut self, b: &mut B) {
+        let t0 = Instant::now();
         let result = b.step();
         let now = Instant::now();
         self.stats.steps += 1;
         match result {
             Ok(events) => {
+                self.stepped = Some(now - t0);
                 for e in events {
                     self.dispatch(b, e, now);
                 }
@@ -1194,6 +1250,15 @@ impl Worker {
 
     fn publish<B: Backend + ?Sized>(&mut self, b: &B) {
         self.stats.backend = b.stats();
+        // The step just run, by what it computed.
+        if let Some(d) = self.stepped.take() {
+            let ran = &self.stats.backend;
+            if ran.last_prefill_tokens > 0 {
+                self.stats.prefill_steps.observe(d);
+            } else if ran.last_decode_tokens > 0 {
+                self.stats.decode_steps.observe(d);
+            }
+        }
         self.stats.active = self.active.len();
         *lock(&self.shared.stats) = self.stats;
     }

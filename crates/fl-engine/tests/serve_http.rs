@@ -119,6 +119,8 @@ struct Echo {
     /// Requests asking for log-probabilities: `top_logprobs`, and those not yet taken.
     logprobs: HashMap<RequestId, (usize, std::collections::VecDeque<TokenLogprobs>)>,
     ctl: Arc<Ctl>,
+    /// What the last step computed: (prompt tokens, decode tokens).
+    last: (usize, usize),
 }
 
 /// The mock's log-probabilities: the token at -0.5, then the next ids at -2, -3, ...
@@ -220,6 +222,7 @@ impl Backend for Echo {
     }
 
     fn step(&mut self) -> fl_engine::Result<Vec<Event>> {
+        self.last = (0, 0);
         if self.ctl.hold.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(1));
             return Ok(vec![]);
@@ -229,6 +232,7 @@ impl Backend for Echo {
             std::thread::sleep(Duration::from_micros(delay));
         }
         let plan = self.sched.schedule()?;
+        self.last = (plan.num_prefill_tokens, plan.num_decode_tokens);
         let sampled: Vec<(RequestId, u32)> = plan
             .logits_ids()
             .map(|id| {
@@ -282,6 +286,8 @@ impl Backend for Echo {
             running: self.sched.num_running(),
             preemptions: self.sched.num_preemptions(),
             kv: self.sched.kv_stats(),
+            last_prefill_tokens: self.last.0,
+            last_decode_tokens: self.last.1,
         }
     }
 }
@@ -347,6 +353,7 @@ fn start(opts: Opts) -> TestServer {
                 beam_results: HashMap::new(),
                 logprobs: HashMap::new(),
                 ctl: c,
+                last: (0, 0),
             })
         })
         .expect("service"),
@@ -1111,6 +1118,21 @@ fn metrics_are_prometheus_text() {
         values["fl_time_to_first_token_seconds_bucket{le=\"+Inf\"}"],
         3.0
     );
+    // Each request's prompt ran in a prefill step, its other 4 tokens in steps of either
+    // kind; the mock answers in far less than 5 s.
+    let steps = |kind: &str, what: &str| {
+        values[&format!("fl_step_duration_seconds_{what}{{kind=\"{kind}\"}}")]
+    };
+    assert!(steps("prefill", "count") >= 1.0);
+    assert!(
+        steps("prefill", "count") + steps("decode", "count") <= values["fl_engine_steps_total"]
+    );
+    for kind in ["decode", "prefill"] {
+        assert_eq!(
+            values[&format!("fl_step_duration_seconds_bucket{{kind=\"{kind}\",le=\"1\"}}")],
+            steps(kind, "count")
+        );
+    }
     for g in [
         "fl_num_requests_running",
         "fl_num_requests_waiting",

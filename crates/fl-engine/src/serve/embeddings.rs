@@ -930,6 +930,7 @@ async fn metrics(State(st): St) -> Response {
         ended: s.ended,
         steps: s.batches,
         failed_steps: s.failed_batches,
+        ..ServiceStats::default()
     };
     let mut text = st.metrics.render(Some(stats));
     for (name, help, v) in [

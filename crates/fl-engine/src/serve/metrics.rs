@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::service::ServiceStats;
+use crate::service::{ServiceStats, StepTimes, STEP_SECONDS_BUCKETS};
 
 /// Bucket bounds (seconds) of the time to first token.
 const TTFT_BUCKETS: &[f64] = &[
@@ -153,6 +153,35 @@ fn load(a: &AtomicU64) -> u64 {
     a.load(Ordering::Relaxed)
 }
 
+/// The engine's step times as one histogram with a `kind` label per [`StepTimes`].
+fn render_steps(out: &mut String, kinds: [(&str, &StepTimes); 2]) {
+    let name = "fl_step_duration_seconds";
+    header(
+        out,
+        name,
+        "Engine step time, by kind: decode (decode tokens only) or prefill (prompt tokens, \
+         decodes beside them or not).",
+        "histogram",
+    );
+    for (kind, t) in kinds {
+        let mut cum = 0;
+        for (i, c) in t.buckets.iter().enumerate() {
+            cum += c;
+            match STEP_SECONDS_BUCKETS.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{b}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let sum = t.sum_ns as f64 * 1e-9;
+        let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {}", t.count);
+    }
+}
+
 impl Metrics {
     /// The exposition text; `stats` is the engine's snapshot (`None` while loading: its
     /// gauges read 0).
@@ -286,6 +315,10 @@ impl Metrics {
             "fl_e2e_request_latency_seconds",
             "Time from a request's arrival to its last token.",
         );
+        render_steps(
+            out,
+            [("decode", &s.decode_steps), ("prefill", &s.prefill_steps)],
+        );
         o
     }
 }
@@ -330,6 +363,42 @@ mod tests {
         let sum: f64 = line("fl_time_to_first_token_seconds_sum").parse().unwrap();
         assert!((sum - 1100.007).abs() < 1e-6, "{sum}");
         assert_eq!(m.ttft.count(), 5);
+    }
+
+    #[test]
+    fn step_times_render_per_kind_cumulative() {
+        let mut st = ServiceStats::default();
+        for ms in [4, 12, 12, 2_000] {
+            st.decode_steps.observe(Duration::from_millis(ms));
+        }
+        st.prefill_steps.observe(Duration::from_millis(40));
+        let text = Metrics::default().render(Some(st));
+        let value = |prefix: &str| {
+            let l = text
+                .lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no {prefix} in\n{text}"));
+            l.rsplit(' ').next().unwrap().to_string()
+        };
+        let b = |kind: &str, le: &str| {
+            value(&format!(
+                "fl_step_duration_seconds_bucket{{kind=\"{kind}\",le=\"{le}\"}}"
+            ))
+        };
+        assert_eq!(b("decode", "0.005"), "1");
+        assert_eq!(b("decode", "0.0125"), "3");
+        assert_eq!(b("decode", "1"), "3");
+        assert_eq!(b("decode", "+Inf"), "4");
+        assert_eq!(b("prefill", "0.03"), "0");
+        assert_eq!(b("prefill", "0.04"), "1");
+        assert_eq!(
+            value("fl_step_duration_seconds_count{kind=\"decode\"}"),
+            "4"
+        );
+        let sum: f64 = value("fl_step_duration_seconds_sum{kind=\"decode\"}")
+            .parse()
+            .unwrap();
+        assert!((sum - 2.028).abs() < 1e-9, "{sum}");
     }
 
     #[test]

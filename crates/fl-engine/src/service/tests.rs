@@ -55,6 +55,8 @@ struct Mock {
     /// log-probabilities not yet taken.
     logprobs: HashMap<RequestId, (usize, usize, std::collections::VecDeque<TokenLogprobs>)>,
     ctl: Arc<Ctl>,
+    /// What the last step computed: (prompt tokens, decode tokens).
+    last: (usize, usize),
 }
 
 /// The mock's log-probabilities of `token` as the `index`-th output: the token itself most
@@ -94,6 +96,7 @@ impl Mock {
             beam_results: HashMap::new(),
             logprobs: HashMap::new(),
             ctl,
+            last: (0, 0),
         })
     }
 }
@@ -149,6 +152,7 @@ impl Backend for Mock {
 
     fn step(&mut self) -> Result<Vec<Event>> {
         self.ctl.steps.fetch_add(1, Ordering::Relaxed);
+        self.last = (0, 0);
         if self.ctl.hold.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(1));
             return Ok(vec![]);
@@ -158,6 +162,7 @@ impl Backend for Mock {
             std::thread::sleep(Duration::from_micros(delay));
         }
         let plan = self.sched.schedule()?;
+        self.last = (plan.num_prefill_tokens, plan.num_decode_tokens);
         let first = |id: &RequestId| self.seqs[id][0];
         if plan.seqs.iter().any(|s| first(&s.id) == PANIC) {
             panic!("mock step panicked");
@@ -217,6 +222,8 @@ impl Backend for Mock {
             running: self.sched.num_running(),
             preemptions: self.sched.num_preemptions(),
             kv: self.sched.kv_stats(),
+            last_prefill_tokens: self.last.0,
+            last_decode_tokens: self.last.1,
         }
     }
 }
@@ -376,6 +383,14 @@ fn concurrent_submitters_get_exactly_their_tokens() {
     let st = service.stats();
     assert_eq!((st.submitted, st.active, st.failed_steps), (20, 0, 0));
     assert_eq!((st.backend.waiting, st.backend.running), (0, 0));
+    // Steps are timed by what they computed: prompt tokens (maybe with decodes), or decodes.
+    let (p, d) = (st.prefill_steps, st.decode_steps);
+    assert!(p.count >= 1 && d.count >= 1, "{p:?} {d:?}");
+    assert!(p.count + d.count <= st.steps, "{} steps", st.steps);
+    for t in [p, d] {
+        assert_eq!(t.buckets.iter().sum::<u64>(), t.count);
+        assert!(t.sum_ns > 0);
+    }
     // Idle: the worker blocks instead of stepping.
     let steps = ctl.steps.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(50));
