@@ -26,6 +26,12 @@ pub struct SchedulerConfig {
     pub chunked_prefill: bool,
     /// Vocabulary size, to reject out-of-range prompt ids (`None`: unchecked).
     pub vocab_size: Option<u32>,
+    /// Most prompt tokens of one request per step while the step also decodes (chunked
+    /// prefill only): a running request's next token waits for the whole step, so a long
+    /// chunk beside decodes stretches every decoding request's inter-token latency. Several
+    /// requests may still prefill in the same step, up to `max_batched_tokens`. `None`: no
+    /// limit beyond the budget. Steps without decodes are never limited.
+    pub max_prefill_chunk_beside_decodes: Option<usize>,
 }
 
 impl SchedulerConfig {
@@ -40,6 +46,7 @@ impl SchedulerConfig {
             enable_prefix_cache: true,
             chunked_prefill: true,
             vocab_size: None,
+            max_prefill_chunk_beside_decodes: None,
         }
     }
 }
@@ -210,6 +217,15 @@ impl<S: Clone> Scheduler<S> {
         }
         if cfg.max_model_len < 2 {
             return bad("max_model_len", "must be at least 2");
+        }
+        if cfg.max_prefill_chunk_beside_decodes == Some(0) {
+            return bad("max_prefill_chunk_beside_decodes", "must be > 0 (or None)");
+        }
+        if !cfg.chunked_prefill && cfg.max_prefill_chunk_beside_decodes.is_some() {
+            return bad(
+                "max_prefill_chunk_beside_decodes",
+                "limits prefill chunks: needs chunked_prefill",
+            );
         }
         if !cfg.chunked_prefill && cfg.max_batched_tokens < cfg.max_model_len {
             return bad(
@@ -463,6 +479,8 @@ impl<S: Clone> Scheduler<S> {
         let mut reserves = self.beam_reserves();
         let mut reserve: usize = reserves.values().sum();
         for decode_pass in [true, false] {
+            // Prompt tokens one request may take in this step's prefill passes.
+            let chunk = self.prefill_chunk(&plan);
             for id in self.running.clone() {
                 if budget == 0 {
                     break;
@@ -483,7 +501,7 @@ impl<S: Clone> Scheduler<S> {
                             .map(|m| self.seqs[m].len() - self.seqs[m].num_computed)
                             .collect()
                     } else {
-                        vec![remaining.min(budget)]
+                        vec![remaining.min(budget).min(chunk)]
                     };
                     let total: usize = n.iter().sum();
                     let whole = decode_pass || self.cfg.chunked_prefill || n[0] == remaining;
@@ -506,7 +524,11 @@ impl<S: Clone> Scheduler<S> {
                     reserve = reserves.values().sum();
                     continue;
                 }
-                let n = remaining.min(budget);
+                let n = if decode_pass {
+                    remaining.min(budget)
+                } else {
+                    remaining.min(budget).min(chunk)
+                };
                 if !decode_pass && !self.cfg.chunked_prefill && n < remaining {
                     break;
                 }
@@ -564,6 +586,7 @@ impl<S: Clone> Scheduler<S> {
             })
             .sum();
         let watermark = self.cfg.num_blocks.div_ceil(100);
+        let chunk = self.prefill_chunk(&plan);
         while plan.preempted_ids.is_empty() && budget > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
@@ -585,7 +608,7 @@ impl<S: Clone> Scheduler<S> {
             if !self.running.is_empty() && self.kv.num_free_blocks() < reserved + need + watermark {
                 break;
             }
-            let alloc = match self.kv.allocate_prompt(id, &tokens, budget) {
+            let alloc = match self.kv.allocate_prompt(id, &tokens, budget.min(chunk)) {
                 Ok(a) => a,
                 Err(KvError::NoSpace { .. }) => break,
                 Err(e) => return Err(e.into()),
@@ -614,6 +637,16 @@ impl<S: Clone> Scheduler<S> {
         plan.num_scheduled_tokens = plan.num_prefill_tokens + plan.num_decode_tokens;
         self.outstanding = Some(self.step);
         Ok(plan)
+    }
+
+    /// Prompt tokens one request may take in a step planned so far as `plan`:
+    /// [`SchedulerConfig::max_prefill_chunk_beside_decodes`] once the step decodes, else no
+    /// limit beyond the budget.
+    fn prefill_chunk(&self, plan: &StepPlan) -> usize {
+        match self.cfg.max_prefill_chunk_beside_decodes {
+            Some(c) if plan.num_decode_tokens > 0 => c,
+            _ => usize::MAX,
+        }
     }
 
     /// Plans the step after the outstanding one before its tokens are known (asynchronous

@@ -67,6 +67,18 @@ impl Runner {
         );
         let rows: usize = plan.seqs.iter().map(|r| r.token_ids.len()).sum();
         assert_eq!(rows, plan.num_scheduled_tokens);
+        if let (Some(c), true) = (
+            cfg.max_prefill_chunk_beside_decodes,
+            plan.num_decode_tokens > 0,
+        ) {
+            for r in plan.seqs.iter().filter(|r| r.is_prefill) {
+                assert!(
+                    r.token_ids.len() <= c,
+                    "a {}-token chunk beside decodes",
+                    r.token_ids.len()
+                );
+            }
+        }
         assert!(plan.seqs.len() <= cfg.max_num_seqs);
         assert!(s.num_running() <= cfg.max_num_seqs);
         let mut seen = std::collections::HashSet::new();
@@ -158,6 +170,7 @@ fn cfg(num_blocks: usize, block_size: usize, budget: usize) -> SchedulerConfig {
         enable_prefix_cache: true,
         chunked_prefill: true,
         vocab_size: Some(VOCAB),
+        max_prefill_chunk_beside_decodes: None,
     }
 }
 
@@ -243,6 +256,55 @@ fn config_errors_name_the_field() {
         ..cfg(4, 4, 8)
     };
     assert_eq!(field(c), "max_batched_tokens");
+    for (chunked, chunk) in [(true, 0), (false, 4)] {
+        let c = SchedulerConfig {
+            chunked_prefill: chunked,
+            max_model_len: 8,
+            max_prefill_chunk_beside_decodes: Some(chunk),
+            ..cfg(4, 4, 8)
+        };
+        assert_eq!(field(c), "max_prefill_chunk_beside_decodes");
+    }
+}
+
+#[test]
+fn prefill_chunks_beside_decodes_are_capped_per_request_and_alone_are_not() {
+    let c = SchedulerConfig {
+        max_prefill_chunk_beside_decodes: Some(8),
+        ..cfg(64, 4, 32)
+    };
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    let mut r = Runner::new(&c);
+    // Alone, a prompt takes the whole budget.
+    r.add(&mut s, 1, prompt(40, 1), params(30));
+    assert_eq!(r.step(&mut s).num_prefill_tokens, 32);
+    // Its last 8 tokens, then it decodes.
+    assert_eq!(r.step(&mut s).num_prefill_tokens, 8);
+    // Beside its decode, each arriving prompt gets at most 8 tokens a step; two prompts
+    // share the step.
+    r.add(&mut s, 2, prompt(20, 2), params(2));
+    r.add(&mut s, 3, prompt(5, 3), params(2));
+    let p = r.step(&mut s);
+    assert_eq!(p.num_decode_tokens, 1);
+    let chunks: Vec<(RequestId, usize)> = p
+        .seqs
+        .iter()
+        .filter(|q| q.is_prefill)
+        .map(|q| (q.id, q.token_ids.len()))
+        .collect();
+    assert_eq!(chunks, vec![(2, 8), (3, 5)]);
+    let p = r.step(&mut s);
+    let two: usize = p
+        .seqs
+        .iter()
+        .filter(|q| q.id == 2)
+        .map(|q| q.token_ids.len())
+        .sum();
+    assert_eq!(two, 8, "the partial prefill is capped too");
+    r.run_to_end(&mut s);
+    for (id, n, max) in [(1, 40, 30), (2, 20, 2), (3, 5, 2)] {
+        assert_eq!(r.outputs[&id], alone(&prompt(n, id as u32), &params(max)));
+    }
 }
 
 #[test]
@@ -541,6 +603,7 @@ proptest! {
         max_num_seqs in 1usize..6,
         prefix in any::<bool>(),
         chunked in prop::bool::weighted(0.8),
+        chunk in proptest::option::of(1usize..12),
         arrivals in prop::collection::vec(arrival(), 1..10),
         aborts in prop::collection::vec((0usize..40, 0u64..10), 0..3),
     ) {
@@ -569,6 +632,7 @@ proptest! {
             enable_prefix_cache: prefix,
             chunked_prefill: chunked,
             vocab_size: Some(VOCAB),
+            max_prefill_chunk_beside_decodes: chunk.filter(|_| chunked),
         };
         let mut s = Scheduler::new(c.clone()).unwrap();
         let mut r = Runner::new(&c);

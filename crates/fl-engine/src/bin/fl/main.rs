@@ -303,6 +303,11 @@ struct RunnerArgs {
     /// Smaller values shrink each step's block table.
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// Most prompt tokens of one request in a step that also decodes running requests
+    /// (default: up to --max-batched-tokens). Smaller chunks keep the running requests'
+    /// inter-token latency even while prompts arrive; a prompt then takes more steps.
+    #[arg(long)]
+    max_prefill_chunk_beside_decodes: Option<usize>,
 }
 
 impl RunnerArgs {
@@ -315,6 +320,7 @@ impl RunnerArgs {
             max_model_len: self.max_model_len,
             enable_prefix_cache: !self.no_prefix_cache,
             num_blocks: None,
+            max_prefill_chunk_beside_decodes: self.max_prefill_chunk_beside_decodes,
         }
     }
 }
