@@ -317,7 +317,8 @@ t_serve_compare() {
       [ "$c" = shared64 ] && { cc=64; extra=(--shared-prefix 384); }
       n=$((cc * 4)); [ "$n" -lt 8 ] && n=8; [ "$n" -gt 512 ] && n=512
       line=$(timeout 200 "$B/bin/fl_loadgen" --base-url "http://127.0.0.1:$port" --json --concurrency "$cc" \
-        --num-prompts "$n" --max-duration 180 --seed "$cc" "${args[@]}" "${extra[@]}" 2>&1 | tail -1)
+        --num-prompts "$n" --max-duration 180 --seed "$cc" "${args[@]}" "${extra[@]}" \
+        --save-result "$LOGS/requests-$srv-$c.jsonl" 2>&1 | tail -1)
       echo "  $srv $c: $line" >&2
       rows+=("$(load_row "$srv" "$c" "$line")")
     done

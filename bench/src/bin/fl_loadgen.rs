@@ -31,6 +31,9 @@
 //! also reported as TTFT); the report adds inputs per second (sentences/s). A response must
 //! hold one embedding per input, each a non-empty array, or the request counts as failed.
 //!
+//! `--save-result FILE` also writes, after the run, one JSON line per request sent (planned
+//! lengths, send time, outcome, TTFT, ITL gaps, E2E, output tokens, retries); failing exits 1.
+//!
 //! ```text
 //! fl serve --model DIR --port 8000 &
 //! fl_loadgen --base-url http://127.0.0.1:8000 --num-prompts 512 --concurrency 64 \
@@ -48,6 +51,9 @@
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -158,6 +164,11 @@ struct Args {
     /// Print one JSON line instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also write FILE (created or truncated before the run): one JSON line per request sent,
+    /// in send order, with its planned lengths, send time, outcome, TTFT, ITL gaps, E2E, output
+    /// tokens and retries, written after the run.
+    #[arg(long, value_name = "FILE")]
+    save_result: Option<PathBuf>,
 }
 
 /// Why a run could not start: a bad argument (named) or a server that does not answer.
@@ -906,6 +917,8 @@ struct Plan {
     mode: Mode,
     trace: Vec<TraceRequest>,
     concurrency: Option<usize>,
+    /// --save-result: its path and the file, created (empty) before the run.
+    save: Option<(PathBuf, File)>,
 }
 
 fn plan(a: &Args) -> Result<Plan, LoadgenError> {
@@ -979,11 +992,25 @@ fn plan(a: &Args) -> Result<Plan, LoadgenError> {
         }
     }
     let trace = make_trace(a.num_prompts, a.rate, prompt, output, a.seed);
+    // Last, so that a run refused for another argument leaves the file alone.
+    let save = match &a.save_result {
+        Some(path) => {
+            let file = File::create(path).map_err(|e| {
+                arg_err(
+                    "--save-result",
+                    format!("cannot create `{}`: {e}", path.display()),
+                )
+            })?;
+            Some((path.clone(), file))
+        }
+        None => None,
+    };
     Ok(Plan {
         base,
         mode,
         trace,
         concurrency: a.concurrency,
+        save,
     })
 }
 
@@ -992,18 +1019,25 @@ struct Report {
     outcomes: Vec<Outcome>,
     /// Connection-level retries of each request sent (as `outcomes`).
     retries: Vec<u32>,
+    /// Seconds from the run's start to each request's first send (as `outcomes`).
+    send_s: Vec<f64>,
     not_sent: usize,
     /// Requests of the trace not sent because --send-duration had passed.
     held_back: usize,
     duration_s: f64,
 }
 
+/// Seconds as milliseconds, rounded to microseconds (the report's and --save-result's unit).
+fn ms(x: f64) -> f64 {
+    (x * 1e6).round() / 1e3
+}
+
 /// Percentiles in milliseconds, rounded to microseconds; `null` without samples.
 fn ms_summary(samples: &[f64]) -> Value {
-    let r = |x: f64| (x * 1e6).round() / 1e3;
     match Percentiles::of(samples) {
         Some(p) => json!({
-            "mean": r(p.mean), "p50": r(p.p50), "p90": r(p.p90), "p99": r(p.p99), "max": r(p.max),
+            "mean": ms(p.mean), "p50": ms(p.p50), "p90": ms(p.p90), "p99": ms(p.p99),
+            "max": ms(p.max),
         }),
         None => Value::Null,
     }
@@ -1079,6 +1113,64 @@ fn summarize(r: &Report, plan: &Plan, args: &Args) -> Value {
         "outputs_not_max_tokens": short_outputs,
         "prompt_tokens_mismatch": prompt_mismatch,
     })
+}
+
+/// The --save-result line of each request sent, in the plan's order (the order they were
+/// sent): [`request_line`].
+fn request_lines<'a>(r: &'a Report, plan: &'a Plan) -> impl Iterator<Item = String> + 'a {
+    let sent = plan.trace.iter().zip(&r.outcomes);
+    sent.zip(r.retries.iter().zip(&r.send_s))
+        .enumerate()
+        .map(|(i, ((q, o), (&retries, &send_s)))| request_line(plan.mode, i, q, o, retries, send_s))
+}
+
+/// Request `i`'s line, its fields in a fixed order: `index`, planned `prompt_tokens` (all
+/// inputs of an embeddings request) and `max_tokens` (null for embeddings, which send none),
+/// `send_s`, `ok`, `error` (null, the failure as the report's `errors` keys it, or
+/// "cancelled"), then as the report counts them `ttft_ms`, `itl_ms` (the request's ITL
+/// samples), `e2e_ms` (both null unless ok), `output_tokens` (0 unless ok) and `retries`.
+fn request_line(
+    mode: Mode,
+    i: usize,
+    q: &TraceRequest,
+    o: &Outcome,
+    retries: u32,
+    send_s: f64,
+) -> String {
+    let (error, s) = match o {
+        Outcome::Ok(s) => (None, Some(s)),
+        Outcome::Failed(why) => (Some(why.as_str()), None),
+        Outcome::Cancelled => (Some("cancelled"), None),
+    };
+    let embed = matches!(mode, Mode::Embed { .. });
+    let itl: Vec<f64> = s.map_or_else(Vec::new, |s| s.itl.iter().map(|&x| ms(x)).collect());
+    let fields = [
+        ("index", json!(i)),
+        ("prompt_tokens", json!(q.prompt_len * mode.inputs())),
+        ("max_tokens", json!((!embed).then_some(q.output_len))),
+        ("send_s", json!((send_s * 1e6).round() / 1e6)),
+        ("ok", json!(s.is_some())),
+        ("error", json!(error)),
+        ("ttft_ms", json!(s.map(|s| ms(s.ttft)))),
+        ("itl_ms", json!(itl)),
+        ("e2e_ms", json!(s.map(|s| ms(s.e2e)))),
+        ("output_tokens", json!(s.map_or(0, |s| s.output_tokens))),
+        ("retries", json!(retries)),
+    ];
+    let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    format!("{{{}}}", body.join(","))
+}
+
+/// Writes the --save-result file (when asked for) after the run.
+fn save_result(r: &Report, plan: &Plan) -> Result<(), String> {
+    let Some((path, file)) = &plan.save else {
+        return Ok(());
+    };
+    let mut w = BufWriter::new(file);
+    request_lines(r, plan)
+        .try_for_each(|line| writeln!(w, "{line}"))
+        .and_then(|()| w.flush())
+        .map_err(|e| format!("--save-result: writing `{}`: {e}", path.display()))
 }
 
 fn print_table(v: &Value) {
@@ -1265,22 +1357,26 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
         tasks.spawn(async move {
             let _slot = permit;
             let mut retries = 0;
+            // The send below takes its own first-send instant at once (no await before it).
+            let send_s = start.elapsed().as_secs_f64();
             let out = match timeout_at(deadline, send(&job, body, &mut retries)).await {
                 Ok(Ok(s)) => Outcome::Ok(s),
                 Ok(Err(why)) => Outcome::Failed(why),
                 Err(_) => Outcome::Cancelled,
             };
-            (i, out, retries)
+            (i, out, retries, send_s)
         });
     }
     let mut outcomes: Vec<Option<Outcome>> = (0..n).map(|_| None).collect();
     let mut retries = vec![0; n];
+    let mut send_s = vec![0.0; n];
     // Each task ends by `deadline` (its timeout), so this loop does too.
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok((i, o, k)) => {
+            Ok((i, o, k, t)) => {
                 outcomes[i] = Some(o);
                 retries[i] = k;
+                send_s[i] = t;
             }
             Err(e) => return Err(LoadgenError::Server(format!("a request task failed: {e}"))),
         }
@@ -1288,6 +1384,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
     let duration_s = start.elapsed().as_secs_f64();
     let sent = n - not_sent - held_back;
     retries.truncate(sent);
+    send_s.truncate(sent);
     Ok(Report {
         outcomes: outcomes
             .into_iter()
@@ -1295,6 +1392,7 @@ async fn run(args: &Args, plan: &Plan, deadline: Instant) -> Result<Report, Load
             .map(|o| o.unwrap_or(Outcome::Cancelled))
             .collect(),
         retries,
+        send_s,
         not_sent,
         held_back,
         duration_s,
@@ -1314,8 +1412,13 @@ fn main() -> ExitCode {
             let deadline = Instant::now() + Duration::from_secs_f64(args.max_duration);
             run(&args, &plan, deadline).await
         })?;
-        let all_ok =
+        let mut all_ok =
             report.not_sent == 0 && report.outcomes.iter().all(|o| matches!(o, Outcome::Ok(_)));
+        // Before the report is printed, so that its line stays the last of the output.
+        if let Err(e) = save_result(&report, &plan) {
+            eprintln!("fl_loadgen: {e}");
+            all_ok = false;
+        }
         Ok((summarize(&report, &plan, &args), all_ok))
     };
     match go() {
@@ -1917,6 +2020,9 @@ mod tests {
         Error500,
         /// A 200 head and one chunk of a longer body, then the connection closes.
         Truncated,
+        /// A 200 head and one chunk of a longer body, then nothing for 5 s (the connection
+        /// stays open).
+        Stall,
     }
 
     /// Counts of the scripted server: connections accepted, requests read.
@@ -1934,8 +2040,9 @@ mod tests {
     }
 
     /// Reads one request (head, then Content-Length bytes of body) from `sock` into `buf`,
-    /// leaving what follows it; `None` when the peer closes, errs or is silent for 5 s.
-    async fn read_request(sock: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<()> {
+    /// leaving what follows it; its body, or `None` when the peer closes, errs or is silent
+    /// for 5 s.
+    async fn read_request(sock: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> Option<Vec<u8>> {
         use tokio::io::AsyncReadExt;
         let give_up = Instant::now() + Duration::from_secs(5);
         let mut read_more = async |buf: &mut Vec<u8>| -> Option<()> {
@@ -1969,8 +2076,9 @@ mod tests {
         while buf.len() < end + len {
             read_more(buf).await?;
         }
+        let body = buf[end..end + len].to_vec();
         buf.drain(..end + len);
-        Some(())
+        Some(body)
     }
 
     /// A loopback /v1/completions server that closes the first `drop_on_accept` connections
@@ -2032,6 +2140,13 @@ mod tests {
                                 let _ = sock
                                     .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 4096\r\n\r\ndata: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n")
                                     .await;
+                                return;
+                            }
+                            Reply::Stall => {
+                                let _ = sock
+                                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 4096\r\n\r\ndata: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n")
+                                    .await;
+                                tokio::time::sleep(Duration::from_secs(5)).await;
                                 return;
                             }
                         };
@@ -2235,5 +2350,367 @@ mod tests {
             assert_eq!(retries, 2, "{e}");
             assert!(e.ends_with(" (3 attempts)"), "{e}");
         });
+    }
+
+    /// A loopback /v1/completions server that streams each request's `max_tokens` (at most 64)
+    /// one-token chunks 1 to 3 ms apart, then a usage chunk (the prompt's ids and the chunks
+    /// sent) and [DONE]. HTTP/1.1 keep-alive; it accepts at most 32 connections and answers at
+    /// most 64 requests on each, every accept bounded by 20 s and every read by 5 s.
+    async fn paced_server() -> String {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for _ in 0..32 {
+                let accepted =
+                    timeout_at(Instant::now() + Duration::from_secs(20), listener.accept());
+                let Ok(Ok((mut sock, _))) = accepted.await else {
+                    return;
+                };
+                // Each chunk goes out as it is written, as a streaming server's do.
+                sock.set_nodelay(true).unwrap();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for _ in 0..64 {
+                        let Some(body) = read_request(&mut sock, &mut buf).await else {
+                            return;
+                        };
+                        let req: Value = serde_json::from_slice(&body).unwrap_or_default();
+                        let n = req["max_tokens"].as_u64().unwrap_or(1).clamp(1, 64) as usize;
+                        let prompt = req["prompt"].as_array().map_or(0, Vec::len);
+                        let mut events: Vec<String> = (0..n)
+                            .map(|j| {
+                                format!(
+                                    "data: {{\"choices\":[{{\"index\":0,\"text\":\"t{j}\"}}]}}\n\n"
+                                )
+                            })
+                            .collect();
+                        events.push(format!(
+                            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{n}}}}}\n\n"
+                        ));
+                        events.push("data: [DONE]\n\n".into());
+                        let len: usize = events.iter().map(String::len).sum();
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {len}\r\n\r\n"
+                        );
+                        if sock.write_all(head.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        for (j, ev) in events.iter().enumerate() {
+                            if (1..=n).contains(&j) {
+                                let gap = 1 + j as u64 % 3;
+                                tokio::time::sleep(Duration::from_millis(gap)).await;
+                            }
+                            if sock.write_all(ev.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// A path in the temp directory named for this process and `name`, removed when dropped.
+    struct TempPath(PathBuf);
+
+    impl TempPath {
+        fn new(name: &str) -> Self {
+            let file = format!("fl_loadgen-test-{}-{name}", std::process::id());
+            TempPath(std::env::temp_dir().join(file))
+        }
+
+        fn arg(&self) -> &str {
+            self.0.to_str().unwrap()
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// `fl_loadgen --base-url URL --model m --max-duration SECS ARGS --save-result FILE` on
+    /// `rt`, the run bounded at `secs`, then the file written as `main` writes it: the plan,
+    /// the report's JSON and the file's lines, parsed.
+    fn run_saving(
+        rt: &tokio::runtime::Runtime,
+        url: &str,
+        secs: &str,
+        args: &[&str],
+        name: &str,
+    ) -> (Plan, Value, Vec<Value>) {
+        let file = TempPath::new(name);
+        let base = [
+            "fl_loadgen",
+            "--base-url",
+            url,
+            "--model",
+            "m",
+            "--max-duration",
+            secs,
+            "--save-result",
+            file.arg(),
+        ];
+        let a = Args::parse_from(base.iter().chain(args));
+        let p = plan(&a).unwrap();
+        // Created (empty) before the run.
+        assert_eq!(std::fs::metadata(&file.0).unwrap().len(), 0);
+        let deadline = Instant::now() + Duration::from_secs_f64(a.max_duration);
+        let report = rt.block_on(run(&a, &p, deadline)).unwrap();
+        let v = summarize(&report, &p, &a);
+        save_result(&report, &p).unwrap();
+        let text = std::fs::read_to_string(&file.0).unwrap();
+        assert!(text.is_empty() || text.ends_with('\n'));
+        let lines = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (p, v, lines)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Nearest-rank p50 / p90 / p99 / max of saved ms values, as the report gives them.
+    fn saved_summary(ms_values: &[f64]) -> [f64; 4] {
+        let p = Percentiles::of(ms_values).unwrap();
+        [p.p50, p.p90, p.p99, p.max]
+    }
+
+    fn report_summary(v: &Value) -> [f64; 4] {
+        ["p50", "p90", "p99", "max"].map(|k| v[k].as_f64().unwrap())
+    }
+
+    #[test]
+    fn save_result_keeps_each_requests_itl_gaps_as_the_report_pools_them() {
+        let rt = runtime();
+        let url = rt.block_on(paced_server());
+        let (p, v, lines) = run_saving(
+            &rt,
+            &url,
+            "20",
+            &[
+                "--num-prompts",
+                "12",
+                "--concurrency",
+                "4",
+                "--prompt-lens",
+                "4",
+                "--output-lens",
+                "1-9",
+            ],
+            "paced.jsonl",
+        );
+        assert_eq!(
+            (v["completed"].as_u64(), v["failed"].as_u64()),
+            (Some(12), Some(0)),
+            "{v}"
+        );
+        assert_eq!(lines.len(), 12);
+        for l in &lines {
+            let keys: Vec<&str> = l.as_object().unwrap().keys().map(String::as_str).collect();
+            let mut want = [
+                "index",
+                "prompt_tokens",
+                "max_tokens",
+                "send_s",
+                "ok",
+                "error",
+                "ttft_ms",
+                "itl_ms",
+                "e2e_ms",
+                "output_tokens",
+                "retries",
+            ];
+            want.sort_unstable();
+            let mut keys = keys;
+            keys.sort_unstable();
+            assert_eq!(keys, want, "{l}");
+        }
+        let (mut itl, mut ttft, mut e2e, mut output) = (vec![], vec![], vec![], 0);
+        for (i, (l, q)) in lines.iter().zip(&p.trace).enumerate() {
+            assert_eq!(l["index"], i, "{l}");
+            assert_eq!(l["prompt_tokens"], 4, "{l}");
+            assert_eq!(l["max_tokens"], q.output_len, "{l}");
+            assert_eq!(
+                (l["ok"].as_bool(), l["error"].is_null()),
+                (Some(true), true),
+                "{l}"
+            );
+            assert_eq!(l["retries"], 0, "{l}");
+            let n = l["output_tokens"].as_u64().unwrap() as usize;
+            assert_eq!(n, q.output_len, "{l}");
+            let gaps: Vec<f64> = l["itl_ms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
+            assert_eq!(gaps.len(), n - 1, "{l}");
+            assert!(gaps.iter().all(|&g| g >= 0.0), "{l}");
+            let (t, e) = (
+                l["ttft_ms"].as_f64().unwrap(),
+                l["e2e_ms"].as_f64().unwrap(),
+            );
+            assert!(t > 0.0 && e >= t, "{l}");
+            // E2E is TTFT plus the gaps (each rounded to the microsecond).
+            let sum = t + gaps.iter().sum::<f64>();
+            assert!((sum - e).abs() < 0.001 * (n + 1) as f64, "{l}");
+            let s = l["send_s"].as_f64().unwrap();
+            assert!((0.0..20.0).contains(&s), "{l}");
+            itl.extend(gaps);
+            ttft.push(t);
+            e2e.push(e);
+            output += n;
+        }
+        assert!(
+            p.trace.iter().any(|q| q.output_len == 1),
+            "a one-token request"
+        );
+        assert_eq!(v["output_tokens"], output);
+        // The server waits 1 to 3 ms before each content chunk after the first.
+        assert!(itl.iter().any(|&g| g > 0.0), "{itl:?}");
+        // Nearest-rank percentiles of the saved values are the report's, to the microsecond.
+        assert_eq!(saved_summary(&itl), report_summary(&v["itl_ms"]));
+        assert_eq!(saved_summary(&ttft), report_summary(&v["ttft_ms"]));
+        assert_eq!(saved_summary(&e2e), report_summary(&v["e2e_ms"]));
+        let mean = itl.iter().sum::<f64>() / itl.len() as f64;
+        assert!((mean - v["itl_ms"]["mean"].as_f64().unwrap()).abs() < 0.001);
+        // Four clients: the last request waited for a slot.
+        let send = |i: usize| lines[i]["send_s"].as_f64().unwrap();
+        assert!(send(11) > send(0));
+    }
+
+    #[test]
+    fn save_result_keeps_failed_and_cancelled_requests_but_not_unsent_ones() {
+        let rt = runtime();
+        // Server request 0 is the warm-up; the trace's requests are 1, 2, 3, ...
+        let (url, _) = rt.block_on(scripted_server(0, |k| match k {
+            2 => Reply::Error500,
+            3 => Reply::Stall,
+            _ => Reply::Stream,
+        }));
+        let (_, v, lines) = run_saving(
+            &rt,
+            &url,
+            "1.5",
+            &[
+                "--num-prompts",
+                "5",
+                "--concurrency",
+                "1",
+                "--prompt-lens",
+                "4",
+                "--output-lens",
+                "2",
+            ],
+            "failures.jsonl",
+        );
+        assert_eq!(
+            (
+                v["completed"].as_u64(),
+                v["failed"].as_u64(),
+                v["cancelled"].as_u64(),
+                v["not_sent"].as_u64()
+            ),
+            (Some(1), Some(1), Some(1), Some(2)),
+            "{v}"
+        );
+        assert_eq!(lines.len(), 3, "the 2 requests never sent are not written");
+        let (ok, failed, cancelled) = (&lines[0], &lines[1], &lines[2]);
+        assert_eq!(
+            (ok["ok"].as_bool(), ok["output_tokens"].as_u64()),
+            (Some(true), Some(2))
+        );
+        assert_eq!(ok["itl_ms"].as_array().unwrap().len(), 1, "{ok}");
+        assert_eq!(failed["error"], "HTTP 500: kaput", "{failed}");
+        assert_eq!(cancelled["error"], "cancelled", "{cancelled}");
+        for (i, l) in [(1, failed), (2, cancelled)] {
+            assert_eq!(l["index"], i, "{l}");
+            assert_eq!(l["ok"], false, "{l}");
+            assert!(l["ttft_ms"].is_null() && l["e2e_ms"].is_null(), "{l}");
+            assert_eq!(l["itl_ms"], json!([]), "{l}");
+            assert_eq!(
+                (l["output_tokens"].as_u64(), l["retries"].as_u64()),
+                (Some(0), Some(0)),
+                "{l}"
+            );
+            assert_eq!(l["max_tokens"], 2, "{l}");
+        }
+        // Concurrency 1: each was sent once the one before it had ended.
+        let send = |l: &Value| l["send_s"].as_f64().unwrap();
+        assert!(send(ok) <= send(failed) && send(failed) <= send(cancelled));
+        assert!(send(cancelled) < 1.5);
+    }
+
+    #[test]
+    fn save_result_of_an_embeddings_run_has_no_itl_gaps() {
+        let rt = runtime();
+        let url = rt.block_on(fake_embedding_server());
+        let (p, v, lines) = run_saving(
+            &rt,
+            &url,
+            "20",
+            &[
+                "--embeddings",
+                "--num-prompts",
+                "6",
+                "--inputs-per-request",
+                "3",
+                "--prompt-lens",
+                "5-9",
+                "--concurrency",
+                "2",
+            ],
+            "embed.jsonl",
+        );
+        assert_eq!(v["completed"], 6, "{v}");
+        assert_eq!(lines.len(), 6);
+        let mut e2e = vec![];
+        for (l, q) in lines.iter().zip(&p.trace) {
+            assert_eq!(l["ok"], true, "{l}");
+            assert_eq!(l["prompt_tokens"], 3 * q.prompt_len, "{l}");
+            assert!(l["max_tokens"].is_null(), "{l}");
+            assert_eq!(l["itl_ms"], json!([]), "{l}");
+            assert_eq!(l["output_tokens"], 0, "{l}");
+            assert_eq!(l["ttft_ms"], l["e2e_ms"], "{l}");
+            e2e.push(l["e2e_ms"].as_f64().unwrap());
+        }
+        assert_eq!(saved_summary(&e2e), report_summary(&v["e2e_ms"]));
+    }
+
+    #[test]
+    fn save_result_refuses_a_path_it_cannot_create_before_the_run() {
+        let dir = std::env::temp_dir();
+        let missing = TempPath::new("no-such-dir");
+        let inside = missing.0.join("requests.jsonl");
+        for path in [dir.as_path(), inside.as_path()] {
+            let path = path.to_str().unwrap();
+            let a = Args::parse_from(["fl_loadgen", "--save-result", path]);
+            let e = plan(&a).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                e.starts_with("--save-result: cannot create `"),
+                "{path}: {e}"
+            );
+            assert!(e.contains(path), "{e}");
+        }
+        // A file that can be made is made (empty) by the argument check, and only when every
+        // other argument is good.
+        let file = TempPath::new("early.jsonl");
+        std::fs::write(&file.0, "old\n").unwrap();
+        let a = Args::parse_from(["fl_loadgen", "--rate", "0", "--save-result", file.arg()]);
+        assert!(plan(&a).is_err());
+        assert_eq!(std::fs::read_to_string(&file.0).unwrap(), "old\n");
+        let a = Args::parse_from(["fl_loadgen", "--save-result", file.arg()]);
+        assert!(plan(&a).unwrap().save.is_some());
+        assert_eq!(std::fs::metadata(&file.0).unwrap().len(), 0);
     }
 }
