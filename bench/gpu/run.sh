@@ -34,6 +34,8 @@
 #   soak [SECONDS [MODEL]]        fl serve MODEL (default llama-2-7b) under 64 clients (prompts 64-1024,
 #                                 outputs 16-512) for SECONDS (default 480), then the requests in flight
 #                                 finish; failures, usage against /metrics, GPU memory and server RSS
+#   soak-start [SECONDS [MODEL]]  the soak in a new process session, past this call (default 600 s);
+#   soak-collect [WAIT]           in a later call on the same machine: wait for it, print its table
 #   serve-stress [MODEL]          64 clients (512 + 256) while abuse_client.py sends bad requests and
 #                                 holds 1,000 idle connections: both must come through
 #   serve-check [ARGS]            fl serve on a small random LLaMA with a real tokenizer and chat
@@ -380,6 +382,40 @@ for k, x in rows:
 PY
 }
 
+# A soak longer than one device call (10 minutes and more): soak-start runs `soak` in a new
+# process session (the machine keeps it past the call) with its logs under /tmp/fl-soak;
+# soak-collect, in a later call on the same warm machine, waits for it (up to WAIT seconds,
+# default 560) and prints its table, copying its logs into LOGS.
+SOAK_DIR=/tmp/fl-soak
+t_soak_start() {
+  local secs="${1:-600}" model="${2:-llama-2-7b}"
+  rm -rf "$SOAK_DIR"; mkdir -p "$SOAK_DIR/logs"
+  FL_LOGS="$SOAK_DIR/logs" setsid bash -c 'bash "$1" soak "$2" "$3"; echo $? > "$4/rc"' _ \
+    "$HERE/run.sh" "$secs" "$model" "$SOAK_DIR" > "$SOAK_DIR/out.txt" 2>&1 < /dev/null &
+  local pid=$!
+  echo "$pid" > "$SOAK_DIR/pid"
+  # Back once the load is running (the server answered its warm-up), or the soak ended.
+  for _ in $(seq 1 300); do
+    grep -q . "$SOAK_DIR/logs/soak-metrics-before.txt" 2>/dev/null && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  echo "soak-start: pid $pid, ${secs} s of load from $(date +%T); collect with soak-collect" >&2
+  tail -3 "$SOAK_DIR/out.txt" >&2
+}
+t_soak_collect() {
+  local wait="${1:-560}" pid
+  pid="$(cat "$SOAK_DIR/pid" 2>/dev/null)" || { echo "soak-collect: no soak-start on this machine" >&2; return 2; }
+  for _ in $(seq 1 "$wait"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  cp -r "$SOAK_DIR/logs/." "$LOGS/" 2>/dev/null
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "soak-collect: still running after ${wait} s; run soak-collect again" >&2
+    return 1
+  fi
+  cat "$SOAK_DIR/out.txt"
+  return "$(cat "$SOAK_DIR/rc" 2>/dev/null || echo 1)"
+}
+
 # Misbehaving clients and 1,000 idle connections while 64 clients load the server.
 t_serve_stress() {
   local model="${1:-llama-2-7b}" port=8435 line load rc
@@ -629,6 +665,8 @@ case "$target" in
   serve-load) t_serve_load "$@" ;;
   serve-compare) t_serve_compare "$@" ;;
   soak) t_soak "$@" ;;
+  soak-start) t_soak_start "$@" ;;
+  soak-collect) t_soak_collect "$@" ;;
   serve-stress) t_serve_stress "$@" ;;
   serve-check) t_serve_check "$@" ;;
   step-profile) t_step_profile "$@" ;;
