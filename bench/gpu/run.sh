@@ -295,9 +295,10 @@ t_serve_compare() {
     -b 2048 -ub 512 -npp 512 -ntg 256 -npl 64 > "$LOGS/batched-bench.log" 2>&1
   grep -E '^\|' "$LOGS/batched-bench.log" >&2
   # FL_SERVE_SERVERS: which servers, in order (default "llama-server fl"); llama-server-bs is
-  # llama-server with --backend-sampling (its experimental GPU sampling).
+  # llama-server with --backend-sampling (its experimental GPU sampling), fl-cN fl serve with
+  # --max-prefill-chunk-beside-decodes N.
   for srv in ${FL_SERVE_SERVERS:-llama-server fl}; do
-    if [ "$srv" != fl ]; then
+    if [ "${srv#llama-server}" != "$srv" ]; then
       local more=(); [ "$srv" = llama-server-bs ] && more=(--backend-sampling)
       # 64 slots of 800 tokens (512 + 256 and room), flash attention, a thread per client.
       # --cache-ram 0: llama-server's host-RAM prompt cache (default 8 GiB) saves a slot's
@@ -311,7 +312,8 @@ t_serve_compare() {
         -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --cache-ram 0 \
         "${more[@]}" --host 127.0.0.1 --port "$port" --no-webui || continue
     else
-      start_server fl-serve "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" || continue
+      local flargs=(); [ "${srv#fl-c}" != "$srv" ] && flargs=(--max-prefill-chunk-beside-decodes "${srv#fl-c}")
+      start_server "$srv" "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" "${flargs[@]}" || continue
     fi
     for c in "${clients[@]}" shared64; do
       local extra=() cc="$c"
@@ -323,10 +325,16 @@ t_serve_compare() {
         --save-result "$LOGS/requests-$srv-$c.jsonl" 2>&1 | tail -1)
       echo "  $srv $c: $line" >&2
       rows+=("$(load_row "$srv" "$c" "$line")")
+      # The server's own counters after each row (fl serve: step times by kind).
+      curl -s "http://127.0.0.1:$port/metrics" > "$LOGS/metrics-$srv-$c.txt" 2>/dev/null
     done
     stop_server
   done
   { echo "$LOAD_HEADER"; printf '%s\n' "${rows[@]}"; } | show_table
+  # Where the long inter-token gaps of the 64-client rows come from (itl_breakdown.py).
+  local m=() f
+  for f in "$LOGS"/metrics-fl*-64.txt; do [ -s "$f" ] && m+=(--metrics "$f"); done
+  python3 "$B/scripts/itl_breakdown.py" "$LOGS"/requests-*-64.jsonl "${m[@]}" 2>&1 || true
 }
 
 # A soak at saturation: 64 clients for SECONDS, then the requests in flight finish.
