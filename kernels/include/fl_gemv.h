@@ -76,8 +76,10 @@ fl_status fl_gemv_quant(fl_dtype dtype, fl_gemv_format format, const void *x, co
  * super-blocks, one mma.sync per 16 values of a sub-block on the raw quants (q + 1024 in f16,
  * q + 128 in bf16, exact), a second on all-ones giving the sub-block's sums of x, and each
  * sub-block's scale and min applied to both sums in f32 (s * (D - magic * D1) - min * D1).
- * Q6_K (2-byte aligned super-blocks): CUDA cores, one warp per output row, f32 FMAs on the
- * exact integer quants, each sub-block's scale applied to its sums. The other formats' kernels (every one gives the same result up to f32 rounding: the
+ * Q6_K (2-byte aligned super-blocks): from m = 2 the same tensor-core kernel (16-value runs
+ * with a signed scale each, one 2-byte aligned word a run per lane); at m = 1 CUDA cores, one
+ * warp per output row, f32 FMAs on the exact integer quants, each sub-block's scale applied to
+ * its sums. The other formats' kernels (every one gives the same result up to f32 rounding: the
  * summation order, and for int4 at m = 1 in the one-token kernel's 32-row CTAs of 4 warps, a
  * product on raw nibbles whose offsets (M + z) times x's group sums are subtracted per row in
  * f32):
