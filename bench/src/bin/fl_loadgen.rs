@@ -2193,6 +2193,11 @@ mod tests {
         (summarize(&report, &p, &a), seen.get())
     }
 
+    /// The report's completed, failed, retried and retries counts.
+    fn outcome(v: &Value) -> [u64; 4] {
+        ["completed", "failed", "retried", "retries"].map(|k| v[k].as_u64().unwrap_or(u64::MAX))
+    }
+
     /// A completions job for `url` whose retries end at `deadline`.
     fn job_for(url: &str, deadline: Instant) -> Job {
         let (client, fresh) = clients(HttpConnector::new());
@@ -2217,16 +2222,7 @@ mod tests {
             |k| if k == 1 { Reply::Close } else { Reply::Stream },
             &["--num-prompts", "3"],
         );
-        assert_eq!(
-            (
-                v["completed"].as_u64(),
-                v["failed"].as_u64(),
-                v["retried"].as_u64(),
-                v["retries"].as_u64()
-            ),
-            (Some(3), Some(0), Some(1), Some(1)),
-            "{v}"
-        );
+        assert_eq!(outcome(&v), [3, 0, 1, 1], "{v}");
         assert_eq!(requests, 5, "warm-up, 3 requests and 1 retry");
         assert_eq!(v["errors"], json!({}));
         // The retried request waited 20 ms before its second send: TTFT and E2E include it.
@@ -2265,16 +2261,7 @@ mod tests {
             |k| if k == 0 { Reply::Stream } else { Reply::Close },
             &["--num-prompts", "1"],
         );
-        assert_eq!(
-            (
-                v["completed"].as_u64(),
-                v["failed"].as_u64(),
-                v["retried"].as_u64(),
-                v["retries"].as_u64()
-            ),
-            (Some(0), Some(1), Some(1), Some(2)),
-            "{v}"
-        );
+        assert_eq!(outcome(&v), [0, 1, 1, 2], "{v}");
         assert_eq!(requests, 4, "warm-up and 3 attempts");
         let errors = v["errors"].as_object().unwrap();
         assert_eq!(errors.len(), 1, "{v}");
@@ -2296,16 +2283,7 @@ mod tests {
             },
             &["--num-prompts", "3"],
         );
-        assert_eq!(
-            (
-                v["completed"].as_u64(),
-                v["failed"].as_u64(),
-                v["retried"].as_u64(),
-                v["retries"].as_u64()
-            ),
-            (Some(1), Some(2), Some(0), Some(0)),
-            "{v}"
-        );
+        assert_eq!(outcome(&v), [1, 2, 0, 0], "{v}");
         assert_eq!(requests, 4, "warm-up and 3 requests, none sent again");
         assert_eq!(v["errors"]["HTTP 500: kaput"], 1, "{v}");
         let errors = v["errors"].as_object().unwrap();
