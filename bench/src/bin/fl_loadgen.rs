@@ -2193,6 +2193,20 @@ mod tests {
         (summarize(&report, &p, &a), seen.get())
     }
 
+    /// One 4-token prompt for 2 tokens to `url`, retries ending `deadline` from now (the whole
+    /// call bounded by 20 s): its sample or error, and its retries.
+    async fn send_one(url: &str, deadline: Duration) -> (Result<Sample, String>, u32) {
+        let job = job_for(url, Instant::now() + deadline);
+        let mut retries = 0;
+        let r = timeout_at(
+            Instant::now() + Duration::from_secs(20),
+            send(&job, job.body(0, 4, 0, 2), &mut retries),
+        )
+        .await
+        .expect("a bounded send");
+        (r, retries)
+    }
+
     /// The report's completed, failed, retried and retries counts.
     fn outcome(v: &Value) -> [u64; 4] {
         ["completed", "failed", "retried", "retries"].map(|k| v[k].as_u64().unwrap_or(u64::MAX))
@@ -2233,22 +2247,10 @@ mod tests {
 
     #[test]
     fn connections_dropped_on_accept_are_retried_on_fresh_ones() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        runtime().block_on(async {
             let (url, seen) = scripted_server(2, |_| Reply::Stream).await;
-            let job = job_for(&url, Instant::now() + Duration::from_secs(20));
-            let mut retries = 0;
-            let s = timeout_at(
-                Instant::now() + Duration::from_secs(20),
-                send(&job, job.body(0, 4, 0, 2), &mut retries),
-            )
-            .await
-            .unwrap()
-            .unwrap();
+            let (s, retries) = send_one(&url, Duration::from_secs(20)).await;
+            let s = s.unwrap();
             assert_eq!((s.output_tokens, retries), (2, 2));
             assert_eq!(seen.get(), (3, 1), "3 connections, 1 request answered");
             assert!(s.e2e >= 0.12, "timed from the first send: {}", s.e2e);
@@ -2292,24 +2294,12 @@ mod tests {
 
     #[test]
     fn no_retry_starts_past_the_deadline() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        runtime().block_on(async {
             let (url, seen) = scripted_server(0, |_| Reply::Close).await;
             // The first retry (20 ms after a failure within 90 ms) starts before the deadline;
             // the second (100 ms later still) would not.
-            let job = job_for(&url, Instant::now() + Duration::from_millis(110));
-            let mut retries = 0;
-            let e = timeout_at(
-                Instant::now() + Duration::from_secs(20),
-                send(&job, job.body(0, 4, 0, 2), &mut retries),
-            )
-            .await
-            .unwrap()
-            .unwrap_err();
+            let (e, retries) = send_one(&url, Duration::from_millis(110)).await;
+            let e = e.unwrap_err();
             assert_eq!(retries, 1, "{e}");
             assert!(
                 e.starts_with("connection: ") && e.ends_with(" (2 attempts)"),
@@ -2320,11 +2310,8 @@ mod tests {
             let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let url = format!("http://{}", closed.local_addr().unwrap());
             drop(closed);
-            let job = job_for(&url, Instant::now() + Duration::from_secs(20));
-            let mut retries = 0;
-            let e = send(&job, job.body(0, 4, 0, 2), &mut retries)
-                .await
-                .unwrap_err();
+            let (e, retries) = send_one(&url, Duration::from_secs(20)).await;
+            let e = e.unwrap_err();
             assert_eq!(retries, 2, "{e}");
             assert!(e.ends_with(" (3 attempts)"), "{e}");
         });
