@@ -270,6 +270,14 @@ fn parse_tp(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
+/// A token count of at least 1.
+fn parse_tokens(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("`{s}` is not a token count of at least 1")),
+    }
+}
+
 /// `K/N` with 1 <= K <= N.
 fn parse_part(s: &str) -> std::result::Result<(usize, usize), String> {
     let bad = || format!("`{s}` is not K/N with 1 <= K <= N");
@@ -306,7 +314,7 @@ struct RunnerArgs {
     /// Most prompt tokens of one request in a step that also decodes running requests
     /// (default: up to --max-batched-tokens). Smaller chunks keep the running requests'
     /// inter-token latency even while prompts arrive; a prompt then takes more steps.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_tokens)]
     max_prefill_chunk_beside_decodes: Option<usize>,
 }
 
@@ -846,7 +854,8 @@ fn argmax(row: &[f32]) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_part;
+    use super::{parse_part, parse_tokens, Cli};
+    use clap::Parser;
 
     #[test]
     fn trace_parts_parse_and_refuse_with_the_value() {
@@ -855,6 +864,40 @@ mod tests {
         for bad in ["0/2", "3/2", "1", "a/b", "1/0", ""] {
             let e = parse_part(bad).expect_err(bad);
             assert!(e.contains(&format!("`{bad}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn prefill_chunk_beside_decodes_is_a_positive_token_count() {
+        assert_eq!(parse_tokens("256"), Ok(256));
+        for bad in ["0", "-1", "x", ""] {
+            assert!(parse_tokens(bad)
+                .expect_err(bad)
+                .contains(&format!("`{bad}`")));
+        }
+        let args = [
+            "fl",
+            "serve",
+            "--model",
+            "m",
+            "--max-prefill-chunk-beside-decodes",
+            "0",
+        ];
+        let e = match Cli::try_parse_from(args) {
+            Ok(_) => panic!("0 is refused"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("--max-prefill-chunk-beside-decodes"), "{e}");
+        let args = [
+            "fl",
+            "bench",
+            "--model",
+            "m",
+            "--max-prefill-chunk-beside-decodes",
+            "128",
+        ];
+        if let Err(e) = Cli::try_parse_from(args) {
+            panic!("{e}");
         }
     }
 }
