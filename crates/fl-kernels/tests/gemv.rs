@@ -1689,3 +1689,39 @@ fn dequantize_launcher_reaches_the_launch_without_a_gpu() {
         }
     }
 }
+
+#[test]
+fn reference_gemv_split_over_threads_is_the_serial_sum() {
+    // reference::gemv splits the rows over threads, tasks of up to ~4 MB of f64 rows: here
+    // many tasks (k = 16384: 32 rows each) with a partial last one, and few (k = 64), every
+    // format, 1 and 3 tokens; each value equals the serial f64 sum over dequantize's rows,
+    // in the same order (bit for bit).
+    let mut r = rng("reference_gemv_threads");
+    for &(n, k) in &[(203usize, 16384usize), (1001, 64 * 4)] {
+        for f in all_formats().into_iter().chain([
+            QuantFormat::Q4_K,
+            QuantFormat::Q5_K,
+            QuantFormat::Q6_K,
+        ]) {
+            if k % f.k_multiple() != 0 {
+                continue;
+            }
+            let q = gemv::quantize(&random_weights(&mut r, n, k), n, k, f).unwrap();
+            let wd = reference::gemv::dequantize(&q);
+            for m in [1usize, 3] {
+                let x: Vec<f16> = random(&mut r, m * k);
+                let got = reference::gemv::gemv(&x, m, &q);
+                for t in 0..m {
+                    for row in 0..n {
+                        let want: f64 = wd[row * k..(row + 1) * k]
+                            .iter()
+                            .zip(&x[t * k..(t + 1) * k])
+                            .map(|(a, b)| a * b.to_f64())
+                            .sum();
+                        assert_eq!(got[t * n + row], want, "{} m={m} t={t} row={row}", f.name());
+                    }
+                }
+            }
+        }
+    }
+}
