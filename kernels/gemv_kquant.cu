@@ -18,8 +18,8 @@
 //
 // The GEMV (m = 1..16): on tensor cores (gemv_kquant_kernel, one run of a scale per mma; how,
 // beside the kernel), except Q6_K at one token on CUDA cores (gemv_q6k_fma_kernel, one warp per
-// row, kq_unit per lane). The dequantisation (kq_unit) is CUDA-core code that also serves the host
-// reference.
+// row, kq_unit per lane). The dequantisation (kq_unit) is CUDA-core code that also serves the
+// host reference.
 #include "gemv_kquant.cuh"
 
 namespace fl {
@@ -205,13 +205,13 @@ template <typename T> __device__ __forceinline__ void load_x8(const T *p, float 
 
 // ---------------------------------------------------------------- the GEMV, on tensor cores
 // Q4_K, Q5_K, and Q6_K from 2 tokens (at one: gemv_q6k_fma_kernel below). One CTA per 16
-// output rows; its kKqWarps warps split the rows' super-blocks (warp w takes w, w + kKqWarps, ...) and add their sums
-// through shared memory at the end. Each super-block is a series of m16n8k16 mmas, A = 16
-// weight rows x 16 k (one run: all 16 values share a scale), B = 16 k x 8 tokens of x (a
-// second n-tile for m > 8), f32 accumulation:
+// output rows; its kKqWarps warps split the rows' super-blocks (warp w takes w, w + kKqWarps,
+// ...) and add their sums through shared memory at the end. Each super-block is a series of
+// m16n8k16 mmas, A = 16 weight rows x 16 k (one run: all 16 values share a scale), B = 16 k x
+// 8 tokens of x (a second n-tile for m > 8), f32 accumulation:
 // - lane (g, t) supplies weight rows g and g + 8 at the k-slots {2t, 2t + 1, 2t + 8, 2t + 9},
 //   from one 32-bit word of each row's quants: 4 bytes (Q4_K: nibbles, run 2i in the low ones
-//   and 2i + 1 in the high ones; Q5_K: the assembled 5-bit values) at positions
+//   and 2i + 1 in the high ones; Q5_K / Q6_K: the assembled 5- / 6-bit values) at positions
 //   p..p + 3 of the run. Slots (2t, 2t + 1) take bytes (0, 2), slots (2t + 8, 2t + 9) bytes
 //   (1, 3): one LOP3 each puts a pair under the 16-bit magic (f16 1024 + q, bf16 128 + q,
 //   exact), with no shift of the bytes; x's B pairs are permuted to match, (x[p], x[p + 2]) and
