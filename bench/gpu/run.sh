@@ -42,7 +42,7 @@
 #                                 template (make_serve_model.py), then check_openai_client.py
 #                                 (ARGS to it) against it: the openai package and curl. Without
 #                                 `openai` importable, FL_WHEELS names a wheel folder to install from
-#   step-profile [MODEL [PROMPT]] ncu per kernel over the last 16 decode steps of one sequence (default
+#   step-profile [MODEL [PROMPT]] ncu per kernel over the last 8 decode steps of one sequence (default
 #                                 llama-2-7b, 128-token prompt): the static engine beside the runner
 #                                 (ncu_steps.py); the step's wall time minus the kernels is idle GPU
 #   gguf-compare [TYPE...]        issue 33's speed rows: serve-compare's random llama-2-7b f16
@@ -463,10 +463,12 @@ t_step_profile() {
   local model="${1:-llama-2-7b}" prompt="${2:-128}" ncu
   ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
   local m=(--csv --print-units base --metrics gpu__time_duration.sum --clock-control none --cache-control none)
-  echo "[{\"arrival_s\": 0.0, \"prompt_len\": $prompt, \"output_len\": 24}]" > "$LOGS/one.json"
-  timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --runs "1:$prompt:24" > "$LOGS/ncu-static.csv" 2> "$LOGS/ncu-static.err"
+  # 14 new tokens, the last 8 steps compared: ~2,700 kernels a run under ncu (~1-1.5 minutes;
+  # 24 tokens took ~2 minutes a run and the pair did not fit a 10-minute call beside a build).
+  echo "[{\"arrival_s\": 0.0, \"prompt_len\": $prompt, \"output_len\": 14}]" > "$LOGS/one.json"
+  timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --runs "1:$prompt:14" > "$LOGS/ncu-static.csv" 2> "$LOGS/ncu-static.err"
   timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --trace-file "$LOGS/one.json" > "$LOGS/ncu-runner.csv" 2> "$LOGS/ncu-runner.err"
-  (cd "$LOGS" && python3 "$B/scripts/ncu_steps.py" ncu-static.csv ncu-runner.csv --steps 16)
+  (cd "$LOGS" && python3 "$B/scripts/ncu_steps.py" ncu-static.csv ncu-runner.csv --steps 8)
 }
 
 # Issue 33's speed rows: llama.cpp and fl on the same GGUF files, made from one random f16 file
