@@ -23,6 +23,7 @@ use clap::Parser;
 use fl_engine::scheduler::{
     Event, Request, RequestId, RequestParams, Scheduler, SchedulerConfig, StepPlan,
 };
+use fl_engine::trace::Percentiles;
 use std::collections::HashMap;
 
 #[derive(Parser, Debug)]
@@ -69,15 +70,6 @@ struct Args {
     /// wave. 0 sends in lock step, which keeps every wave of requests together.
     #[arg(long, default_value_t = 20.0)]
     jitter_ms: f64,
-}
-
-/// Nearest-rank percentile, as fl_loadgen reports them.
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let k = ((q / 100.0 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[k - 1]
 }
 
 fn step_ms(a: &Args, plan: &StepPlan) -> f64 {
@@ -227,19 +219,20 @@ fn main() {
             "none" => None,
             n => Some(n.parse::<usize>().expect("--chunks: none or token counts")),
         };
-        let mut o = simulate(&a, chunk);
-        o.ttft.sort_by(f64::total_cmp);
-        o.itl.sort_by(f64::total_cmp);
-        let (i50, i99) = (pct(&o.itl, 50.0), pct(&o.itl, 99.0));
+        let o = simulate(&a, chunk);
+        // Nearest rank, as fl_loadgen and fl bench report them (NaN without samples).
+        let p50_p99 =
+            |v: &[f64]| Percentiles::of(v).map_or((f64::NAN, f64::NAN), |p| (p.p50, p.p99));
+        let (ttft, itl) = (p50_p99(&o.ttft), p50_p99(&o.itl));
         println!(
             "| {} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} | {:.2}x | {} ({}) |",
             c.trim(),
             o.tokens as f64 / o.seconds,
-            pct(&o.ttft, 50.0),
-            pct(&o.ttft, 99.0),
-            i50,
-            i99,
-            i99 / i50,
+            ttft.0,
+            ttft.1,
+            itl.0,
+            itl.1,
+            itl.1 / itl.0,
             o.steps,
             o.prefill_steps
         );

@@ -190,14 +190,14 @@ impl<T: RunDType> Backend for Runner<'_, T> {
     }
 
     fn stats(&self) -> BackendStats {
-        let s = self.scheduler();
+        let (s, last) = (self.scheduler(), self.last_step());
         BackendStats {
             waiting: s.num_waiting(),
             running: s.num_running(),
             preemptions: s.num_preemptions(),
             kv: s.kv_stats(),
-            last_prefill_tokens: self.last_step().prefill_tokens,
-            last_decode_tokens: self.last_step().decode_tokens,
+            last_prefill_tokens: last.prefill_tokens,
+            last_decode_tokens: last.decode_tokens,
         }
     }
 }

@@ -66,22 +66,42 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         header(out, name, help, "histogram");
-        let mut cum = 0;
-        for (i, c) in self.counts.iter().enumerate() {
-            cum += c.load(Ordering::Relaxed);
-            match self.bounds.get(i) {
-                Some(b) => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
-                }
-                None => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
-                }
+        let counts = self.counts.iter().map(load);
+        series(out, name, "", self.bounds, counts, load(&self.sum_ns));
+    }
+}
+
+/// One histogram series: cumulative `_bucket` lines over `bounds` (then `+Inf`) from
+/// per-bucket `counts`, `_sum` (from nanoseconds) and `_count`; `label` (`key="value",` or
+/// empty) goes before each `le`.
+fn series(
+    out: &mut String,
+    name: &str,
+    label: &str,
+    bounds: &[f64],
+    counts: impl Iterator<Item = u64>,
+    sum_ns: u64,
+) {
+    let mut cum = 0;
+    for (i, c) in counts.enumerate() {
+        cum += c;
+        match bounds.get(i) {
+            Some(b) => {
+                let _ = writeln!(out, "{name}_bucket{{{label}le=\"{b}\"}} {cum}");
+            }
+            None => {
+                let _ = writeln!(out, "{name}_bucket{{{label}le=\"+Inf\"}} {cum}");
             }
         }
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 * 1e-9;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cum}");
     }
+    let sel = label.trim_end_matches(',');
+    let sel = if sel.is_empty() {
+        String::new()
+    } else {
+        format!("{{{sel}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{sel} {}", sum_ns as f64 * 1e-9);
+    let _ = writeln!(out, "{name}_count{sel} {cum}");
 }
 
 /// A counter per finish reason.
@@ -164,21 +184,9 @@ fn render_steps(out: &mut String, kinds: [(&str, &StepTimes); 2]) {
         "histogram",
     );
     for (kind, t) in kinds {
-        let mut cum = 0;
-        for (i, c) in t.buckets.iter().enumerate() {
-            cum += c;
-            match STEP_SECONDS_BUCKETS.get(i) {
-                Some(b) => {
-                    let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"{b}\"}} {cum}");
-                }
-                None => {
-                    let _ = writeln!(out, "{name}_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {cum}");
-                }
-            }
-        }
-        let sum = t.sum_ns as f64 * 1e-9;
-        let _ = writeln!(out, "{name}_sum{{kind=\"{kind}\"}} {sum}");
-        let _ = writeln!(out, "{name}_count{{kind=\"{kind}\"}} {}", t.count);
+        let label = format!("kind=\"{kind}\",");
+        let counts = t.buckets.iter().copied();
+        series(out, name, &label, &STEP_SECONDS_BUCKETS, counts, t.sum_ns);
     }
 }
 
