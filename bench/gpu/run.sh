@@ -30,7 +30,8 @@
 #                                 each at CLIENTS (default 1 8 64 256) and a shared-prefix run (64
 #                                 clients, 384 of 512 prompt tokens shared); 512 + 256 tokens;
 #                                 FL_SERVE_SERVERS picks the servers (default "llama-server fl";
-#                                 llama-server-bs: with --backend-sampling)
+#                                 llama-server-bs: with --backend-sampling; fl-cN: fl serve with
+#                                 --max-prefill-chunk-beside-decodes N)
 #   soak [SECONDS [MODEL]]        fl serve MODEL (default llama-2-7b) under 64 clients (prompts 64-1024,
 #                                 outputs 16-512) for SECONDS (default 480), then the requests in flight
 #                                 finish; failures, usage against /metrics, GPU memory and server RSS
@@ -464,7 +465,7 @@ t_step_profile() {
   ncu="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
   local m=(--csv --print-units base --metrics gpu__time_duration.sum --clock-control none --cache-control none)
   # 14 new tokens, the last 8 steps compared: ~2,700 kernels a run under ncu (~1-1.5 minutes;
-  # 24 tokens took ~2 minutes a run and the pair did not fit a 10-minute call beside a build).
+  # 24 tokens took ~2 minutes a run, and the pair did not fit a 10-minute call beside other work).
   echo "[{\"arrival_s\": 0.0, \"prompt_len\": $prompt, \"output_len\": 14}]" > "$LOGS/one.json"
   timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --runs "1:$prompt:14" > "$LOGS/ncu-static.csv" 2> "$LOGS/ncu-static.err"
   timeout 240 "$ncu" "${m[@]}" "$B/bin/fl" bench --model "$model" --trace-file "$LOGS/one.json" > "$LOGS/ncu-runner.csv" 2> "$LOGS/ncu-runner.err"
