@@ -31,7 +31,7 @@
 #                                 clients, 384 of 512 prompt tokens shared); 512 + 256 tokens;
 #                                 FL_SERVE_SERVERS picks the servers (default "llama-server fl";
 #                                 llama-server-bs: with --backend-sampling; fl-cN: fl serve with
-#                                 --max-prefill-chunk-beside-decodes N)
+#                                 --max-prefill-tokens-beside-decodes N)
 #   soak [SECONDS [MODEL]]        fl serve MODEL (default llama-2-7b) under 64 clients (prompts 64-1024,
 #                                 outputs 16-512) for SECONDS (default 480), then the requests in flight
 #                                 finish; failures, usage against /metrics, GPU memory and server RSS
@@ -297,7 +297,7 @@ t_serve_compare() {
   grep -E '^\|' "$LOGS/batched-bench.log" >&2
   # FL_SERVE_SERVERS: which servers, in order (default "llama-server fl"); llama-server-bs is
   # llama-server with --backend-sampling (its experimental GPU sampling), fl-cN fl serve with
-  # --max-prefill-chunk-beside-decodes N.
+  # --max-prefill-tokens-beside-decodes N.
   for srv in ${FL_SERVE_SERVERS:-llama-server fl}; do
     if [ "${srv#llama-server}" != "$srv" ]; then
       local more=(); [ "$srv" = llama-server-bs ] && more=(--backend-sampling)
@@ -313,7 +313,7 @@ t_serve_compare() {
         -fa on -np 64 -c $((64 * 800)) -b 2048 -ub 512 --threads-http 288 --cache-ram 0 \
         "${more[@]}" --host 127.0.0.1 --port "$port" --no-webui || continue
     else
-      local flargs=(); [ "${srv#fl-c}" != "$srv" ] && flargs=(--max-prefill-chunk-beside-decodes "${srv#fl-c}")
+      local flargs=(); [ "${srv#fl-c}" != "$srv" ] && flargs=(--max-prefill-tokens-beside-decodes "${srv#fl-c}")
       start_server "$srv" "$port" 300 "$B/bin/fl" serve --model "$gguf" --port "$port" "${flargs[@]}" || continue
     fi
     for c in "${clients[@]}" shared64; do

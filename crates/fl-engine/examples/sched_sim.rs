@@ -1,6 +1,6 @@
 //! What-if for the scheduler without a GPU: closed-loop clients driving the real
 //! [`Scheduler`] whose steps take the time of a simple cost model, to compare step policies
-//! (budget, `--max-prefill-chunk-beside-decodes`) on TTFT and inter-token latency before
+//! (budget, `--max-prefill-tokens-beside-decodes`) on TTFT and inter-token latency before
 //! measuring the chosen ones on the GPU.
 //!
 //! The cost of a step (defaults fitted to llama-2-7b f16 on one H100, `bench/RESULTS.md`:
@@ -47,7 +47,7 @@ struct Args {
     /// Step token budget.
     #[arg(long, default_value_t = 8192)]
     max_batched_tokens: usize,
-    /// Policies to compare: `none` or N (--max-prefill-chunk-beside-decodes), comma-separated.
+    /// Policies to compare: `none` or N (--max-prefill-tokens-beside-decodes), comma-separated.
     #[arg(long, default_value = "none,128,256,512,1024")]
     chunks: String,
     /// KV blocks of 16 tokens in the pool.
@@ -96,7 +96,7 @@ struct Outcome {
 fn simulate(a: &Args, chunk: Option<usize>) -> Outcome {
     let mut cfg = SchedulerConfig::new(a.num_blocks, a.prompt + a.output + 16);
     cfg.max_batched_tokens = a.max_batched_tokens;
-    cfg.max_prefill_chunk_beside_decodes = chunk;
+    cfg.max_prefill_tokens_beside_decodes = chunk;
     let mut s = Scheduler::<()>::new(cfg).expect("scheduler config");
     let prompt = |id: u64| -> Vec<u32> {
         (0..a.prompt)

@@ -73,9 +73,9 @@ pub struct RunnerConfig {
     pub enable_prefix_cache: bool,
     /// KV blocks in the pool, overriding `kv_memory` (tests, or a fixed budget).
     pub num_blocks: Option<usize>,
-    /// Most prompt tokens of one request in a step that also decodes
-    /// ([`SchedulerConfig::max_prefill_chunk_beside_decodes`]); `None`: the step's budget.
-    pub max_prefill_chunk_beside_decodes: Option<usize>,
+    /// Most prompt tokens (all requests together) in a step that also decodes
+    /// ([`SchedulerConfig::max_prefill_tokens_beside_decodes`]); `None`: the step's budget.
+    pub max_prefill_tokens_beside_decodes: Option<usize>,
 }
 
 impl Default for RunnerConfig {
@@ -88,7 +88,7 @@ impl Default for RunnerConfig {
             max_model_len: None,
             enable_prefix_cache: true,
             num_blocks: None,
-            max_prefill_chunk_beside_decodes: None,
+            max_prefill_tokens_beside_decodes: None,
         }
     }
 }
@@ -403,7 +403,7 @@ impl<'e, T: RunDType> Runner<'e, T> {
             enable_prefix_cache: cfg.enable_prefix_cache,
             chunked_prefill: true,
             vocab_size: Some(mcfg.vocab_size as u32),
-            max_prefill_chunk_beside_decodes: cfg.max_prefill_chunk_beside_decodes,
+            max_prefill_tokens_beside_decodes: cfg.max_prefill_tokens_beside_decodes,
         })?;
         let workspace = SampleWorkspace::new(&stream, cfg.max_num_seqs, mcfg.vocab_size)?;
         Ok(Runner {

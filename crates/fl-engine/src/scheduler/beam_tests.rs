@@ -191,7 +191,7 @@ fn cfg(num_blocks: usize, block_size: usize, budget: usize) -> SchedulerConfig {
         enable_prefix_cache: true,
         chunked_prefill: true,
         vocab_size: Some(VOCAB),
-        max_prefill_chunk_beside_decodes: None,
+        max_prefill_tokens_beside_decodes: None,
     }
 }
 

@@ -100,7 +100,7 @@ proptest! {
             enable_prefix_cache: true,
             chunked_prefill: true,
             vocab_size: Some(VOCAB),
-            max_prefill_chunk_beside_decodes: None,
+            max_prefill_tokens_beside_decodes: None,
         };
         let mut s = Scheduler::<()>::new(cfg.clone()).unwrap();
         let mut f = Fake {

@@ -26,12 +26,15 @@ pub struct SchedulerConfig {
     pub chunked_prefill: bool,
     /// Vocabulary size, to reject out-of-range prompt ids (`None`: unchecked).
     pub vocab_size: Option<u32>,
-    /// Most prompt tokens of one request per step while the step also decodes (chunked
-    /// prefill only): a running request's next token waits for the whole step, so a long
-    /// chunk beside decodes stretches every decoding request's inter-token latency. Several
-    /// requests may still prefill in the same step, up to `max_batched_tokens`. `None`: no
-    /// limit beyond the budget. Steps without decodes are never limited.
-    pub max_prefill_chunk_beside_decodes: Option<usize>,
+    /// Most prompt tokens (over all requests) of a step that also decodes (chunked prefill
+    /// only): every running request's next token waits for the whole step, so prompt chunks
+    /// beside decodes stretch every decoding request's inter-token latency. Steps without
+    /// decodes are never limited. `None`: no limit beyond `max_batched_tokens`.
+    ///
+    /// A budget near one prompt per step also spreads requests that arrive together (a
+    /// closed loop's waves): their first tokens, and so their ends and the next arrivals,
+    /// come a step apart, after which each step prefills about what arrived since the last.
+    pub max_prefill_tokens_beside_decodes: Option<usize>,
 }
 
 impl SchedulerConfig {
@@ -46,7 +49,7 @@ impl SchedulerConfig {
             enable_prefix_cache: true,
             chunked_prefill: true,
             vocab_size: None,
-            max_prefill_chunk_beside_decodes: None,
+            max_prefill_tokens_beside_decodes: None,
         }
     }
 }
@@ -218,12 +221,12 @@ impl<S: Clone> Scheduler<S> {
         if cfg.max_model_len < 2 {
             return bad("max_model_len", "must be at least 2");
         }
-        if cfg.max_prefill_chunk_beside_decodes == Some(0) {
-            return bad("max_prefill_chunk_beside_decodes", "must be > 0 (or None)");
+        if cfg.max_prefill_tokens_beside_decodes == Some(0) {
+            return bad("max_prefill_tokens_beside_decodes", "must be > 0 (or None)");
         }
-        if !cfg.chunked_prefill && cfg.max_prefill_chunk_beside_decodes.is_some() {
+        if !cfg.chunked_prefill && cfg.max_prefill_tokens_beside_decodes.is_some() {
             return bad(
-                "max_prefill_chunk_beside_decodes",
+                "max_prefill_tokens_beside_decodes",
                 "limits prefill chunks: needs chunked_prefill",
             );
         }
@@ -457,7 +460,7 @@ impl<S: Clone> Scheduler<S> {
     /// Plans the next step: decodes of running requests (oldest first), then prefill chunks of
     /// partly prefilled running requests, then of waiting requests (front first), all under
     /// `max_batched_tokens` and `max_num_seqs` (and, once the step decodes, at most
-    /// `max_prefill_chunk_beside_decodes` prompt tokens per request). When a running request needs a block and none is
+    /// `max_prefill_tokens_beside_decodes` prompt tokens in all). When a running request needs a block and none is
     /// free, the newest running request not yet planned this step is preempted (possibly the
     /// one asking): its blocks are freed and it goes to the front of the waiting queue, to be
     /// recomputed from its prompt and generated tokens. No waiting request is admitted in a
@@ -480,8 +483,6 @@ impl<S: Clone> Scheduler<S> {
         let mut reserves = self.beam_reserves();
         let mut reserve: usize = reserves.values().sum();
         for decode_pass in [true, false] {
-            // Prompt tokens one request may take in this step's prefill passes.
-            let chunk = self.prefill_chunk(&plan);
             for id in self.running.clone() {
                 if budget == 0 {
                     break;
@@ -502,8 +503,11 @@ impl<S: Clone> Scheduler<S> {
                             .map(|m| self.seqs[m].len() - self.seqs[m].num_computed)
                             .collect()
                     } else {
-                        vec![remaining.min(budget).min(chunk)]
+                        vec![remaining.min(budget).min(self.prefill_left(&plan))]
                     };
+                    if n[0] == 0 {
+                        continue; // the step's prompt tokens beside decodes are spent
+                    }
                     let total: usize = n.iter().sum();
                     let whole = decode_pass || self.cfg.chunked_prefill || n[0] == remaining;
                     let appends: Vec<(RequestId, usize)> =
@@ -528,10 +532,13 @@ impl<S: Clone> Scheduler<S> {
                 let n = if decode_pass {
                     remaining.min(budget)
                 } else {
-                    remaining.min(budget).min(chunk)
+                    remaining.min(budget).min(self.prefill_left(&plan))
                 };
                 if !decode_pass && !self.cfg.chunked_prefill && n < remaining {
                     break;
+                }
+                if n == 0 {
+                    continue; // the step's prompt tokens beside decodes are spent
                 }
                 loop {
                     let need = self.kv.append_need(id, n)?;
@@ -587,8 +594,7 @@ impl<S: Clone> Scheduler<S> {
             })
             .sum();
         let watermark = self.cfg.num_blocks.div_ceil(100);
-        let chunk = self.prefill_chunk(&plan);
-        while plan.preempted_ids.is_empty() && budget > 0 {
+        while plan.preempted_ids.is_empty() && budget > 0 && self.prefill_left(&plan) > 0 {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
@@ -609,7 +615,8 @@ impl<S: Clone> Scheduler<S> {
             if !self.running.is_empty() && self.kv.num_free_blocks() < reserved + need + watermark {
                 break;
             }
-            let alloc = match self.kv.allocate_prompt(id, &tokens, budget.min(chunk)) {
+            let most = budget.min(self.prefill_left(&plan));
+            let alloc = match self.kv.allocate_prompt(id, &tokens, most) {
                 Ok(a) => a,
                 Err(KvError::NoSpace { .. }) => break,
                 Err(e) => return Err(e.into()),
@@ -640,12 +647,12 @@ impl<S: Clone> Scheduler<S> {
         Ok(plan)
     }
 
-    /// Prompt tokens one request may take in a step planned so far as `plan`:
-    /// [`SchedulerConfig::max_prefill_chunk_beside_decodes`] once the step decodes, else no
-    /// limit beyond the budget.
-    fn prefill_chunk(&self, plan: &StepPlan) -> usize {
-        match self.cfg.max_prefill_chunk_beside_decodes {
-            Some(c) if plan.num_decode_tokens > 0 => c,
+    /// Prompt tokens the step planned so far as `plan` may still take:
+    /// [`SchedulerConfig::max_prefill_tokens_beside_decodes`] less those planned, once the
+    /// step decodes; else no limit beyond the budget.
+    fn prefill_left(&self, plan: &StepPlan) -> usize {
+        match self.cfg.max_prefill_tokens_beside_decodes {
+            Some(c) if plan.num_decode_tokens > 0 => c.saturating_sub(plan.num_prefill_tokens),
             _ => usize::MAX,
         }
     }

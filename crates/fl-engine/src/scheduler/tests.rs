@@ -68,16 +68,14 @@ impl Runner {
         let rows: usize = plan.seqs.iter().map(|r| r.token_ids.len()).sum();
         assert_eq!(rows, plan.num_scheduled_tokens);
         if let (Some(c), true) = (
-            cfg.max_prefill_chunk_beside_decodes,
+            cfg.max_prefill_tokens_beside_decodes,
             plan.num_decode_tokens > 0,
         ) {
-            for r in plan.seqs.iter().filter(|r| r.is_prefill) {
-                assert!(
-                    r.token_ids.len() <= c,
-                    "a {}-token chunk beside decodes",
-                    r.token_ids.len()
-                );
-            }
+            assert!(
+                plan.num_prefill_tokens <= c,
+                "{} prompt tokens beside decodes",
+                plan.num_prefill_tokens
+            );
         }
         assert!(plan.seqs.len() <= cfg.max_num_seqs);
         assert!(s.num_running() <= cfg.max_num_seqs);
@@ -170,7 +168,7 @@ fn cfg(num_blocks: usize, block_size: usize, budget: usize) -> SchedulerConfig {
         enable_prefix_cache: true,
         chunked_prefill: true,
         vocab_size: Some(VOCAB),
-        max_prefill_chunk_beside_decodes: None,
+        max_prefill_tokens_beside_decodes: None,
     }
 }
 
@@ -260,17 +258,17 @@ fn config_errors_name_the_field() {
         let c = SchedulerConfig {
             chunked_prefill: chunked,
             max_model_len: 8,
-            max_prefill_chunk_beside_decodes: Some(chunk),
+            max_prefill_tokens_beside_decodes: Some(chunk),
             ..cfg(4, 4, 8)
         };
-        assert_eq!(field(c), "max_prefill_chunk_beside_decodes");
+        assert_eq!(field(c), "max_prefill_tokens_beside_decodes");
     }
 }
 
 #[test]
-fn prefill_chunks_beside_decodes_are_capped_per_request_and_alone_are_not() {
+fn prompt_tokens_beside_decodes_are_capped_per_step_and_alone_are_not() {
     let c = SchedulerConfig {
-        max_prefill_chunk_beside_decodes: Some(8),
+        max_prefill_tokens_beside_decodes: Some(8),
         ..cfg(64, 4, 32)
     };
     let mut s = Scheduler::new(c.clone()).unwrap();
@@ -280,29 +278,24 @@ fn prefill_chunks_beside_decodes_are_capped_per_request_and_alone_are_not() {
     assert_eq!(r.step(&mut s).num_prefill_tokens, 32);
     // Its last 8 tokens, then it decodes.
     assert_eq!(r.step(&mut s).num_prefill_tokens, 8);
-    // Beside its decode, each arriving prompt gets at most 8 tokens a step; two prompts
-    // share the step.
-    r.add(&mut s, 2, prompt(20, 2), params(2));
+    // Beside its decode, the arriving prompts share 8 prompt tokens a step, front first.
+    r.add(&mut s, 2, prompt(10, 2), params(2));
     r.add(&mut s, 3, prompt(5, 3), params(2));
+    let chunks = |p: &StepPlan| -> Vec<(RequestId, usize)> {
+        p.seqs
+            .iter()
+            .filter(|q| q.is_prefill)
+            .map(|q| (q.id, q.token_ids.len()))
+            .collect()
+    };
     let p = r.step(&mut s);
     assert_eq!(p.num_decode_tokens, 1);
-    let chunks: Vec<(RequestId, usize)> = p
-        .seqs
-        .iter()
-        .filter(|q| q.is_prefill)
-        .map(|q| (q.id, q.token_ids.len()))
-        .collect();
-    assert_eq!(chunks, vec![(2, 8), (3, 5)]);
+    assert_eq!(chunks(&p), vec![(2, 8)]);
+    // The partial prefill goes first, the next prompt takes what is left.
     let p = r.step(&mut s);
-    let two: usize = p
-        .seqs
-        .iter()
-        .filter(|q| q.id == 2)
-        .map(|q| q.token_ids.len())
-        .sum();
-    assert_eq!(two, 8, "the partial prefill is capped too");
+    assert_eq!(chunks(&p), vec![(2, 2), (3, 5)]);
     r.run_to_end(&mut s);
-    for (id, n, max) in [(1, 40, 30), (2, 20, 2), (3, 5, 2)] {
+    for (id, n, max) in [(1, 40, 30), (2, 10, 2), (3, 5, 2)] {
         assert_eq!(r.outputs[&id], alone(&prompt(n, id as u32), &params(max)));
     }
 }
@@ -632,7 +625,7 @@ proptest! {
             enable_prefix_cache: prefix,
             chunked_prefill: chunked,
             vocab_size: Some(VOCAB),
-            max_prefill_chunk_beside_decodes: chunk.filter(|_| chunked),
+            max_prefill_tokens_beside_decodes: chunk.filter(|_| chunked),
         };
         let mut s = Scheduler::new(c.clone()).unwrap();
         let mut r = Runner::new(&c);

@@ -311,11 +311,12 @@ struct RunnerArgs {
     /// Smaller values shrink each step's block table.
     #[arg(long)]
     max_model_len: Option<usize>,
-    /// Most prompt tokens of one request in a step that also decodes running requests
-    /// (default: up to --max-batched-tokens). Smaller chunks keep the running requests'
-    /// inter-token latency even while prompts arrive; a prompt then takes more steps.
+    /// Most prompt tokens (all requests together) in a step that also decodes running
+    /// requests (default: up to --max-batched-tokens). A small budget keeps the running
+    /// requests' inter-token latency even while prompts arrive, and spreads prompts that
+    /// arrive together over steps.
     #[arg(long, value_parser = parse_tokens)]
-    max_prefill_chunk_beside_decodes: Option<usize>,
+    max_prefill_tokens_beside_decodes: Option<usize>,
 }
 
 impl RunnerArgs {
@@ -328,7 +329,7 @@ impl RunnerArgs {
             max_model_len: self.max_model_len,
             enable_prefix_cache: !self.no_prefix_cache,
             num_blocks: None,
-            max_prefill_chunk_beside_decodes: self.max_prefill_chunk_beside_decodes,
+            max_prefill_tokens_beside_decodes: self.max_prefill_tokens_beside_decodes,
         }
     }
 }
@@ -880,20 +881,20 @@ mod tests {
             "serve",
             "--model",
             "m",
-            "--max-prefill-chunk-beside-decodes",
+            "--max-prefill-tokens-beside-decodes",
             "0",
         ];
         let e = match Cli::try_parse_from(args) {
             Ok(_) => panic!("0 is refused"),
             Err(e) => e.to_string(),
         };
-        assert!(e.contains("--max-prefill-chunk-beside-decodes"), "{e}");
+        assert!(e.contains("--max-prefill-tokens-beside-decodes"), "{e}");
         let args = [
             "fl",
             "bench",
             "--model",
             "m",
-            "--max-prefill-chunk-beside-decodes",
+            "--max-prefill-tokens-beside-decodes",
             "128",
         ];
         if let Err(e) = Cli::try_parse_from(args) {
