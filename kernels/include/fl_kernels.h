@@ -83,5 +83,6 @@ fl_status fl_prefetch_l2(const void *p, int64_t bytes, fl_stream stream);
 #include "fl_gemv.h"
 #include "fl_gemv_dense.h"
 #include "fl_quant.h"
+#include "fl_allreduce.h"
 
 #endif /* FL_KERNELS_H */

@@ -166,9 +166,12 @@ pub(crate) fn forward<T: RunDType>(
     // h += attn·Woᵀ (+ bo); x = rms_norm(h, ffn_norm).
     match (&lw.wo, pass.gemv && lw.bo.is_none()) {
         (Linear::Dense(w), true) => {
-            row_parallel_add(pass, &mut buf.h, |h| {
-                T::dense_linear_add(stream, &buf.attn, w, h)
-            })?;
+            row_parallel_add(
+                pass,
+                &mut buf.h,
+                |h| T::dense_linear_add(stream, &buf.attn, w, h),
+                |h| T::dense_linear(stream, &buf.attn, w, None, h),
+            )?;
             if !fuse_norm {
                 norm::rms_norm(stream, &buf.h, &lw.ffn_norm, eps, &mut buf.x)?;
             }
@@ -236,9 +239,12 @@ pub(crate) fn forward<T: RunDType>(
     let next_norm = next.map_or(final_norm, |n| &n.attn_norm);
     match (&lw.w_down, pass.gemv && lw.b_down.is_none()) {
         (Linear::Dense(w), true) => {
-            row_parallel_add(pass, &mut buf.h, |h| {
-                T::dense_linear_add(stream, &buf.act, w, h)
-            })?;
+            row_parallel_add(
+                pass,
+                &mut buf.h,
+                |h| T::dense_linear_add(stream, &buf.act, w, h),
+                |h| T::dense_linear(stream, &buf.act, w, None, h),
+            )?;
             if !fuse_norm {
                 norm::rms_norm(stream, &buf.h, next_norm, eps, &mut buf.x)?;
             }
@@ -279,23 +285,24 @@ pub(crate) fn forward<T: RunDType>(
 }
 
 /// `h += x·Wᵀ` for a row-parallel projection whose kernel adds into `h` (`add`): alone, just
-/// that. Tensor-parallel, every rank but 0 first zeroes its `h` (rank 0's copy carries the
-/// residual), adds its partial product, and the all-reduce sums the ranks' `h` into
-/// `h + Σ partials` on every rank: the fused GEMV + add stays one kernel.
+/// that. Tensor-parallel, rank 0 adds its partial product to its `h` (which carries the
+/// residual), every other rank writes its partial product over its `h` (`write`: no zeroing
+/// pass), and the all-reduce sums the ranks' `h` into `h + Σ partials` on every rank: the
+/// fused GEMV + add stays one kernel.
 fn row_parallel_add<T: RunDType>(
     pass: &Pass<'_>,
     h: &mut DeviceTensor<T>,
     add: impl FnOnce(&mut DeviceTensor<T>) -> fl_kernels::Result<()>,
+    write: impl FnOnce(&mut DeviceTensor<T>) -> fl_kernels::Result<()>,
 ) -> Result<()> {
     let Some(c) = pass.tp else {
         return Ok(add(h)?);
     };
-    if c.rank() != 0 {
-        pass.stream
-            .memset_zeros(h.as_slice_mut())
-            .map_err(fl_kernels::Error::from)?;
+    if c.rank() == 0 {
+        add(h)?;
+    } else {
+        write(h)?;
     }
-    add(h)?;
     c.all_reduce_sum(pass.stream, h)
 }
 

@@ -417,12 +417,20 @@ fn tp_refuses_shapes_that_do_not_split() {
 
 /// Rank 1 fails while rank 0 waits in an all-reduce that needs it: the call returns rank 1's
 /// error within seconds (the communicators are aborted), and the group refuses later calls.
+/// A 2 MiB message takes the one-shot all-reduce (where the GPUs have peer access), 4 MiB
+/// NCCL's.
 #[test]
 fn failing_rank_stops_the_group_without_a_hang() {
     if !two_gpus("failing_rank_stops_the_group_without_a_hang") {
         return;
     }
     let _serial = serial();
+    for elems in [1 << 20, 1 << 21] {
+        failing_rank_in_all_reduce(elems);
+    }
+}
+
+fn failing_rank_in_all_reduce(elems: usize) {
     let cfg = fl_engine::presets::preset("tiny").expect("tiny");
     let c = cfg.clone();
     let mut tp = TpEngine::<f16>::load(cfg, TpOptions::first(2), move |dev, comm| {
@@ -437,13 +445,13 @@ fn failing_rank_stops_the_group_without_a_hang() {
     })
     .expect("tp load");
     let t0 = Instant::now();
-    let res = tp.on_engines(|e| {
+    let res = tp.on_engines(move |e| {
         if e.model.shard().rank == 1 {
             return Err(EngineError::invalid("test", "rank 1 fails on purpose"));
         }
         let comm = e.model.comm().expect("a communicator");
         let stream = e.gpu().stream().clone();
-        let mut t = fl_kernels::DeviceTensor::<f16>::zeros(&stream, &[1 << 20])?;
+        let mut t = fl_kernels::DeviceTensor::<f16>::zeros(&stream, &[elems])?;
         comm.all_reduce_sum(&stream, &mut t)?;
         stream.synchronize()?;
         Ok(())
@@ -458,7 +466,7 @@ fn failing_rank_stops_the_group_without_a_hang() {
         took < Duration::from_secs(20),
         "the failure took {took:?} to surface"
     );
-    eprintln!("rank 1's failure surfaced after {took:?}");
+    eprintln!("rank 1's failure surfaced after {took:?} ({elems} elements)");
     let again = tp.on_engines(|_| Ok(()));
     assert!(
         matches!(&again, Err(e) if e.to_string().contains("stopped")),

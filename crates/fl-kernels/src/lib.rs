@@ -27,6 +27,7 @@ mod gpu;
 mod tensor;
 
 pub mod activation;
+pub mod allreduce;
 pub mod attention;
 pub mod attention_prefill;
 pub mod beam;

@@ -6,10 +6,17 @@
 //! so this wraps NCCL's C calls directly: the communicator lives behind a mutex that the rank
 //! holds only while it enqueues a collective, and that [`AbortHandle::abort`] empties
 //! (`ncclCommAbort`), after which every call errors.
+//!
+//! Messages up to [`ONE_SHOT_MAX_BYTES`] (a decode step's `[batch, hidden]`) take the one-shot
+//! all-reduce over peer memory ([`fl_kernels::allreduce`]) where every pair of the group's
+//! devices has peer access: one kernel, no NCCL, ~half of NCCL's latency at these sizes.
+//! Larger ones (prefill chunks) take NCCL's ring. Both sum in a fixed order, so every rank
+//! holds the same bits either way.
 
 use std::sync::{Arc, Mutex};
 
-use fl_kernels::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use fl_kernels::allreduce::{self, PeerAllReduce, PeerGroup};
+use fl_kernels::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use fl_kernels::cudarc::nccl::{result, sys};
 use fl_kernels::DeviceTensor;
 
@@ -35,14 +42,22 @@ struct Raw(sys::ncclComm_t);
 // around it serialises the rank's calls and the abort.
 unsafe impl Send for Raw {}
 
+/// The largest message that takes the one-shot all-reduce over peer memory: `[128, 8192]`
+/// in f16 (each rank keeps two staging halves of this size on its device).
+pub const ONE_SHOT_MAX_BYTES: usize = 2 << 20;
+
 /// Aborts a rank's communicator from any thread (a rank blocked in a collective then returns).
 #[derive(Clone)]
-pub struct AbortHandle(Arc<Mutex<Option<Raw>>>);
+pub struct AbortHandle(Arc<Mutex<Option<Raw>>>, Option<allreduce::AbortHandle>);
 
 impl AbortHandle {
-    /// `ncclCommAbort`: a collective the rank is blocked in returns, and every later call of
-    /// the rank's [`TpComm`] is an [`EngineError::Nccl`]. Idempotent.
+    /// `ncclCommAbort`, and the group's one-shot all-reduce released: a collective the rank is
+    /// blocked in returns, and every later call of the rank's [`TpComm`] is an
+    /// [`EngineError::Nccl`]. Idempotent.
     pub fn abort(&self) {
+        if let Some(p) = &self.1 {
+            p.abort();
+        }
         let raw = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(Raw(c)) = raw {
             // SAFETY: `c` is a live communicator, taken out of the slot so no other call uses
@@ -58,6 +73,7 @@ impl AbortHandle {
 /// are given and never synchronise, so they can be captured in a CUDA graph.
 pub struct TpComm {
     slot: Arc<Mutex<Option<Raw>>>,
+    peer: Option<PeerAllReduce>,
     rank: usize,
     size: usize,
 }
@@ -67,7 +83,11 @@ impl TpComm {
     /// from the calling thread (`ncclCommInitAll`); hand each to the thread that drives its
     /// device.
     ///
-    /// Errors: [`EngineError::Nccl`] naming `init` (no NCCL library, or NCCL failed).
+    /// With peer access between every pair of `devices`, the group also gets the one-shot
+    /// all-reduce for messages up to [`ONE_SHOT_MAX_BYTES`]; without, NCCL carries them all.
+    ///
+    /// Errors: [`EngineError::Nccl`] naming `init` (no NCCL library, or NCCL failed; the
+    /// one-shot group's allocation).
     pub fn init_all(devices: &[usize]) -> Result<Vec<TpComm>> {
         if !nccl_available() {
             return Err(EngineError::Nccl {
@@ -83,15 +103,29 @@ impl TpComm {
         // SAFETY: `raw` has room for `n` communicators, `ords` holds `n` device ordinals.
         unsafe { result::comm_init_all(raw.as_mut_ptr(), n as i32, ords.as_ptr()) }
             .map_err(|e| nccl_err("init", e))?;
-        Ok(raw
+        let comms: Vec<TpComm> = raw
             .into_iter()
             .enumerate()
             .map(|(rank, c)| TpComm {
                 slot: Arc::new(Mutex::new(Some(Raw(c)))),
+                peer: None,
                 rank,
                 size: n,
             })
-            .collect())
+            .collect();
+        // Dropped (aborting NCCL) if the one-shot group fails.
+        let mut comms = comms;
+        if let Some(peers) = one_shot_group(devices)? {
+            for (c, p) in comms.iter_mut().zip(peers) {
+                c.peer = Some(p);
+            }
+        }
+        Ok(comms)
+    }
+
+    /// Whether messages up to [`ONE_SHOT_MAX_BYTES`] take the one-shot all-reduce.
+    pub fn has_one_shot(&self) -> bool {
+        self.peer.is_some()
     }
 
     /// This rank.
@@ -106,7 +140,10 @@ impl TpComm {
 
     /// A handle that aborts this communicator from another thread.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle(Arc::clone(&self.slot))
+        AbortHandle(
+            Arc::clone(&self.slot),
+            self.peer.as_ref().map(PeerAllReduce::abort_handle),
+        )
     }
 
     fn with<R>(
@@ -117,15 +154,41 @@ impl TpComm {
         let g = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         match g.as_ref() {
             Some(Raw(c)) => f(*c).map_err(|e| nccl_err(op, e)),
-            None => Err(EngineError::Nccl {
-                op,
-                detail: "the communicator was aborted (another rank failed)".into(),
-            }),
+            None => Err(aborted(op)),
         }
     }
 
-    /// `t = Σ_ranks t`, in place, on `stream`.
+    /// `t = Σ_ranks t`, in place, on `stream`: the one-shot all-reduce up to
+    /// [`ONE_SHOT_MAX_BYTES`] where the group has it, NCCL otherwise.
     pub fn all_reduce_sum<T: RunDType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: &mut DeviceTensor<T>,
+    ) -> Result<()> {
+        match &self.peer {
+            Some(p) if p.fits::<T>(t.len()) => {
+                if self
+                    .slot
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_none()
+                {
+                    return Err(aborted("all_reduce"));
+                }
+                p.all_reduce_sum(stream, t).map_err(|e| EngineError::Nccl {
+                    op: "all_reduce",
+                    detail: format!("one-shot all-reduce: {e}"),
+                })
+            }
+            _ => self.all_reduce_sum_nccl(stream, t),
+        }
+    }
+
+    /// `t = Σ_ranks t` through NCCL whatever the size (what [`all_reduce_sum`] does past
+    /// [`ONE_SHOT_MAX_BYTES`]; public to time the two side by side).
+    ///
+    /// [`all_reduce_sum`]: Self::all_reduce_sum
+    pub fn all_reduce_sum_nccl<T: RunDType>(
         &self,
         stream: &Arc<CudaStream>,
         t: &mut DeviceTensor<T>,
@@ -184,6 +247,35 @@ impl Drop for TpComm {
     fn drop(&mut self) {
         self.abort_handle().abort();
     }
+}
+
+fn aborted(op: &'static str) -> EngineError {
+    EngineError::Nccl {
+        op,
+        detail: "the communicator was aborted (another rank failed)".into(),
+    }
+}
+
+/// The one-shot group of `devices`, or `None` where two of them lack peer access.
+fn one_shot_group(devices: &[usize]) -> Result<Option<Vec<PeerAllReduce>>> {
+    let err = |e: fl_kernels::Error| EngineError::Nccl {
+        op: "init",
+        detail: format!("one-shot all-reduce: {e}"),
+    };
+    let ctxs = devices
+        .iter()
+        .map(|&d| CudaContext::new(d))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| err(e.into()))?;
+    for (i, a) in ctxs.iter().enumerate() {
+        for b in &ctxs[i + 1..] {
+            if !allreduce::peer_access_possible(a, b).map_err(err)? {
+                return Ok(None);
+            }
+        }
+    }
+    let group = PeerGroup::new(&ctxs, ONE_SHOT_MAX_BYTES).map_err(err)?;
+    Ok(Some(group.into_ranks()))
 }
 
 /// NCCL's type for a run dtype.

@@ -205,10 +205,11 @@ impl<T: RunDType> TpEngine<T> {
     /// Seconds one in-place sum all-reduce of `elems` elements of `T` takes on this group
     /// (the mean of `iters` back-to-back calls after a warm-up, timed with events on every
     /// rank's stream; the slowest rank's time). The communication cost of one row-parallel
-    /// projection of `elems / hidden` tokens.
+    /// projection of `elems / hidden` tokens. `nccl`: through NCCL even where the engine's
+    /// own calls take the one-shot all-reduce (to compare the two).
     ///
     /// Errors: [`EngineError::Invalid`] naming `elems` or `iters` when 0; the ranks' errors.
-    pub fn time_all_reduce(&mut self, elems: usize, iters: usize) -> Result<f64> {
+    pub fn time_all_reduce(&mut self, elems: usize, iters: usize, nccl: bool) -> Result<f64> {
         if elems == 0 || iters == 0 {
             return Err(EngineError::invalid(
                 "elems",
@@ -224,12 +225,19 @@ impl<T: RunDType> TpEngine<T> {
                 .comm;
             let stream = e.gpu().stream().clone();
             let mut buf = fl_kernels::DeviceTensor::<T>::zeros(&stream, &[elems])?;
+            let call = |buf: &mut fl_kernels::DeviceTensor<T>| {
+                if nccl {
+                    comm.all_reduce_sum_nccl(&stream, buf)
+                } else {
+                    comm.all_reduce_sum(&stream, buf)
+                }
+            };
             for _ in 0..5 {
-                comm.all_reduce_sum(&stream, &mut buf)?;
+                call(&mut buf)?;
             }
             let ms = fl_kernels::time_on_stream(&stream, || {
                 for _ in 0..iters {
-                    comm.all_reduce_sum(&stream, &mut buf)
+                    call(&mut buf)
                         .map_err(|e| fl_kernels::Error::invalid("comm", e.to_string()))?;
                 }
                 Ok(())
@@ -237,6 +245,14 @@ impl<T: RunDType> TpEngine<T> {
             Ok(ms as f64 / 1e3 / iters as f64)
         })?;
         Ok(times.into_iter().fold(0.0, f64::max))
+    }
+
+    /// Whether the group's small all-reduces take the one-shot kernel over peer memory
+    /// ([`TpComm::has_one_shot`]).
+    pub fn has_one_shot(&mut self) -> Result<bool> {
+        let v =
+            self.on_engines(|e| Ok(e.model.tp.as_ref().is_some_and(|t| t.comm.has_one_shot())))?;
+        Ok(v.into_iter().all(|x| x))
     }
 
     /// A runner over every rank ([`Runner::new`] on each, with the same KV pool: `cfg`'s

@@ -60,7 +60,7 @@ mod group;
 mod tests;
 
 pub use any::{AnyEngine, AnyRunner};
-pub use comm::{nccl_available, AbortHandle, TpComm};
+pub use comm::{nccl_available, AbortHandle, TpComm, ONE_SHOT_MAX_BYTES};
 pub use group::{TpEngine, TpOptions, TpRunner};
 
 use std::ops::Range;

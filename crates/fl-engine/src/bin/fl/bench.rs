@@ -148,18 +148,33 @@ pub fn runner<T: RunDType>(
     let tp = e.tp();
     let layers = e.config().num_hidden_layers;
     let hidden = e.config().hidden_size;
-    let all_reduce_s = match e {
-        AnyEngine::Tp(t) => t.time_all_reduce(batch.max(1) * hidden, 50)?,
-        AnyEngine::One(_) => 0.0,
+    let (all_reduce_s, nccl_s, one_shot) = match e {
+        AnyEngine::Tp(t) => {
+            let elems = batch.max(1) * hidden;
+            (
+                t.time_all_reduce(elems, 50, false)?,
+                t.time_all_reduce(elems, 50, true)?,
+                t.has_one_shot()?,
+            )
+        }
+        AnyEngine::One(_) => (0.0, 0.0, false),
     };
     let step_comm_s = 2.0 * layers as f64 * all_reduce_s;
     if tp > 1 && !json {
         let bytes = (batch.max(1) * hidden * std::mem::size_of::<T>()) as f64;
+        let bus = |s: f64| 2.0 * (tp - 1) as f64 / tp as f64 * bytes / s.max(1e-12) / 1e9;
+        let path = if one_shot && bytes <= fl_engine::tp::ONE_SHOT_MAX_BYTES as f64 {
+            "one-shot over peer memory"
+        } else {
+            "NCCL"
+        };
         println!(
-            "tensor-parallel over {tp} GPUs: all-reduce of [{batch}, {hidden}] ({:.1} KB) {:.1} us, bus bandwidth {:.1} GB/s; {} per decode step = {:.3} ms",
+            "tensor-parallel over {tp} GPUs: all-reduce of [{batch}, {hidden}] ({:.1} KB) {:.1} us ({path}), bus bandwidth {:.1} GB/s; NCCL {:.1} us ({:.1} GB/s); {} per decode step = {:.3} ms",
             bytes / 1e3,
             all_reduce_s * 1e6,
-            2.0 * (tp - 1) as f64 / tp as f64 * bytes / all_reduce_s.max(1e-12) / 1e9,
+            bus(all_reduce_s),
+            nccl_s * 1e6,
+            bus(nccl_s),
             2 * layers,
             step_comm_s * 1e3
         );
@@ -247,8 +262,9 @@ pub fn runner<T: RunDType>(
     let preempt = r.stats().preemptions;
     if json {
         println!(
-            "{{\"runner\":true,\"tp\":{tp},\"all_reduce_us\":{:.2},\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
+            "{{\"runner\":true,\"tp\":{tp},\"all_reduce_us\":{:.2},\"nccl_all_reduce_us\":{:.2},\"batch\":{batch},\"prompt_len\":{prompt_len},\"gen_len\":{gen_len},\"all_first_tokens_ms\":{:.3},\"output_tokens_per_s\":{out_tps:.1},\"decode_tokens_per_s\":{decode_tps:.1},\"decode_ms_per_step\":{ms_per_step:.4},\"pct_of_floor\":{pct:.1},\"full_batch_steps\":{},\"full_batch_ms_per_step\":{full_ms:.4},\"full_batch_pct_of_floor\":{full_pct:.1},\"decode_steps\":{decode_steps},\"graph_steps\":{graphs},\"lookahead_steps\":{aheads},\"steps\":{steps},\"preemptions\":{preempt}}}",
             all_reduce_s * 1e6,
+            nccl_s * 1e6,
             ttft_all * 1e3,
             full.2
         );

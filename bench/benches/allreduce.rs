@@ -1,0 +1,114 @@
+//! All-reduce of a tensor-parallel decode step's message over two GPUs: the one-shot kernel
+//! over peer memory (`fl_kernels::allreduce`, what `TpComm::all_reduce_sum` takes up to
+//! `ONE_SHOT_MAX_BYTES`) beside NCCL's all-reduce (`TpComm::all_reduce_sum_nccl`), f16, in
+//! place. Rank 0 is timed with events on its stream; rank 1 runs the same calls on its own
+//! thread. Needs two GPUs and NCCL (`libnccl.so` on LD_LIBRARY_PATH); skips otherwise.
+//! Throughput = the message's bytes.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use fl_bench::{gpu_or_skip, time_on_device};
+use fl_engine::tp::{TpComm, ONE_SHOT_MAX_BYTES};
+use fl_kernels::cudarc::driver::CudaContext;
+use fl_kernels::{f16, DeviceTensor, Gpu};
+
+/// (rows, hidden): decode steps of 13b (5120) and 70b (8192) at batch 1, 16, 64 and 256.
+const SHAPES: &[(usize, usize)] = &[
+    (1, 5120),
+    (1, 8192),
+    (16, 8192),
+    (64, 5120),
+    (64, 8192),
+    (256, 8192),
+];
+
+fn call(
+    comm: &TpComm,
+    s: &Arc<fl_kernels::cudarc::driver::CudaStream>,
+    t: &mut DeviceTensor<f16>,
+    nccl: bool,
+) {
+    let r = if nccl {
+        comm.all_reduce_sum_nccl(s, t)
+    } else {
+        comm.all_reduce_sum(s, t)
+    };
+    r.expect("all-reduce");
+}
+
+fn benches(c: &mut Criterion) {
+    let Some(gpu0) = gpu_or_skip("allreduce") else {
+        return;
+    };
+    if CudaContext::device_count().unwrap_or(0) < 2 {
+        eprintln!("SKIP allreduce: needs two GPUs");
+        return;
+    }
+    let comms = match TpComm::init_all(&[0, 1]) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("SKIP allreduce: {e}");
+            return;
+        }
+    };
+    let mut comms = comms.into_iter();
+    let (comm0, comm1) = (comms.next().unwrap(), comms.next().unwrap());
+    if !comm0.has_one_shot() {
+        eprintln!("allreduce: no peer access between GPUs 0 and 1: NCCL rows only");
+    }
+    // Rank 1: runs (elems, iters, nccl) batches of calls as rank 0 asks.
+    let (tx, rx) = mpsc::channel::<Option<(usize, u64, bool)>>();
+    let worker = std::thread::spawn(move || {
+        let gpu = Gpu::new(1).unwrap();
+        let s = gpu.stream().clone();
+        let mut bufs: std::collections::HashMap<usize, DeviceTensor<f16>> = Default::default();
+        while let Ok(Some((n, iters, nccl))) = rx.recv() {
+            let t = bufs
+                .entry(n)
+                .or_insert_with(|| DeviceTensor::zeros(&s, &[n]).unwrap());
+            for _ in 0..iters {
+                call(&comm1, &s, t, nccl);
+            }
+            s.synchronize().unwrap();
+        }
+    });
+    let s = gpu0.stream().clone();
+    let mut g = c.benchmark_group("allreduce_f16_2gpus");
+    for &(rows, hidden) in SHAPES {
+        let n = rows * hidden;
+        let mut t = DeviceTensor::<f16>::zeros(&s, &[n]).unwrap();
+        g.throughput(Throughput::Bytes((n * 2) as u64));
+        for nccl in [false, true] {
+            if !nccl && (!comm0.has_one_shot() || n * 2 > ONE_SHOT_MAX_BYTES) {
+                continue;
+            }
+            let name = if nccl { "nccl" } else { "one_shot" };
+            g.bench_with_input(
+                BenchmarkId::new(name, format!("{rows}x{hidden}")),
+                &n,
+                |b, _| {
+                    b.iter_custom(|iters| {
+                        tx.send(Some((n, iters, nccl))).unwrap();
+                        time_on_device(&s, iters, || {
+                            call(&comm0, &s, &mut t, nccl);
+                            Ok(())
+                        })
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+    tx.send(None).unwrap();
+    worker.join().unwrap();
+}
+
+criterion_group! {
+    name = group;
+    config = Criterion::default().sample_size(20).warm_up_time(std::time::Duration::from_millis(300))
+        .measurement_time(std::time::Duration::from_millis(800));
+    targets = benches
+}
+criterion_main!(group);
