@@ -1,7 +1,7 @@
 //! All-reduce of a tensor-parallel decode step's message over two GPUs: the one-shot kernel
 //! over peer memory (`fl_kernels::allreduce`, what `TpComm::all_reduce_sum` takes up to
-//! `ONE_SHOT_MAX_BYTES`) beside NCCL's all-reduce (`TpComm::all_reduce_sum_nccl`), f16, in
-//! place. Rank 0 is timed with events on its stream; rank 1 runs the same calls on its own
+//! `ONE_SHOT_MAX_BYTES`; here with room for 2 MiB, to show where NCCL overtakes it) beside
+//! NCCL's all-reduce (`TpComm::all_reduce_sum_nccl`), f16, in place. Rank 0 is timed with events on its stream; rank 1 runs the same calls on its own
 //! thread. Needs two GPUs and NCCL (`libnccl.so` on LD_LIBRARY_PATH); skips otherwise.
 //! Throughput = the message's bytes.
 
@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::{gpu_or_skip, time_on_device};
-use fl_engine::tp::{TpComm, ONE_SHOT_MAX_BYTES};
-use fl_kernels::cudarc::driver::CudaContext;
+use fl_engine::tp::TpComm;
+use fl_kernels::allreduce::{PeerAllReduce, PeerGroup};
+use fl_kernels::cudarc::driver::{CudaContext, CudaStream};
 use fl_kernels::{f16, DeviceTensor, Gpu};
 
 /// (rows, hidden): decode steps of 13b (5120) and 70b (8192) at batch 1, 16, 64 and 256.
@@ -20,22 +21,31 @@ const SHAPES: &[(usize, usize)] = &[
     (1, 8192),
     (16, 8192),
     (64, 5120),
+    (32, 8192),
     (64, 8192),
+    (128, 8192),
     (256, 8192),
 ];
 
-fn call(
-    comm: &TpComm,
-    s: &Arc<fl_kernels::cudarc::driver::CudaStream>,
-    t: &mut DeviceTensor<f16>,
-    nccl: bool,
-) {
-    let r = if nccl {
-        comm.all_reduce_sum_nccl(s, t)
-    } else {
-        comm.all_reduce_sum(s, t)
-    };
-    r.expect("all-reduce");
+/// The one-shot group's room: [128, 8192] f16.
+const ONE_SHOT_BYTES: usize = 2 << 20;
+
+/// One rank's two ways to all-reduce.
+struct Rank {
+    nccl: TpComm,
+    one_shot: Option<PeerAllReduce>,
+}
+
+impl Rank {
+    fn call(&self, s: &Arc<CudaStream>, t: &mut DeviceTensor<f16>, nccl: bool) {
+        match (&self.one_shot, nccl) {
+            (Some(p), false) => p.all_reduce_sum(s, t).expect("one-shot all-reduce"),
+            _ => self
+                .nccl
+                .all_reduce_sum_nccl(s, t)
+                .expect("NCCL all-reduce"),
+        }
+    }
 }
 
 fn benches(c: &mut Criterion) {
@@ -54,10 +64,23 @@ fn benches(c: &mut Criterion) {
         }
     };
     let mut comms = comms.into_iter();
-    let (comm0, comm1) = (comms.next().unwrap(), comms.next().unwrap());
-    if !comm0.has_one_shot() {
-        eprintln!("allreduce: no peer access between GPUs 0 and 1: NCCL rows only");
+    let ctxs = [gpu0.context().clone(), CudaContext::new(1).unwrap()];
+    let mut peers = match PeerGroup::new(&ctxs, ONE_SHOT_BYTES) {
+        Ok(g) => g.into_ranks().into_iter().map(Some).collect(),
+        Err(e) => {
+            eprintln!("allreduce: no one-shot group ({e}): NCCL rows only");
+            vec![None, None]
+        }
     }
+    .into_iter();
+    let rank0 = Rank {
+        nccl: comms.next().unwrap(),
+        one_shot: peers.next().unwrap(),
+    };
+    let rank1 = Rank {
+        nccl: comms.next().unwrap(),
+        one_shot: peers.next().unwrap(),
+    };
     // Rank 1: runs (elems, iters, nccl) batches of calls as rank 0 asks.
     let (tx, rx) = mpsc::channel::<Option<(usize, u64, bool)>>();
     let worker = std::thread::spawn(move || {
@@ -69,7 +92,7 @@ fn benches(c: &mut Criterion) {
                 .entry(n)
                 .or_insert_with(|| DeviceTensor::zeros(&s, &[n]).unwrap());
             for _ in 0..iters {
-                call(&comm1, &s, t, nccl);
+                rank1.call(&s, t, nccl);
             }
             s.synchronize().unwrap();
         }
@@ -81,7 +104,7 @@ fn benches(c: &mut Criterion) {
         let mut t = DeviceTensor::<f16>::zeros(&s, &[n]).unwrap();
         g.throughput(Throughput::Bytes((n * 2) as u64));
         for nccl in [false, true] {
-            if !nccl && (!comm0.has_one_shot() || n * 2 > ONE_SHOT_MAX_BYTES) {
+            if !nccl && (rank0.one_shot.is_none() || n * 2 > ONE_SHOT_BYTES) {
                 continue;
             }
             let name = if nccl { "nccl" } else { "one_shot" };
@@ -92,7 +115,7 @@ fn benches(c: &mut Criterion) {
                     b.iter_custom(|iters| {
                         tx.send(Some((n, iters, nccl))).unwrap();
                         time_on_device(&s, iters, || {
-                            call(&comm0, &s, &mut t, nccl);
+                            rank0.call(&s, &mut t, nccl);
                             Ok(())
                         })
                     })

@@ -417,7 +417,7 @@ fn tp_refuses_shapes_that_do_not_split() {
 
 /// Rank 1 fails while rank 0 waits in an all-reduce that needs it: the call returns rank 1's
 /// error within seconds (the communicators are aborted), and the group refuses later calls.
-/// A 2 MiB message takes the one-shot all-reduce (where the GPUs have peer access), 4 MiB
+/// A 256 KiB message takes the one-shot all-reduce (where the GPUs have peer access), 4 MiB
 /// NCCL's.
 #[test]
 fn failing_rank_stops_the_group_without_a_hang() {
@@ -425,7 +425,7 @@ fn failing_rank_stops_the_group_without_a_hang() {
         return;
     }
     let _serial = serial();
-    for elems in [1 << 20, 1 << 21] {
+    for elems in [1 << 17, 1 << 21] {
         failing_rank_in_all_reduce(elems);
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! A [`PeerGroup`] is made once from the calling thread for all devices (as
 //! `ncclCommInitAll`); each [`PeerAllReduce`] it returns goes to the thread that drives that
-//! rank. Every rank must then call [`PeerAllReduce::all_reduce_sum`] the same number of times,
+//! rank (one rank per GPU). Every rank must then call [`PeerAllReduce::all_reduce_sum`] the same number of times,
 //! with the same element count and dtype in the same order (a collective), on one stream per
 //! rank. The calls queue on the stream and never synchronise, so they can be captured in a CUDA
 //! graph. A rank waiting for a peer that never comes waits until [`AbortHandle::abort`].
@@ -107,7 +107,7 @@ pub struct PeerGroup {
 }
 
 /// Whether a kernel on `a`'s device can read and write `b`'s memory (true for the same
-/// device). Errors: the driver's.
+/// device, which a [`PeerGroup`] nevertheless refuses). Errors: the driver's.
 pub fn peer_access_possible(a: &CudaContext, b: &CudaContext) -> Result<bool> {
     if a.ordinal() == b.ordinal() {
         return Ok(true);
@@ -132,14 +132,17 @@ fn alloc_zeroed(bytes: usize) -> Result<CUdeviceptr> {
 }
 
 impl PeerGroup {
-    /// Buffers for `contexts.len()` ranks (rank `i` on `contexts[i]`; a device may hold several
-    /// ranks) and messages of up to `capacity_bytes`: per rank two staging halves of that
-    /// size, 1 KB of flags and a counter, on its device; peer access is enabled between every
-    /// pair of distinct devices.
+    /// Buffers for `contexts.len()` ranks (rank `i` on `contexts[i]`, one rank per device) and
+    /// messages of up to `capacity_bytes`: per rank two staging halves of that size, 1 KB of
+    /// flags and a counter, on its device; peer access is enabled between every pair.
     ///
-    /// Errors: [`Error::InvalidArgument`] naming `contexts` (empty, more than [`MAX_RANKS`], or
-    /// two devices without peer access: check [`peer_access_possible`] first) or
-    /// `capacity_bytes` (zero); the driver's (allocation).
+    /// Two ranks may not share a device: a rank's kernel waits for its peers' kernels, and two
+    /// streams of one GPU may share a hardware queue (`CUDA_DEVICE_MAX_CONNECTIONS`), so the
+    /// peer's kernel could sit behind the waiting one forever.
+    ///
+    /// Errors: [`Error::InvalidArgument`] naming `contexts` (empty, more than [`MAX_RANKS`], a
+    /// device twice, or two devices without peer access: check [`peer_access_possible`]
+    /// first) or `capacity_bytes` (zero); the driver's (allocation).
     pub fn new(contexts: &[Arc<CudaContext>], capacity_bytes: usize) -> Result<PeerGroup> {
         let world = contexts.len();
         if world == 0 || world > MAX_RANKS {
@@ -153,6 +156,15 @@ impl PeerGroup {
         }
         for (i, a) in contexts.iter().enumerate() {
             for b in &contexts[i + 1..] {
+                if a.ordinal() == b.ordinal() {
+                    return Err(Error::invalid(
+                        "contexts",
+                        format!(
+                            "device {} holds two ranks; one rank per device",
+                            a.ordinal()
+                        ),
+                    ));
+                }
                 if !peer_access_possible(a, b)? {
                     return Err(Error::invalid(
                         "contexts",
@@ -204,10 +216,7 @@ impl PeerGroup {
             mem.counter = alloc_zeroed(fl_kernels_sys::FL_ALLREDUCE_COUNTER_BYTES as usize)?;
             // SAFETY: `host` is mapped (DEVICEMAP, PORTABLE) into every context.
             unsafe { sys::cuMemHostGetDevicePointer_v2(&mut mem.abort_dev, host, 0) }.result()?;
-            for other in contexts {
-                if other.ordinal() == ctx.ordinal() {
-                    continue;
-                }
+            for other in contexts.iter().filter(|o| o.ordinal() != ctx.ordinal()) {
                 // SAFETY: both contexts are live; enabling twice is reported and ignored.
                 let r = unsafe { sys::cuCtxEnablePeerAccess(other.cu_ctx(), 0) };
                 if r != sys::CUresult::CUDA_SUCCESS

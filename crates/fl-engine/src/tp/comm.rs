@@ -9,7 +9,7 @@
 //!
 //! Messages up to [`ONE_SHOT_MAX_BYTES`] (a decode step's `[batch, hidden]`) take the one-shot
 //! all-reduce over peer memory ([`fl_kernels::allreduce`]) where every pair of the group's
-//! devices has peer access: one kernel, no NCCL, ~half of NCCL's latency at these sizes.
+//! devices has peer access: one kernel, no NCCL, 0.65x NCCL's latency at one token.
 //! Larger ones (prefill chunks) take NCCL's ring. Both sum in a fixed order, so every rank
 //! holds the same bits either way.
 
@@ -42,9 +42,11 @@ struct Raw(sys::ncclComm_t);
 // around it serialises the rank's calls and the abort.
 unsafe impl Send for Raw {}
 
-/// The largest message that takes the one-shot all-reduce over peer memory: `[128, 8192]`
-/// in f16 (each rank keeps two staging halves of this size on its device).
-pub const ONE_SHOT_MAX_BYTES: usize = 2 << 20;
+/// The largest message that takes the one-shot all-reduce over peer memory: `[16, 8192]` in
+/// f16. Measured on two NVLinked H200s (bench/benches/allreduce.rs, 2026-11-28): one-shot /
+/// NCCL 6.5 / 10.1 us at 10 KB, 8.3 / 9.0 us at 256 KB, 12.8 / 12.1 us at 640 KB and 17.2 /
+/// 14.2 us at 1 MB (one peer read per element beats NCCL's ring only while latency dominates).
+pub const ONE_SHOT_MAX_BYTES: usize = 256 << 10;
 
 /// Aborts a rank's communicator from any thread (a rank blocked in a collective then returns).
 #[derive(Clone)]
