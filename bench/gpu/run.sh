@@ -394,7 +394,10 @@ PY
 # A soak longer than one device call (10 minutes and more): soak-start runs `soak` in a new
 # process session (the machine keeps it past the call) with its logs under /tmp/fl-soak;
 # soak-collect, in a later call on the same warm machine, waits for it (up to WAIT seconds,
-# default 560) and prints its table, copying its logs into LOGS.
+# default 560) and prints its table, copying its logs into LOGS. A 600 s soak outlasts one
+# 10-minute call by the load's drain and the server's start: chain three calls (soak-start
+# then soak-collect 560 in the first, soak-collect again in the second and, if it says so, a
+# third), each within 30 s of the last, or the machine is given back with the soak on it.
 SOAK_DIR=/tmp/fl-soak
 t_soak_start() {
   local secs="${1:-600}" model="${2:-llama-2-7b}"
@@ -403,6 +406,8 @@ t_soak_start() {
     "$HERE/run.sh" "$secs" "$model" "$SOAK_DIR" > "$SOAK_DIR/out.txt" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" > "$SOAK_DIR/pid"
+  # The latest the soak can end: the load, its --max-duration drain (90 s), the server's start.
+  echo $(( $(date +%s) + secs + 90 + 300 )) > "$SOAK_DIR/latest_end"
   # Back once the load is running (the server answered its warm-up), or the soak ended.
   for _ in $(seq 1 300); do
     grep -q . "$SOAK_DIR/logs/soak-metrics-before.txt" 2>/dev/null && break
@@ -418,7 +423,8 @@ t_soak_collect() {
   for _ in $(seq 1 "$wait"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   cp -r "$SOAK_DIR/logs/." "$LOGS/" 2>/dev/null
   if kill -0 "$pid" 2>/dev/null; then
-    echo "soak-collect: still running after ${wait} s; run soak-collect again" >&2
+    local left=$(( $(cat "$SOAK_DIR/latest_end" 2>/dev/null || date +%s) - $(date +%s) ))
+    echo "soak-collect: still running after ${wait} s (at most ${left} s left); run soak-collect again within 30 s" >&2
     return 1
   fi
   cat "$SOAK_DIR/out.txt"
