@@ -88,8 +88,9 @@ impl TpComm {
     /// With peer access between every pair of `devices`, the group also gets the one-shot
     /// all-reduce for messages up to [`ONE_SHOT_MAX_BYTES`]; without, NCCL carries them all.
     ///
-    /// Errors: [`EngineError::Nccl`] naming `init` (no NCCL library, or NCCL failed; the
-    /// one-shot group's allocation).
+    /// Errors: [`EngineError::Nccl`] naming `init` (no NCCL library, or NCCL failed). A
+    /// one-shot group that cannot be made (peer access refused, no memory) is reported on
+    /// stderr and left out.
     pub fn init_all(devices: &[usize]) -> Result<Vec<TpComm>> {
         if !nccl_available() {
             return Err(EngineError::Nccl {
@@ -276,8 +277,16 @@ fn one_shot_group(devices: &[usize]) -> Result<Option<Vec<PeerAllReduce>>> {
             }
         }
     }
-    let group = PeerGroup::new(&ctxs, ONE_SHOT_MAX_BYTES).map_err(err)?;
-    Ok(Some(group.into_ranks()))
+    match PeerGroup::new(&ctxs, ONE_SHOT_MAX_BYTES) {
+        Ok(group) => Ok(Some(group.into_ranks())),
+        // E.g. peer access refused by the driver: NCCL still carries every all-reduce.
+        Err(e) => {
+            eprintln!(
+                "fl: the one-shot all-reduce is unavailable ({e}); NCCL carries every all-reduce"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// NCCL's type for a run dtype.
