@@ -1,7 +1,7 @@
 //! All-reduce of a tensor-parallel decode step's message over two GPUs: the one-shot kernel
-//! over peer memory (`fl_kernels::allreduce`, what `TpComm::all_reduce_sum` takes up to
-//! `ONE_SHOT_MAX_BYTES`; here with room for 2 MiB, to show where NCCL overtakes it) beside
-//! NCCL's all-reduce (`TpComm::all_reduce_sum_nccl`), f16, in place. Rank 0 is timed with events on its stream; rank 1 runs the same calls on its own
+//! over peer memory (`fl_kernels::allreduce`, what the engine's `TpComm::all_reduce_sum` takes
+//! up to `ONE_SHOT_MAX_BYTES`; here with room for 2 MiB, to show where NCCL overtakes it)
+//! beside NCCL's all-reduce (cudarc's `nccl::Comm`, as the engine calls it), f16, in place. Rank 0 is timed with events on its stream; rank 1 runs the same calls on its own
 //! thread. Needs two GPUs and NCCL (`libnccl.so` on LD_LIBRARY_PATH); skips otherwise.
 //! Throughput = the message's bytes.
 
@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fl_bench::{gpu_or_skip, time_on_device};
-use fl_engine::tp::TpComm;
 use fl_kernels::allreduce::{PeerAllReduce, PeerGroup};
 use fl_kernels::cudarc::driver::{CudaContext, CudaStream};
+use fl_kernels::cudarc::nccl::{Comm, ReduceOp};
 use fl_kernels::{f16, DeviceTensor, Gpu};
 
 /// (rows, hidden): decode steps of 13b (5120) and 70b (8192) at batch 1, 16, 64 and 256.
@@ -32,18 +32,24 @@ const ONE_SHOT_BYTES: usize = 2 << 20;
 
 /// One rank's two ways to all-reduce.
 struct Rank {
-    nccl: TpComm,
+    nccl: Comm,
     one_shot: Option<PeerAllReduce>,
 }
 
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; each Rank is
+// used by one thread only.
+unsafe impl Send for Rank {}
+
 impl Rank {
+    /// `t` lives on the stream the rank's communicator was made with.
     fn call(&self, s: &Arc<CudaStream>, t: &mut DeviceTensor<f16>, nccl: bool) {
         match (&self.one_shot, nccl) {
             (Some(p), false) => p.all_reduce_sum(s, t).expect("one-shot all-reduce"),
-            _ => self
-                .nccl
-                .all_reduce_sum_nccl(s, t)
-                .expect("NCCL all-reduce"),
+            _ => {
+                self.nccl
+                    .all_reduce_in_place(t.as_slice_mut(), &ReduceOp::Sum)
+                    .expect("NCCL all-reduce");
+            }
         }
     }
 }
@@ -56,15 +62,21 @@ fn benches(c: &mut Criterion) {
         eprintln!("SKIP allreduce: needs two GPUs");
         return;
     }
-    let comms = match TpComm::init_all(&[0, 1]) {
+    // SAFETY: only checks whether libnccl.so can be opened.
+    if !unsafe { fl_kernels::cudarc::nccl::sys::is_culib_present() } {
+        eprintln!("SKIP allreduce: libnccl.so not found (a symlink to libnccl.so.2 on LD_LIBRARY_PATH serves)");
+        return;
+    }
+    let gpu1 = Gpu::new(1).unwrap();
+    let comms = match Comm::from_devices(vec![gpu0.stream().clone(), gpu1.stream().clone()]) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("SKIP allreduce: {e}");
+            eprintln!("SKIP allreduce: NCCL init: {e:?}");
             return;
         }
     };
     let mut comms = comms.into_iter();
-    let ctxs = [gpu0.context().clone(), CudaContext::new(1).unwrap()];
+    let ctxs = [gpu0.context().clone(), gpu1.context().clone()];
     let mut peers = match PeerGroup::new(&ctxs, ONE_SHOT_BYTES) {
         Ok(g) => g.into_ranks().into_iter().map(Some).collect(),
         Err(e) => {
@@ -84,8 +96,8 @@ fn benches(c: &mut Criterion) {
     // Rank 1: runs (elems, iters, nccl) batches of calls as rank 0 asks.
     let (tx, rx) = mpsc::channel::<Option<(usize, u64, bool)>>();
     let worker = std::thread::spawn(move || {
-        let gpu = Gpu::new(1).unwrap();
-        let s = gpu.stream().clone();
+        gpu1.context().bind_to_thread().unwrap();
+        let s = gpu1.stream().clone();
         let mut bufs: std::collections::HashMap<usize, DeviceTensor<f16>> = Default::default();
         while let Ok(Some((n, iters, nccl))) = rx.recv() {
             let t = bufs
@@ -97,6 +109,7 @@ fn benches(c: &mut Criterion) {
             s.synchronize().unwrap();
         }
     });
+    gpu0.context().bind_to_thread().unwrap();
     let s = gpu0.stream().clone();
     let mut g = c.benchmark_group("allreduce_f16_2gpus");
     for &(rows, hidden) in SHAPES {
