@@ -13,10 +13,11 @@
 //!
 //! A [`PeerGroup`] is made once from the calling thread for all devices (as
 //! `ncclCommInitAll`); each [`PeerAllReduce`] it returns goes to the thread that drives that
-//! rank (one rank per GPU). Every rank must then call [`PeerAllReduce::all_reduce_sum`] the same number of times,
-//! with the same element count and dtype in the same order (a collective), on one stream per
-//! rank. The calls queue on the stream and never synchronise, so they can be captured in a CUDA
-//! graph. A rank waiting for a peer that never comes waits until [`AbortHandle::abort`].
+//! rank (one rank per GPU, its context bound to that thread). Every rank must then call
+//! [`PeerAllReduce::all_reduce_sum`] the same number of times, with the same element count and
+//! dtype in the same order (a collective), on one stream per rank. The calls queue on the
+//! stream and never synchronise, so they can be captured in a CUDA graph. A rank waiting for a
+//! peer that never comes waits until [`AbortHandle::abort`].
 //!
 //! ```no_run
 //! use fl_kernels::allreduce::PeerGroup;
@@ -27,6 +28,7 @@
 //! std::thread::scope(|s| {
 //!     for (gpu, rank) in gpus.iter().zip(ranks) {
 //!         s.spawn(move || -> fl_kernels::Result<()> {
+//!             gpu.context().bind_to_thread()?;
 //!             let st = gpu.stream();
 //!             let mut t = DeviceTensor::from_host(st, &[1.0f32; 4096], &[1, 4096])?;
 //!             rank.all_reduce_sum(st, &mut t)?;
