@@ -106,7 +106,7 @@ impl TpComm {
         // SAFETY: `raw` has room for `n` communicators, `ords` holds `n` device ordinals.
         unsafe { result::comm_init_all(raw.as_mut_ptr(), n as i32, ords.as_ptr()) }
             .map_err(|e| nccl_err("init", e))?;
-        let comms: Vec<TpComm> = raw
+        let mut comms: Vec<TpComm> = raw
             .into_iter()
             .enumerate()
             .map(|(rank, c)| TpComm {
@@ -116,8 +116,7 @@ impl TpComm {
                 size: n,
             })
             .collect();
-        // Dropped (aborting NCCL) if the one-shot group fails.
-        let mut comms = comms;
+        // An error here drops `comms`, which aborts their NCCL communicators.
         if let Some(peers) = one_shot_group(devices)? {
             for (c, p) in comms.iter_mut().zip(peers) {
                 c.peer = Some(p);
