@@ -460,12 +460,12 @@ impl<S: Clone> Scheduler<S> {
     /// Plans the next step: decodes of running requests (oldest first), then prefill chunks of
     /// partly prefilled running requests, then of waiting requests (front first), all under
     /// `max_batched_tokens` and `max_num_seqs` (and, once the step decodes, at most
-    /// `max_prefill_tokens_beside_decodes` prompt tokens in all). When a running request needs a block and none is
-    /// free, the newest running request not yet planned this step is preempted (possibly the
-    /// one asking): its blocks are freed and it goes to the front of the waiting queue, to be
-    /// recomputed from its prompt and generated tokens. No waiting request is admitted in a
-    /// step that preempted. The plan must be passed to [`update`](Self::update) before the
-    /// next call.
+    /// `max_prefill_tokens_beside_decodes` prompt tokens in all). When a running request needs
+    /// a block and none is free, the newest running request not yet planned this step is
+    /// preempted (possibly the one asking): its blocks are freed and it goes to the front of
+    /// the waiting queue, to be recomputed from its prompt and generated tokens. No waiting
+    /// request is admitted in a step that preempted. The plan must be passed to
+    /// [`update`](Self::update) before the next call.
     pub fn schedule(&mut self) -> Result<StepPlan, SchedulerError> {
         if let Some(step) = self.outstanding {
             return Err(SchedulerError::PlanOutstanding(step));

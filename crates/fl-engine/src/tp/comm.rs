@@ -125,9 +125,10 @@ impl TpComm {
         Ok(comms)
     }
 
-    /// Whether messages up to [`ONE_SHOT_MAX_BYTES`] take the one-shot all-reduce.
-    pub fn has_one_shot(&self) -> bool {
-        self.peer.is_some()
+    /// Whether [`all_reduce_sum`](Self::all_reduce_sum) of `n` elements of `T` takes the
+    /// one-shot all-reduce (the group has it and the message fits [`ONE_SHOT_MAX_BYTES`]).
+    pub fn takes_one_shot<T: RunDType>(&self, n: usize) -> bool {
+        self.peer.as_ref().is_some_and(|p| p.fits::<T>(n))
     }
 
     /// This rank.
@@ -168,7 +169,7 @@ impl TpComm {
         t: &mut DeviceTensor<T>,
     ) -> Result<()> {
         match &self.peer {
-            Some(p) if p.fits::<T>(t.len()) => {
+            Some(p) if self.takes_one_shot::<T>(t.len()) => {
                 if self
                     .slot
                     .lock()

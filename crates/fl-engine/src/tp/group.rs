@@ -247,11 +247,15 @@ impl<T: RunDType> TpEngine<T> {
         Ok(times.into_iter().fold(0.0, f64::max))
     }
 
-    /// Whether the group's small all-reduces take the one-shot kernel over peer memory
-    /// ([`TpComm::has_one_shot`]).
-    pub fn has_one_shot(&mut self) -> Result<bool> {
-        let v =
-            self.on_engines(|e| Ok(e.model.tp.as_ref().is_some_and(|t| t.comm.has_one_shot())))?;
+    /// Whether an all-reduce of `elems` elements of `T` takes the one-shot kernel over peer
+    /// memory on every rank ([`TpComm::takes_one_shot`]).
+    pub fn takes_one_shot(&mut self, elems: usize) -> Result<bool> {
+        let v = self.on_engines(move |e| {
+            Ok(e.model
+                .tp
+                .as_ref()
+                .is_some_and(|t| t.comm.takes_one_shot::<T>(elems)))
+        })?;
         Ok(v.into_iter().all(|x| x))
     }
 

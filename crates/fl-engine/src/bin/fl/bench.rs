@@ -154,7 +154,7 @@ pub fn runner<T: RunDType>(
             (
                 t.time_all_reduce(elems, 50, false)?,
                 t.time_all_reduce(elems, 50, true)?,
-                t.has_one_shot()?,
+                t.takes_one_shot(elems)?,
             )
         }
         AnyEngine::One(_) => (0.0, 0.0, false),
@@ -163,7 +163,7 @@ pub fn runner<T: RunDType>(
     if tp > 1 && !json {
         let bytes = (batch.max(1) * hidden * std::mem::size_of::<T>()) as f64;
         let bus = |s: f64| 2.0 * (tp - 1) as f64 / tp as f64 * bytes / s.max(1e-12) / 1e9;
-        let path = if one_shot && bytes <= fl_engine::tp::ONE_SHOT_MAX_BYTES as f64 {
+        let path = if one_shot {
             "one-shot over peer memory"
         } else {
             "NCCL"
